@@ -1,0 +1,124 @@
+"""The data contracts between stages (see ../shared/DESIGN.md), in one place.
+
+Every stage writes its tables through `write_table` (schema checked, written atomically)
+and reads them through `read_table` (schema checked, with a clear error naming the file).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+PROMPTS = pa.schema(
+    [
+        ("prompt_id", pa.string()),  # stable hash of dataset and normalised text
+        ("dataset", pa.string()),
+        ("prompt", pa.string()),
+        ("split", pa.string()),  # train / val / test, decided by a hash of prompt_id
+        ("source_id", pa.string()),  # the record's id in its source
+    ]
+)
+
+GENERATIONS = pa.schema(
+    [
+        ("prompt_id", pa.string()),
+        ("sample", pa.int32()),
+        ("output_tokens", pa.int32()),  # every generated token, reasoning included
+        ("reasoning_tokens", pa.int32()),
+        ("finish_reason", pa.string()),  # "stop" or "length" (cut at max_tokens: a lower bound)
+        ("prompt_tokens", pa.int32()),
+        ("text", pa.string()),
+        ("reasoning", pa.string()),
+    ]
+)
+
+PAIRS = pa.schema(
+    [
+        ("a", pa.string()),
+        ("b", pa.string()),
+        ("len_a", pa.float64()),
+        ("len_b", pa.float64()),
+        ("label", pa.int8()),  # +1 when a's answer is longer, -1 otherwise
+    ]
+)
+
+SPLITS = ("train", "val", "test")
+FINISH_REASONS = ("stop", "length")
+
+
+def _check(df: pd.DataFrame, schema: pa.Schema, where: str) -> None:
+    missing = [name for name in schema.names if name not in df.columns]
+    if missing:
+        raise ValueError(f"{where}: missing column(s) {missing}; expected {schema.names}")
+
+
+def write_table(df: pd.DataFrame, path: str | Path, schema: pa.Schema) -> Path:
+    """Write `df` with exactly `schema`'s columns to `path`, atomically (temp file + rename)."""
+    path = Path(path)
+    _check(df, schema, str(path))
+    table = pa.Table.from_pandas(df[schema.names], schema=schema, preserve_index=False)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    os.close(fd)
+    try:
+        pq.write_table(table, tmp)
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+    return path
+
+
+def read_table(path: str | Path, schema: pa.Schema) -> pd.DataFrame:
+    """Read a contract table, naming the file when it is missing, corrupt or of the wrong shape."""
+    path = Path(path)
+    if not path.exists():
+        raise FileNotFoundError(f"{path} does not exist (has the stage that writes it run?)")
+    try:
+        df = pq.read_table(path).to_pandas()
+    except Exception as exc:  # pyarrow raises several types for a corrupt file
+        raise ValueError(f"{path} is not a readable parquet file: {exc}") from exc
+    _check(df, schema, str(path))
+    return df[schema.names]
+
+
+def write_json(obj: Any, path: str | Path) -> Path:
+    """Write JSON atomically, pretty-printed (metrics files are read by people and by DVC)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(json.dumps(obj, indent=2, sort_keys=False, default=_json_default) + "\n", encoding="utf-8")
+    os.replace(tmp, path)
+    return path
+
+
+def _json_default(obj: Any) -> Any:
+    if hasattr(obj, "item"):  # numpy scalars
+        return obj.item()
+    if hasattr(obj, "tolist"):
+        return obj.tolist()
+    raise TypeError(f"not JSON serialisable: {type(obj).__name__}")
+
+
+# Where each stage puts things, so paths are spelled once.
+def prompts_path(root: str | Path = "data") -> Path:
+    return Path(root) / "prompts" / "prompts.parquet"
+
+
+def generations_path(model: str, root: str | Path = "data") -> Path:
+    return Path(root) / "generations" / model / "generations.parquet"
+
+
+def generations_meta_path(model: str, root: str | Path = "data") -> Path:
+    return Path(root) / "generations" / model / "meta.json"
+
+
+def pairs_dir(model: str, root: str | Path = "data") -> Path:
+    return Path(root) / "pairs" / model

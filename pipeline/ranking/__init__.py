@@ -1,0 +1,1 @@
+"""Length-ranking predictors: the plain model, the losses, and (separately) Lightning training."""

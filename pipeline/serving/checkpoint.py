@@ -1,0 +1,86 @@
+"""The export contract: a self-describing checkpoint directory for serving.
+
+    model.safetensors   encoder + head weights (the LengthRanker state dict)
+    config.json         the encoder's Hugging Face config
+    tokenizer files     whatever the tokenizer's save_pretrained writes
+    pars.json           format version, method, score direction, max length, encoder,
+                        training data, test tau_b, sha256 of model.safetensors
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+from typing import Any
+
+FORMAT_VERSION = 1
+WEIGHTS = "model.safetensors"
+META = "pars.json"
+CONFIG = "config.json"
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint directory that cannot be served: missing, incomplete, unknown or corrupt."""
+
+
+def sha256_file(path: str | Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def save_checkpoint(model, tokenizer, out_dir: str | Path, *, method: str, max_length: int,
+                    encoder: str, trained_on: dict[str, Any] | None = None,
+                    test_tau_b: float | None = None, extra: dict[str, Any] | None = None) -> Path:
+    """Write `model` (a LengthRanker) and its tokenizer as a serving checkpoint."""
+    from safetensors.torch import save_file
+
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    state = {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}
+    save_file(state, str(out / WEIGHTS))
+    model.encoder.config.save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    meta = {
+        "format_version": FORMAT_VERSION,
+        "method": method,
+        "score_direction": "higher_is_longer",
+        "max_length": int(max_length),
+        "encoder": encoder,
+        "trained_on": trained_on or {},
+        "test_tau_b": test_tau_b,
+        "weights_sha256": sha256_file(out / WEIGHTS),
+        **(extra or {}),
+    }
+    (out / META).write_text(json.dumps(meta, indent=2) + "\n", encoding="utf-8")
+    return out
+
+
+def read_meta(path: str | Path, verify_hash: bool = True) -> dict[str, Any]:
+    """Validate a checkpoint directory and return its pars.json, or raise CheckpointError."""
+    path = Path(path)
+    if not path.is_dir():
+        raise CheckpointError(f"checkpoint directory {path} does not exist")
+    for name in (META, WEIGHTS, CONFIG):
+        if not (path / name).is_file():
+            raise CheckpointError(f"checkpoint {path} is missing {name}")
+    try:
+        meta = json.loads((path / META).read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise CheckpointError(f"checkpoint {path}: {META} is not valid JSON ({exc})") from exc
+    version = meta.get("format_version")
+    if version != FORMAT_VERSION:
+        raise CheckpointError(
+            f"checkpoint {path}: format_version {version!r} is not supported (this build reads {FORMAT_VERSION})"
+        )
+    if verify_hash:
+        actual = sha256_file(path / WEIGHTS)
+        if actual != meta.get("weights_sha256"):
+            raise CheckpointError(
+                f"checkpoint {path}: {WEIGHTS} sha256 {actual[:12]}… does not match pars.json "
+                f"({str(meta.get('weights_sha256'))[:12]}…); the weights are corrupt or were replaced"
+            )
+    return meta
