@@ -44,7 +44,7 @@ def tiny_ranker(tiny_bert_config):
 @pytest.fixture
 def tiny_checkpoint(tmp_path, tiny_ranker, tokenizer):
     """A random checkpoint in the export format (pars.json + weights + config + tokenizer)."""
-    from pipeline.serving import save_checkpoint
+    from pipeline.ranking.checkpoint import save_checkpoint
 
     return save_checkpoint(tiny_ranker, tokenizer, tmp_path / "ckpt", method="pairwise",
                            max_length=64, encoder="tiny-random-bert")

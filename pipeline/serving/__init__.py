@@ -4,7 +4,7 @@ Nothing here imports Lightning; the vLLM scheduler (`pipeline.serving.vllm_sched
 is the only module that imports vLLM, and only when it is used.
 """
 
-from pipeline.serving.checkpoint import CheckpointError, save_checkpoint
+from pipeline.ranking.checkpoint import CheckpointError, save_checkpoint
 from pipeline.serving.scorer import Scorer
 
 __all__ = ["CheckpointError", "Scorer", "save_checkpoint"]

@@ -7,7 +7,7 @@ from typing import Sequence
 
 import numpy as np
 
-from pipeline.serving.checkpoint import WEIGHTS, CheckpointError, read_meta
+from pipeline.ranking.checkpoint import WEIGHTS, CheckpointError, read_meta
 
 
 class Scorer:
