@@ -1,0 +1,232 @@
+"""pairs@model: δ-filtered prompt pairs for ranking training -> data/pairs/<model>/.
+
+Label: a prompt's length is the mean `output_tokens` over its samples. An answer cut at
+max_tokens (finish_reason == "length") makes that mean a lower bound: the true length is at
+least the observed one. So a truncated prompt may be the *longer* member of a pair (its true
+length is larger still: the order holds and the relative gap only grows, so the δ test stays
+passed) but never the *shorter* one (its true length could exceed its partner's and flip the
+pair). Such pairs are dropped and counted (`dropped_for_truncation`).
+
+Sampling (PARS): for each prompt of a split, draw partners uniformly from the same split until
+N pairs pass the filter or 10·N draws were made; seeded; an unordered pair is kept once. Pairs
+never cross splits (train pairs from train prompts, val pairs from val prompts).
+
+Writes train.parquet and val.parquet (PAIRS schema), labels.parquet (one row per labelled
+prompt: what train needs for in-batch pairs, pointwise and listwise targets), and
+metrics/pairs/<model>.json (kept fraction, label balance, counts).
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+
+from pipeline.contracts import (
+    FINISH_REASONS,
+    GENERATIONS,
+    PAIRS,
+    PROMPTS,
+    generations_path,
+    pairs_dir,
+    prompts_path,
+    read_table,
+    write_json,
+    write_table,
+)
+from pipeline.params import load_params
+
+LABELS = pa.schema(
+    [
+        ("prompt_id", pa.string()),
+        ("split", pa.string()),
+        ("length", pa.float64()),  # mean output_tokens over samples (a lower bound if truncated)
+        ("truncated", pa.bool_()),  # some sample hit max_tokens
+        ("n_samples", pa.int32()),
+    ]
+)
+PAIR_SPLITS = ("train", "val")
+
+
+def labels_path(model: str, root: str | Path = "data") -> Path:
+    return pairs_dir(model, root) / "labels.parquet"
+
+
+def keep_mask(la, lb, ta, tb, delta: float) -> np.ndarray:
+    """The pair filter, vectorised: δ test on the labels plus the truncation rule (module doc)."""
+    la, lb = np.asarray(la, dtype=np.float64), np.asarray(lb, dtype=np.float64)
+    ta, tb = np.asarray(ta, dtype=bool), np.asarray(tb, dtype=bool)
+    big = np.maximum(la, lb)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        rel = np.where(big > 0, np.abs(la - lb) / np.where(big > 0, big, 1.0), 0.0)
+    shorter_truncated = np.where(la < lb, ta, tb)
+    return (rel >= delta) & (big > 0) & ~shorter_truncated
+
+
+def in_batch_pairs(lengths, truncated, delta: float) -> np.ndarray:
+    """All pairs (i < j) among a batch of prompts that `keep_mask` keeps, as an (m, 2) int array."""
+    n = len(lengths)
+    i, j = np.triu_indices(n, k=1)
+    lengths, truncated = np.asarray(lengths), np.asarray(truncated)
+    keep = keep_mask(lengths[i], lengths[j], truncated[i], truncated[j], delta)
+    return np.stack([i[keep], j[keep]], axis=1).astype(np.int64)
+
+
+def prompt_labels(generations: pd.DataFrame, where: str = "generations") -> pd.DataFrame:
+    """Per prompt: mean output_tokens, whether any sample was truncated, number of samples."""
+    if generations.empty:
+        raise ValueError(f"{where} has no rows: no answers to take lengths from")
+    tokens = generations["output_tokens"]
+    if tokens.isna().any():
+        raise ValueError(f"{where}: {int(tokens.isna().sum())} row(s) have no output_tokens")
+    if (tokens < 0).any():
+        raise ValueError(f"{where}: negative output_tokens in {int((tokens < 0).sum())} row(s)")
+    bad = sorted(set(generations["finish_reason"].dropna()) - set(FINISH_REASONS))
+    if bad or generations["finish_reason"].isna().any():
+        raise ValueError(f"{where}: finish_reason must be one of {FINISH_REASONS}, found {bad or [None]}")
+    dup = generations.duplicated(["prompt_id", "sample"])
+    if dup.any():
+        raise ValueError(f"{where}: {int(dup.sum())} duplicate (prompt_id, sample) row(s)")
+    g = generations.assign(truncated=generations["finish_reason"].eq("length"))
+    out = g.groupby("prompt_id", sort=True).agg(
+        length=("output_tokens", "mean"), truncated=("truncated", "any"), n_samples=("sample", "size"))
+    out = out.reset_index()
+    out["length"] = out["length"].astype(np.float64)
+    out["n_samples"] = out["n_samples"].astype(np.int32)
+    return out
+
+
+def sample_pairs(labels: pd.DataFrame, partners: int, max_tries_factor: int, delta: float,
+                 rng: np.random.Generator) -> tuple[pd.DataFrame, dict[str, Any]]:
+    """Draw up to `partners` kept partners per prompt of one split (module doc)."""
+    labels = labels.sort_values("prompt_id").reset_index(drop=True)
+    ids = labels["prompt_id"].to_numpy()
+    lengths = labels["length"].to_numpy(np.float64)
+    trunc = labels["truncated"].to_numpy(bool)
+    n = len(ids)
+    used: set[tuple[int, int]] = set()
+    rows_a: list[int] = []
+    rows_b: list[int] = []
+    draws = kept = short = 0
+    tries = partners * max_tries_factor
+    for i in range(n):
+        cands = rng.integers(0, n - 1, size=tries)
+        cands = cands + (cands >= i)  # uniform over the other n-1 prompts
+        ok = keep_mask(np.full(tries, lengths[i]), lengths[cands], np.full(tries, trunc[i]), trunc[cands], delta)
+        got = 0
+        for j, good in zip(cands, ok):
+            draws += 1
+            key = (min(i, j), max(i, j))
+            if good and key not in used:
+                used.add(key)
+                rows_a.append(i)
+                rows_b.append(int(j))
+                got += 1
+                if got == partners:
+                    break
+        kept += got
+        short += got < partners
+    a, b = np.asarray(rows_a, dtype=np.int64), np.asarray(rows_b, dtype=np.int64)
+    pairs = pd.DataFrame({
+        "a": ids[a] if len(a) else np.array([], dtype=object),
+        "b": ids[b] if len(b) else np.array([], dtype=object),
+        "len_a": lengths[a], "len_b": lengths[b],
+        "label": np.where(lengths[a] > lengths[b], 1, -1).astype(np.int8),
+    })
+    # Exact pass rates over all unordered pairs of the split (n is at most a few thousand here).
+    iu, ju = np.triu_indices(n, k=1)
+    delta_ok = keep_mask(lengths[iu], lengths[ju], np.zeros(len(iu), bool), np.zeros(len(iu), bool), delta)
+    full_ok = keep_mask(lengths[iu], lengths[ju], trunc[iu], trunc[ju], delta)
+    n_all = max(len(iu), 1)
+    stats = {
+        "n_prompts": n,
+        "n_truncated_prompts": int(trunc.sum()),
+        "n_pairs": int(kept),
+        "label_balance": float((pairs["label"] == 1).mean()) if kept else None,
+        "kept_fraction_of_draws": kept / draws if draws else None,
+        "pass_fraction_all_pairs": float(full_ok.sum() / n_all),
+        "dropped_for_truncation": float((delta_ok & ~full_ok).sum() / n_all),
+        "prompts_short_of_partners": int(short),
+        "mean_partners_per_prompt": kept / n if n else 0.0,
+    }
+    return pairs, stats
+
+
+def build_pairs(generations: pd.DataFrame, prompts: pd.DataFrame, params: dict[str, Any],
+                model: str = "model") -> tuple[dict[str, pd.DataFrame], pd.DataFrame, dict[str, Any]]:
+    """Labels and δ-filtered pairs per split; raises a clear error when pairs cannot be formed."""
+    delta = float(params.get("delta", 0.2))
+    partners = int(params.get("partners", 10))
+    factor = int(params.get("max_tries_factor", 10))
+    seed = int(params.get("seed", 42))
+    if not 0 < delta < 1:
+        raise ValueError(f"pairs.delta must be in (0, 1), got {delta}")
+    if partners < 1 or factor < 1:
+        raise ValueError("pairs.partners and pairs.max_tries_factor must be >= 1")
+
+    labels = prompt_labels(generations, where=f"generations of {model}")
+    split_of = prompts.drop_duplicates("prompt_id").set_index("prompt_id")["split"]
+    unknown = ~labels["prompt_id"].isin(split_of.index)
+    if unknown.any():
+        raise ValueError(f"generations of {model}: {int(unknown.sum())} prompt_id(s) are not in the prompts "
+                         f"table (e.g. {labels.loc[unknown, 'prompt_id'].iloc[0]!r}); stale generations?")
+    labels["split"] = labels["prompt_id"].map(split_of).astype(str)
+
+    out: dict[str, pd.DataFrame] = {}
+    metrics: dict[str, Any] = {"model": model, "delta": delta, "partners": partners,
+                               "n_labelled_prompts": len(labels)}
+    # One generator per split, seeded from (seed, split), so val pairs do not move when train changes.
+    for k, split in enumerate(PAIR_SPLITS):
+        part = labels[labels["split"] == split]
+        if len(part) < 2:
+            raise ValueError(f"model {model}: the {split} split has {len(part)} prompt(s) with answers; "
+                             f"at least 2 are needed to form pairs")
+        rng = np.random.default_rng([seed, k])
+        pairs, stats = sample_pairs(part, partners, factor, delta, rng)
+        if pairs.empty:
+            raise ValueError(f"model {model}: no {split} pair passes the filter (delta={delta}, "
+                             f"{len(part)} prompts, {stats['n_truncated_prompts']} truncated); "
+                             f"answer lengths are too alike or too many answers hit max_tokens")
+        out[split] = pairs
+        metrics[split] = stats
+    return out, labels[LABELS.names], metrics
+
+
+def main(argv: list[str]) -> int:
+    ap = argparse.ArgumentParser(prog="pars pairs", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--model", required=True, help="generation model name (a key of generate.models)")
+    ap.add_argument("--params", default=None, help="params file (default params.yaml)")
+    ap.add_argument("--data", default="data", help="data root")
+    ap.add_argument("--metrics", default="metrics/pairs", help="where <model>.json goes")
+    args = ap.parse_args(argv)
+
+    params = load_params("pairs", args.params)
+    gen_file = generations_path(args.model, args.data)
+    if not gen_file.exists():
+        raise FileNotFoundError(f"model {args.model!r} has no generations: {gen_file} does not exist "
+                                f"(run `dvc repro generate@{args.model}`)")
+    generations = read_table(gen_file, GENERATIONS)
+    prompts = read_table(prompts_path(args.data), PROMPTS)
+    pairs, labels, metrics = build_pairs(generations, prompts, params, model=args.model)
+
+    out = pairs_dir(args.model, args.data)
+    if out.exists():  # the stage rewrites its output whole
+        shutil.rmtree(out)
+    for split, df in pairs.items():
+        write_table(df, out / f"{split}.parquet", PAIRS)
+    write_table(labels, out / "labels.parquet", LABELS)
+    # train forms in-batch pairs with the same δ: it reads it here rather than from another section
+    write_json({k: metrics[k] for k in ("model", "delta", "partners")} |
+               {"max_tries_factor": int(params.get("max_tries_factor", 10)), "seed": int(params.get("seed", 42))},
+               out / "meta.json")
+    write_json(metrics, Path(args.metrics) / f"{args.model}.json")
+    t, v = metrics["train"], metrics["val"]
+    print(f"pairs {args.model}: train {t['n_pairs']} pairs from {t['n_prompts']} prompts "
+          f"(balance {t['label_balance']:.2f}, kept {t['kept_fraction_of_draws']:.2f} of draws), "
+          f"val {v['n_pairs']} pairs from {v['n_prompts']} prompts -> {out}")
+    return 0

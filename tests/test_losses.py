@@ -1,0 +1,58 @@
+"""The three losses, pinned by values computed by hand (the arithmetic is in the comments)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from pipeline.ranking.losses import LOSSES, listwise_loss, pairwise_loss, pointwise_loss
+
+
+def test_pairwise_margin_ranking_by_hand():
+    scores = torch.tensor([2.0, 0.5, 1.0])
+    lengths = torch.tensor([100.0, 300.0, 50.0])
+    pairs = torch.tensor([[0, 1], [0, 2], [1, 2]])
+    # (0,1): y=-1, max(0, (2-0.5) + 1) = 2.5 ; (0,2): y=+1, max(0, -(2-1) + 1) = 0
+    # (1,2): y=+1, max(0, -(0.5-1) + 1) = 1.5 ; mean = 4/3
+    assert pairwise_loss(scores, lengths, pairs).item() == pytest.approx(4.0 / 3.0)
+    assert pairwise_loss(scores, lengths, pairs, margin=0.0).item() == pytest.approx((1.5 + 0 + 0.5) / 3)
+
+
+def test_pairwise_without_pairs_is_zero_but_differentiable():
+    scores = torch.tensor([1.0, 2.0], requires_grad=True)
+    loss = pairwise_loss(scores, torch.tensor([1.0, 2.0]), torch.zeros((0, 2), dtype=torch.long))
+    loss.backward()
+    assert loss.item() == 0.0 and scores.grad is not None
+
+
+def test_pointwise_regresses_on_log1p_length_by_hand():
+    scores = torch.tensor([0.0, 1.0])
+    lengths = torch.tensor([0.0, math.e - 1])  # targets log(1+0)=0 and log(e)=1
+    assert pointwise_loss(scores, lengths, None).item() == pytest.approx(0.0)
+    # targets log(1+1)=ln2, log(1+3)=ln4; errors (1-ln2)^2 and (1-ln4)^2, mean of the two
+    expect = ((1 - math.log(2)) ** 2 + (1 - math.log(4)) ** 2) / 2
+    assert pointwise_loss(torch.tensor([1.0, 1.0]), torch.tensor([1.0, 3.0]), None).item() == pytest.approx(expect)
+
+
+def test_listwise_listmle_by_hand():
+    # order by length, longest first: indices 1 (30), 2 (20), 0 (10); sorted scores [3, 1, 2]
+    scores = torch.tensor([2.0, 3.0, 1.0])
+    lengths = torch.tensor([10.0, 30.0, 20.0])
+    # -log P = [log(e^3+e^1+e^2) - 3] + [log(e^1+e^2) - 1] + [log(e^2) - 2], divided by 3
+    expect = (math.log(math.exp(3) + math.exp(1) + math.exp(2)) - 3 + math.log(math.exp(1) + math.exp(2)) - 1) / 3
+    assert listwise_loss(scores, lengths, None).item() == pytest.approx(expect)
+    # the correct order scores lower than the reversed one
+    assert listwise_loss(torch.tensor([1.0, 3.0, 2.0]), lengths, None) < listwise_loss(torch.tensor([3.0, 1.0, 2.0]), lengths, None)
+
+
+def test_one_signature_for_all_methods():
+    scores = torch.randn(5, requires_grad=True)
+    lengths = torch.tensor([5.0, 50.0, 500.0, 20.0, 200.0])
+    pairs = torch.tensor([[0, 1], [2, 3]])
+    for name, fn in LOSSES.items():
+        loss = fn(scores, lengths, pairs)
+        assert loss.ndim == 0 and torch.isfinite(loss), name
+        (grad,) = torch.autograd.grad(loss, scores)
+        assert grad.abs().sum() > 0, name
