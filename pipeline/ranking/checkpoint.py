@@ -84,3 +84,26 @@ def read_meta(path: str | Path, verify_hash: bool = True) -> dict[str, Any]:
                 f"({str(meta.get('weights_sha256'))[:12]}…); the weights are corrupt or were replaced"
             )
     return meta
+
+
+def copy_checkpoint(src: str | Path, dst: str | Path, **meta_updates: Any) -> Path:
+    """Copy a valid checkpoint to `dst` with `meta_updates` merged into its pars.json.
+
+    The source is validated first (hash included) and the copy re-hashed, so an export can never
+    carry weights other than the ones evaluated. `dst` is replaced whole, via a temp dir + rename."""
+    import shutil
+
+    src, dst = Path(src), Path(dst)
+    meta = read_meta(src)
+    tmp = dst.with_name(f".{dst.name}.tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    shutil.copytree(src, tmp)
+    if sha256_file(tmp / WEIGHTS) != meta["weights_sha256"]:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise CheckpointError(f"copying {src} to {dst}: the copied weights do not hash as the source's")
+    # the identity of the weights is not the caller's to change
+    meta.update({k: v for k, v in meta_updates.items() if k not in ("format_version", "weights_sha256")})
+    (tmp / META).write_text(json.dumps(meta, indent=2) + "\n", encoding="utf-8")
+    shutil.rmtree(dst, ignore_errors=True)
+    tmp.rename(dst)
+    return dst

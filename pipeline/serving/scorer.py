@@ -9,6 +9,10 @@ import numpy as np
 
 from pipeline.ranking.checkpoint import WEIGHTS, CheckpointError, read_meta
 
+# save_pretrained of a fast BERT tokenizer writes tokenizer.json; a slow one writes vocab.txt
+TOKENIZER_FILES = ("tokenizer.json", "vocab.txt")
+SCORE_DIRECTION = "higher_is_longer"
+
 
 class Scorer:
     """Loads a checkpoint written by `save_checkpoint`; `score(texts)` -> higher = longer answer."""
@@ -18,43 +22,77 @@ class Scorer:
         self.tokenizer = tokenizer
         self.meta = meta
         self.device = device
-        self.batch_size = batch_size
+        self.batch_size = int(batch_size)
         self.max_length = int(meta["max_length"])
+        self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
 
     @classmethod
     def from_pretrained(cls, path: str | Path, device: str = "cpu", batch_size: int = 32) -> "Scorer":
-        import torch  # noqa: F401  (imported here so `pipeline.serving` stays light)
+        """Load and validate a checkpoint dir; any defect is a CheckpointError naming the dir."""
         from safetensors.torch import load_file
         from transformers import AutoConfig, AutoTokenizer
 
         from pipeline.ranking.model import LengthRanker
 
         path = Path(path)
-        meta = read_meta(path)
+        meta = read_meta(path)  # missing files, unknown format version, weights hash
+        if not any((path / name).is_file() for name in TOKENIZER_FILES):
+            raise CheckpointError(f"checkpoint {path} has no tokenizer files (expected one of {TOKENIZER_FILES})")
+        if meta.get("score_direction") != SCORE_DIRECTION:
+            raise CheckpointError(
+                f"checkpoint {path}: score_direction {meta.get('score_direction')!r} is not {SCORE_DIRECTION!r}"
+            )
+        if not isinstance(meta.get("max_length"), int) or meta["max_length"] < 2:
+            raise CheckpointError(f"checkpoint {path}: max_length {meta.get('max_length')!r} is not a length")
         try:
             config = AutoConfig.from_pretrained(path)
             tokenizer = AutoTokenizer.from_pretrained(path)
             model = LengthRanker.from_config(config)
-            state = load_file(str(path / WEIGHTS))
-            model.load_state_dict(state)
-        except CheckpointError:
-            raise
+            model.load_state_dict(load_file(str(path / WEIGHTS)))  # strict: every tensor must match
         except Exception as exc:  # a half-written or foreign directory
             raise CheckpointError(f"checkpoint {path} could not be loaded: {exc}") from exc
         return cls(model, tokenizer, meta, device=device, batch_size=batch_size)
 
-    def score(self, texts: Sequence[str], batch_size: int | None = None) -> np.ndarray:
-        """Scores in batches; each batch padded only to its longest prompt (truncated to max_length)."""
+    def score(self, texts: Sequence[str], batch_size: int | None = None, progress: bool = False) -> np.ndarray:
+        """Scores in input order, computed under inference mode.
+
+        Prompts are tokenized once (truncated to max_length, as in training), then batched in
+        order of token length so each batch is padded only to its own longest prompt: on mixed
+        lengths this does much less padded work than batching in input order."""
         import torch
 
         texts = list(texts)
-        batch_size = batch_size or self.batch_size
+        if not texts:
+            return np.empty(0, dtype=np.float32)
+        for i, text in enumerate(texts):
+            if not isinstance(text, str):
+                raise TypeError(f"score: item {i} is {type(text).__name__}, not str")
+        batch_size = int(batch_size or self.batch_size)
+        ids = self.tokenizer(texts, truncation=True, max_length=self.max_length)["input_ids"]
+        order = np.argsort([len(x) for x in ids], kind="stable")
         out = np.empty(len(texts), dtype=np.float32)
+        starts = range(0, len(texts), batch_size)
+        if progress:
+            from tqdm.auto import tqdm
+
+            starts = tqdm(starts, desc="scoring", unit="batch", leave=False)
         with torch.inference_mode():
-            for start in range(0, len(texts), batch_size):
-                chunk = texts[start : start + batch_size]
-                enc = self.tokenizer(chunk, padding=True, truncation=True, max_length=self.max_length,
-                                     return_tensors="pt")
-                enc = {k: v.to(self.device) for k, v in enc.items()}
-                out[start : start + len(chunk)] = self.model(**enc).float().cpu().numpy()
+            for start in starts:
+                rows = order[start : start + batch_size]
+                input_ids, attention_mask = _pad([ids[r] for r in rows], self.pad_id)
+                scores = self.model(input_ids=input_ids.to(self.device), attention_mask=attention_mask.to(self.device))
+                out[rows] = scores.float().cpu().numpy()
         return out
+
+
+def _pad(rows: list[list[int]], pad_id: int):
+    """Right-pad token id lists to the longest of them (the tokenizer's `pad` on ids warns and is slower)."""
+    import torch
+
+    width = max(len(r) for r in rows)
+    input_ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
+    attention_mask = torch.zeros((len(rows), width), dtype=torch.long)
+    for i, r in enumerate(rows):
+        input_ids[i, : len(r)] = torch.tensor(r, dtype=torch.long)
+        attention_mask[i, : len(r)] = 1
+    return input_ids, attention_mask

@@ -1,0 +1,122 @@
+"""report: the paper-style tau_b table from metrics/ranking.json, printed and written as markdown.
+
+Rows are methods (plus the two references), columns dataset × eval model. A cell uses the
+predictor trained on that column's model when there is one (in-domain, as in the paper), else the
+first trained model's predictor, marked † (a transfer). A predictor whose paired-bootstrap gain over
+the prompt-length baseline is not clearly above zero is marked ✗.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+from pathlib import Path
+
+import pandas as pd
+
+OVERALL = "overall"
+METHOD_NAMES = {"pairwise": "pairwise (PARS)", "pointwise": "pointwise", "listwise": "listwise"}
+
+
+def ranking_rows(ranking: dict) -> pd.DataFrame:
+    """ranking.json's predictor results as one flat row per (train model, method, eval model, dataset)."""
+    rows = [
+        {"train_model": model, "method": method, "eval_model": eval_model, "dataset": group, **stat}
+        for model, by_method in ranking["predictors"].items()
+        for method, by_eval in by_method.items()
+        for eval_model, by_group in by_eval.items()
+        for group, stat in by_group.items()
+    ]
+    columns = ["train_model", "method", "eval_model", "dataset", "kendall_tau_b", "ci_low", "ci_high", "n_prompts",
+               "pair_accuracy", "n_pairs", "gain_over_prompt_length", "gain_ci_low", "gain_ci_high",
+               "beats_prompt_length"]
+    return pd.DataFrame(rows, columns=columns)
+
+
+def _fmt(x, ci=None) -> str:
+    if x is None or (isinstance(x, float) and math.isnan(x)):
+        return "–"
+    text = f"{x:.3f}"
+    if ci and not any(v is None or math.isnan(v) for v in ci):
+        text += f" ({ci[0]:.2f}–{ci[1]:.2f})"
+    return text
+
+
+def _columns(ranking: dict) -> list[tuple[str, str]]:
+    """(eval model, group) columns: each model's datasets, then its overall when it has several."""
+    cols = []
+    for eval_model, by_group in ranking["references"].items():
+        datasets = [g for g in by_group if g != OVERALL]
+        cols += [(eval_model, g) for g in datasets]
+        if len(datasets) != 1:
+            cols.append((eval_model, OVERALL))
+    return cols
+
+
+def render_markdown(ranking: dict) -> str:
+    cols = _columns(ranking)
+    train_models = list(ranking["predictors"])
+    methods = list(dict.fromkeys(m for by_method in ranking["predictors"].values() for m in by_method))
+    header = "| method | " + " | ".join(f"{g} · {m}" for m, g in cols) + " |"
+    lines = ["## Kendall τ_b of predicted rank vs. true answer length (test split, 95% bootstrap CI)", "",
+             header, "|" + "---|" * (len(cols) + 1)]
+    transferred = False
+    for method in methods:
+        cells = []
+        for eval_model, group in cols:
+            source = eval_model if eval_model in train_models else (train_models[0] if train_models else None)
+            stat = (ranking["predictors"].get(source, {}).get(method, {}).get(eval_model, {}).get(group)
+                    if source else None)
+            if stat is None:
+                cells.append("–")
+                continue
+            mark = ("" if source == eval_model else "†") + ("" if stat["beats_prompt_length"] else " ✗")
+            transferred |= source != eval_model
+            cells.append(_fmt(stat["kendall_tau_b"], (stat["ci_low"], stat["ci_high"])) + mark)
+        lines.append(f"| {METHOD_NAMES.get(method, method)} | " + " | ".join(cells) + " |")
+    for ref, label in (("noise_ceiling", "noise ceiling (sample vs sample)"), ("prompt_length", "prompt length (tokens)")):
+        cells = []
+        for eval_model, group in cols:
+            stat = ranking["references"][eval_model][group][ref]
+            cells.append(_fmt(stat["kendall_tau_b"], (stat["ci_low"], stat["ci_high"])) if stat else "n/a (k=1)")
+        lines.append(f"| *{label}* | " + " | ".join(cells) + " |")
+    lines.append("| *test prompts* | " + " | ".join(str(ranking["references"][m][g]["n_prompts"]) for m, g in cols) + " |")
+    lines.append("")
+    notes = ["✗: does not beat the prompt-length baseline (paired bootstrap 95% CI of the gain includes 0)."]
+    if transferred:
+        notes.append(f"†: no predictor trained on this model's answers; the {train_models[0]} predictor is shown.")
+    notes.append("Noise ceiling: τ_b between two independent samples' lengths, averaged over sample pairs; "
+                 "predictors are scored against the mean of all samples, so they can exceed it.")
+    settings = ranking.get("settings", {})
+    notes.append(f"Prompt length counted with the `{settings.get('baseline_tokenizer', 'minilm-l6')}` tokenizer; "
+                 f"pair accuracy on pairs with relative length gap ≥ δ={settings.get('delta')}.")
+    lines += [f"- {n}" for n in notes]
+
+    eval_models = list(ranking["references"])
+    for method in methods:
+        lines += ["", f"## Cross-model transfer, {METHOD_NAMES.get(method, method)}: τ_b (rows: trained on, "
+                      "columns: evaluated on, all datasets)", "",
+                  "| trained on | " + " | ".join(eval_models) + " |", "|" + "---|" * (len(eval_models) + 1)]
+        for model in train_models:
+            by_eval = ranking["predictors"][model].get(method, {})
+            lines.append(f"| {model} | " + " | ".join(
+                _fmt(by_eval.get(e, {}).get(OVERALL, {}).get("kendall_tau_b")) for e in eval_models) + " |")
+        lines.append("| *prompt length* | " + " | ".join(
+            _fmt(ranking["references"][e][OVERALL]["prompt_length"]["kendall_tau_b"]) for e in eval_models) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="pars report", description=__doc__.split("\n")[0])
+    parser.add_argument("--ranking", default="metrics/ranking.json", help="evaluate's metrics (default: %(default)s)")
+    parser.add_argument("--out", default="metrics/report.md", help="markdown file to write (default: %(default)s)")
+    args = parser.parse_args(argv)
+    path = Path(args.ranking)
+    if not path.is_file():
+        raise FileNotFoundError(f"{path} does not exist (run `pars evaluate` or `dvc repro evaluate` first)")
+    text = render_markdown(json.loads(path.read_text(encoding="utf-8")))
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(text, encoding="utf-8")
+    print(text, end="")
+    return 0

@@ -1,0 +1,227 @@
+"""evaluate + report: metrics on hand-made data, then the stage end to end on tiny random predictors."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pandas as pd
+import pytest
+from scipy.stats import kendalltau
+
+from pipeline.contracts import GENERATIONS, PROMPTS, generations_path, prompts_path, write_table
+from pipeline.ranking import metrics as M
+
+DATASETS = ("ds_a", "ds_b", "ds_c")
+
+
+# ---------------------------------------------------------------- metrics on hand-made data
+
+def test_kendall_tau_b_known_values():
+    assert M.kendall_tau_b([1, 2, 3, 4], [1, 3, 2, 4]) == pytest.approx(4 / 6)
+    # one tie in x: tau_b = 5 / sqrt(5 * 6)
+    assert M.kendall_tau_b([1, 1, 2, 3], [1, 2, 3, 4]) == pytest.approx(5 / np.sqrt(30))
+    assert M.kendall_tau_b([4, 3, 2, 1], [1, 2, 3, 4]) == pytest.approx(-1.0)
+    assert np.isnan(M.kendall_tau_b([1, 1, 1], [1, 2, 3]))
+    assert np.isnan(M.kendall_tau_b([1], [2]))
+
+
+def test_bootstrap_interval_contains_estimate_and_is_paired():
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=200)
+    y = x + rng.normal(size=200)
+    stat = M.tau_with_ci(x, y, n_boot=300, seed=1)
+    assert stat["ci_low"] < stat["kendall_tau_b"] < stat["ci_high"]
+    assert 0.3 < stat["kendall_tau_b"] < 0.7
+    assert stat["ci_high"] - stat["ci_low"] < 0.25
+    # same (n, n_boot, seed) -> same resamples: the paired-bootstrap property evaluate relies on
+    np.testing.assert_array_equal(M.bootstrap_indices(50, 10, 3), M.bootstrap_indices(50, 10, 3))
+    # a narrower interval with more prompts
+    big = M.tau_with_ci(np.tile(x, 4), np.tile(y, 4) + rng.normal(size=800) * 1e-6, n_boot=300, seed=1)
+    assert big["ci_high"] - big["ci_low"] < stat["ci_high"] - stat["ci_low"]
+
+
+def test_pair_accuracy_delta_filter_truncation_and_ties():
+    lengths = [100, 110, 200, 50]  # (100, 110) differs by 9% < delta: not a pair
+    acc, n = M.pair_accuracy([1, 2, 3, 0], lengths, delta=0.2)
+    assert (acc, n) == (1.0, 5)
+    acc, n = M.pair_accuracy([0, 2, 3, 1], lengths, delta=0.2)  # 100 vs 50 misordered
+    assert (acc, n) == (pytest.approx(4 / 5), 5)
+    # the 50-token answer is a lower bound: every pair where it is the shorter side is dropped
+    acc, n = M.pair_accuracy([0, 2, 3, 1], lengths, [False, False, False, True], delta=0.2)
+    assert (acc, n) == (1.0, 2)
+    # a truncated *longer* side keeps its pairs (its true length is only longer)
+    _, n = M.pair_accuracy([0, 2, 3, 1], lengths, [False, False, True, False], delta=0.2)
+    assert n == 5
+    acc, _ = M.pair_accuracy([1, 1, 1, 1], lengths, delta=0.2)  # equal scores count one half
+    assert acc == 0.5
+    assert M.pair_accuracy([1, 2], [10, 10], delta=0.2) == (pytest.approx(np.nan, nan_ok=True), 0)
+
+
+def test_answer_lengths_and_noise_ceiling():
+    gens = pd.DataFrame({
+        "prompt_id": ["p1"] * 2 + ["p2"] * 2 + ["p3"] * 2,
+        "sample": [0, 1] * 3,
+        "output_tokens": [10, 20, 30, 50, 100, 100],
+        "finish_reason": ["stop", "stop", "stop", "length", "stop", "stop"],
+    })
+    lab = M.answer_lengths(gens)
+    assert lab.loc["p1", "length"] == 15 and lab.loc["p2", "length"] == 40
+    assert list(lab["truncated"]) == [False, True, False]
+    # two samples that order prompts identically: ceiling 1
+    ceiling = M.noise_ceiling(M.sample_length_matrix(gens, ["p1", "p2", "p3"]), n_boot=50)
+    assert ceiling["kendall_tau_b"] == pytest.approx(1.0) and ceiling["n_sample_pairs"] == 1
+    # one sample per prompt: no ceiling
+    assert M.noise_ceiling(np.array([[1.0], [2.0], [3.0]])) is None
+    # four samples: the mean over the 6 sample pairs
+    rng = np.random.default_rng(0)
+    samples = rng.lognormal(5, 1, size=(80, 1)) * rng.lognormal(0, 0.3, size=(80, 4))
+    ceiling = M.noise_ceiling(samples, n_boot=50)
+    from itertools import combinations
+    expected = np.mean([kendalltau(samples[:, a], samples[:, b]).statistic for a, b in combinations(range(4), 2)])
+    assert ceiling["kendall_tau_b"] == pytest.approx(expected) and ceiling["n_sample_pairs"] == 6
+    assert ceiling["ci_low"] <= ceiling["kendall_tau_b"] <= ceiling["ci_high"]
+
+
+# ---------------------------------------------------------------- synthetic project data
+
+def _make_data(root, n_per_dataset=24, seed=0):
+    """Prompts of 3 datasets; `m4` (k=4) and `m1` (k=1) answer the test prompts; m1 skips ds_c."""
+    rng = np.random.default_rng(seed)
+    rows = []
+    for ds in DATASETS:
+        for i in range(n_per_dataset):
+            split = "test" if i % 3 else "train"
+            words = int(rng.integers(3, 40))
+            rows.append({"prompt_id": f"{ds}-{i:03d}", "dataset": ds, "split": split, "source_id": str(i),
+                         "prompt": " ".join(["explain"] * words) + f" item {i} of {ds}"})
+    prompts = pd.DataFrame(rows)
+    write_table(prompts, prompts_path(root), PROMPTS)
+    true_len = {pid: float(rng.lognormal(5, 1)) for pid in prompts["prompt_id"]}
+    for model, k in (("m4", 4), ("m1", 1)):
+        gens = []
+        for pid in prompts["prompt_id"]:
+            if model == "m1" and pid.startswith("ds_c"):
+                continue
+            for s in range(k):
+                n = max(1, int(true_len[pid] * rng.lognormal(0, 0.2)))
+                gens.append({"prompt_id": pid, "sample": s, "output_tokens": min(n, 600), "reasoning_tokens": 0,
+                             "finish_reason": "length" if n >= 600 else "stop", "prompt_tokens": 10,
+                             "text": "x", "reasoning": ""})
+        write_table(pd.DataFrame(gens), generations_path(model, root), GENERATIONS)
+    return prompts, true_len
+
+
+def test_evaluate_core_on_hand_made_scores(tmp_path):
+    from pipeline.evaluate import evaluate, transfer_matrix
+
+    prompts, _ = _make_data(tmp_path)
+    gens = {m: pd.read_parquet(generations_path(m, tmp_path)) for m in ("m4", "m1")}
+    test = prompts[prompts["split"] == "test"]
+    # the "oracle" predictor scores each prompt with m4's mean length; "reverse" with its negation
+    mean_len = M.answer_lengths(gens["m4"])["length"]
+    oracle = mean_len.reindex(test["prompt_id"]).to_numpy()
+    scores = pd.concat([
+        pd.DataFrame({"prompt_id": test["prompt_id"], "dataset": test["dataset"], "train_model": "m4",
+                      "method": "oracle", "score": oracle}),
+        pd.DataFrame({"prompt_id": test["prompt_id"], "dataset": test["dataset"], "train_model": "m4",
+                      "method": "reverse", "score": -oracle}),
+    ])
+    ptoks = pd.Series(np.random.default_rng(1).integers(5, 50, len(test)).astype(float), index=test["prompt_id"])
+    r = evaluate(prompts, gens, scores, ptoks, delta=0.2, n_boot=100, seed=0, level=0.95)
+
+    o = r["predictors"]["m4"]["oracle"]["m4"]
+    assert o["overall"]["kendall_tau_b"] == pytest.approx(1.0)
+    assert o["overall"]["pair_accuracy"] == 1.0 and o["overall"]["n_pairs"] > 0
+    assert o["overall"]["n_prompts"] == len(test) and set(o) == {"overall", *DATASETS}
+    assert o["overall"]["beats_prompt_length"] is True
+    rev = r["predictors"]["m4"]["reverse"]["m4"]["overall"]
+    assert rev["kendall_tau_b"] == pytest.approx(-1.0) and rev["beats_prompt_length"] is False
+    # transfer to m1 (other samples, ds_c missing): the value scipy gives on the same prompts
+    t1 = r["predictors"]["m4"]["oracle"]["m1"]
+    assert set(t1) == {"overall", "ds_a", "ds_b"}
+    m1_len = M.answer_lengths(gens["m1"])["length"]
+    ids = sorted(set(test["prompt_id"]) & set(m1_len.index))
+    expected = kendalltau(mean_len.reindex(ids), m1_len.reindex(ids)).statistic
+    assert t1["overall"]["kendall_tau_b"] == pytest.approx(expected)
+    assert t1["overall"]["ci_low"] <= t1["overall"]["kendall_tau_b"] <= t1["overall"]["ci_high"]
+    # references: m4 has a noise ceiling below 1 (samples differ), m1 has none; the baseline is scipy's
+    ref = r["references"]["m4"]["overall"]
+    assert 0.3 < ref["noise_ceiling"]["kendall_tau_b"] < 1.0
+    assert r["references"]["m1"]["overall"]["noise_ceiling"] is None
+    lab = M.answer_lengths(gens["m4"]).reindex(sorted(test["prompt_id"]))
+    assert ref["prompt_length"]["kendall_tau_b"] == pytest.approx(
+        kendalltau(ptoks.reindex(lab.index), lab["length"]).statistic)
+    tm = transfer_matrix(r)["kendall_tau_b"]
+    assert tm["oracle"]["m4"]["m4"] == pytest.approx(1.0) and tm["oracle"]["m4"]["m1"] == pytest.approx(expected)
+
+
+# ---------------------------------------------------------------- the stage end to end
+
+@pytest.fixture
+def project(tmp_path, tiny_bert_config, tokenizer, monkeypatch):
+    """Synthetic data + tiny random predictors models/{m4,m1}/{pairwise,pointwise}; cwd = tmp_path."""
+    import torch
+
+    from pipeline.ranking.checkpoint import save_checkpoint
+    from pipeline.ranking.model import LengthRanker
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("WANDB_DIR", str(tmp_path))
+    _make_data(tmp_path / "data")
+    for i, (model, method) in enumerate([("m4", "pairwise"), ("m4", "pointwise"), ("m1", "pairwise"), ("m1", "pointwise")]):
+        torch.manual_seed(i)
+        save_checkpoint(LengthRanker.from_config(tiny_bert_config), tokenizer, tmp_path / "models" / model / method,
+                        method=method, max_length=32, encoder="tiny-random-bert", trained_on={"model": model})
+    params = {"train_models": ["m4", "m1"], "methods": ["pairwise", "pointwise"], "eval_models": ["m4", "m1"],
+              "delta": 0.2, "bootstrap": {"n": 60, "seed": 42, "level": 0.95}, "batch_size": 8,
+              "baseline_tokenizer": "minilm-l6", "wandb": {"enabled": True, "project": "pars-test", "mode": "offline"}}
+    return tmp_path, params
+
+
+def test_evaluate_stage_writes_metrics_scores_plots_and_wandb(project):
+    from pipeline.evaluate import SCORES, run, scores_path
+    from pipeline.report import main as report_main
+    from pipeline.serving.scorer import Scorer
+
+    root, params = project
+    run(params)
+
+    ranking = json.loads((root / "metrics/ranking.json").read_text())
+    for model in ("m4", "m1"):
+        for method in ("pairwise", "pointwise"):
+            for eval_model in ("m4", "m1"):
+                cell = ranking["predictors"][model][method][eval_model]["overall"]
+                assert {"kendall_tau_b", "ci_low", "ci_high", "n_prompts"} <= set(cell)
+                assert cell["ci_low"] <= cell["kendall_tau_b"] <= cell["ci_high"]
+    assert ranking["references"]["m4"]["overall"]["noise_ceiling"]["kendall_tau_b"] > 0
+    assert ranking["references"]["m1"]["overall"]["prompt_length"]["n_prompts"] == 32
+    transfer = json.loads((root / "metrics/transfer.json").read_text())
+    assert transfer["kendall_tau_b"]["pairwise"]["m1"]["m4"] == ranking["predictors"]["m1"]["pairwise"]["m4"]["overall"]["kendall_tau_b"]
+
+    scores = pd.read_parquet(scores_path(root / "data"))
+    assert list(scores.columns) == SCORES.names
+    assert len(scores) == 48 * 4 and scores.groupby(["train_model", "method"]).size().eq(48).all()
+    # scored once per predictor, and exactly what the serving Scorer gives
+    prompts = pd.read_parquet(prompts_path(root / "data")).set_index("prompt_id")
+    sub = scores[(scores.train_model == "m1") & (scores.method == "pointwise")].head(5)
+    direct = Scorer.from_pretrained(root / "models/m1/pointwise").score(prompts.loc[sub.prompt_id, "prompt"].tolist())
+    np.testing.assert_allclose(sub["score"].to_numpy(), direct, rtol=1e-4, atol=1e-5)
+
+    for name in ("tau_b.png", "transfer.png"):
+        assert (root / "plots/evaluate" / name).stat().st_size > 5000
+    csv = pd.read_csv(root / "plots/evaluate/tau_b.csv")
+    assert len(csv) == 8 and csv["kendall_tau_b"].between(-1, 1).all()
+    assert list((root / "wandb").glob("offline-run-*")), "no offline W&B run written"
+
+    assert report_main(["--ranking", "metrics/ranking.json", "--out", "metrics/report.md"]) == 0
+    md = (root / "metrics/report.md").read_text()
+    assert "pairwise (PARS)" in md and "noise ceiling" in md and "ds_a · m4" in md and "Cross-model transfer" in md
+
+
+def test_evaluate_refuses_missing_predictor(project):
+    from pipeline.evaluate import run
+
+    _, params = project
+    with pytest.raises(FileNotFoundError, match="models/m4/listwise, models/m1/listwise"):
+        run({**params, "methods": ["pairwise", "listwise"]})
