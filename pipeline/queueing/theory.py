@@ -1,0 +1,219 @@
+"""KV-cache queueing theory (source document 003): g(s, o), the stable service rate mu, the
+stability margin delta, a verdict for an arrival rate, and the replicas a load needs.
+
+Notation (document 003): a request has prompt s and answer o (tokens). The prompt is processed in
+chunks of s_hat tokens, memory growing to k*s_hat after chunk k; each decode step then adds one
+token of KV cache, so decode step j holds s + j tokens. g(s, o) is the memory *area* of the
+request over its life (token-steps):
+
+    g(s, o) = sum_{k=1}^{s/s_hat} k*s_hat + sum_{j=1}^{o} (s + j)
+
+    mu    = M / (b_bar * E[g(s, o)])          (requests per second; b_bar = seconds per step)
+    delta = ess sup(s + o) / M
+    lambda > mu             -> unstable (queue grows without bound)
+    lambda < mu * (1-delta) -> stable (positive recurrent)
+    otherwise               -> undecided by the theorems.
+
+When s_hat does not divide s, the last chunk is partial: memory after chunk k is min(k*s_hat, s),
+k = 1..ceil(s/s_hat). This is what a chunked-prefill engine does and reduces to the document's
+sum exactly when s_hat divides s (tests check both).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, asdict
+from typing import Any
+
+import numpy as np
+
+STABLE, UNSTABLE, UNDECIDED = "stable", "unstable", "undecided"
+
+
+def prefill_area(s, chunk: int):
+    """sum_{k=1}^{ceil(s/chunk)} min(k*chunk, s): memory area of the chunked prefill phase."""
+    s = np.asarray(s, dtype=np.int64)
+    n = -(-s // chunk)  # number of chunks, ceil
+    # full chunks 1..n-1 hold k*chunk each; the last holds all s tokens
+    full = n - 1
+    return chunk * full * (full + 1) // 2 + s * (n > 0)
+
+
+def decode_area(s, o):
+    """sum_{j=1}^{o} (s + j) = o*s + o(o+1)/2: memory area of the decode phase."""
+    s = np.asarray(s, dtype=np.int64)
+    o = np.asarray(o, dtype=np.int64)
+    return o * s + o * (o + 1) // 2
+
+
+def g(s, o, chunk: int):
+    """Lifetime memory area g(s, o) in token-steps (vectorised over numpy arrays)."""
+    return prefill_area(s, chunk) + decode_area(s, o)
+
+
+# ---------------------------------------------------------------- length distributions
+
+
+@dataclass(frozen=True)
+class Workload:
+    """A joint (s, o) distribution: either independent discrete uniforms U(lo, hi) on integers,
+    a mixture of such workloads, or an empirical sample of (s, o) pairs."""
+
+    name: str
+    s_range: tuple[int, int] | None = None
+    o_range: tuple[int, int] | None = None
+    mixture: tuple["Workload", ...] | None = None
+    s_sample: np.ndarray | None = None
+    o_sample: np.ndarray | None = None
+
+    @staticmethod
+    def uniform(name: str, s_lo: int, s_hi: int, o_lo: int, o_hi: int) -> "Workload":
+        return Workload(name, s_range=(int(s_lo), int(s_hi)), o_range=(int(o_lo), int(o_hi)))
+
+    @staticmethod
+    def empirical(name: str, s, o) -> "Workload":
+        s = np.asarray(s, dtype=np.int64)
+        o = np.asarray(o, dtype=np.int64)
+        if s.shape != o.shape or s.size == 0:
+            raise ValueError(f"workload {name}: need equally long, non-empty s and o samples")
+        if (s < 1).any() or (o < 1).any():
+            raise ValueError(f"workload {name}: prompt and answer lengths must be >= 1 token")
+        return Workload(name, s_sample=s, o_sample=o)
+
+    @staticmethod
+    def mix(name: str, *parts: "Workload") -> "Workload":
+        return Workload(name, mixture=tuple(parts))
+
+    def expected_g(self, chunk: int) -> float:
+        """E[g(s, o)], exact for uniforms (s and o independent) and mixtures, the sample mean
+        for an empirical workload."""
+        if self.mixture:
+            return float(np.mean([p.expected_g(chunk) for p in self.mixture]))
+        if self.s_sample is not None:
+            return float(np.mean(g(self.s_sample, self.o_sample, chunk)))
+        s = np.arange(self.s_range[0], self.s_range[1] + 1, dtype=np.int64)
+        o = np.arange(self.o_range[0], self.o_range[1] + 1, dtype=np.int64)
+        # g = C(s) + o*s + o(o+1)/2 and s, o independent, so the expectation splits exactly
+        return float(prefill_area(s, chunk).mean() + o.mean() * s.mean() + (o * (o + 1) / 2).mean())
+
+    def ess_sup(self) -> int:
+        """ess sup(s + o): the largest request the workload can produce."""
+        if self.mixture:
+            return max(p.ess_sup() for p in self.mixture)
+        if self.s_sample is not None:
+            return int((self.s_sample + self.o_sample).max())
+        return self.s_range[1] + self.o_range[1]
+
+    def sample(self, n: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+        """n (s, o) draws."""
+        if self.mixture:
+            which = rng.integers(0, len(self.mixture), size=n)
+            s = np.empty(n, dtype=np.int64)
+            o = np.empty(n, dtype=np.int64)
+            for i, part in enumerate(self.mixture):
+                idx = np.flatnonzero(which == i)
+                s[idx], o[idx] = part.sample(idx.size, rng)
+            return s, o
+        if self.s_sample is not None:
+            idx = rng.integers(0, self.s_sample.size, size=n)
+            return self.s_sample[idx].copy(), self.o_sample[idx].copy()
+        s = rng.integers(self.s_range[0], self.s_range[1] + 1, size=n)
+        o = rng.integers(self.o_range[0], self.o_range[1] + 1, size=n)
+        return s.astype(np.int64), o.astype(np.int64)
+
+    def describe(self) -> str:
+        if self.mixture:
+            return "mixture of " + ", ".join(p.describe() for p in self.mixture)
+        if self.s_sample is not None:
+            return f"empirical sample of {self.s_sample.size} requests"
+        return f"s ~ U({self.s_range[0]},{self.s_range[1]}), o ~ U({self.o_range[0]},{self.o_range[1]})"
+
+
+def document_workloads() -> dict[str, Workload]:
+    """The validation workloads of document 003: P/D ratios 1:1, 2:1, 1:2, and a mix of them
+    (the document's fourth set is LongBench v2, which is not available offline; a mixture of
+    the three ratios stands in for a heterogeneous real workload)."""
+    w11 = Workload.uniform("1:1", 10, 1600, 10, 1600)
+    w21 = Workload.uniform("2:1", 10, 2133, 10, 1066)
+    w12 = Workload.uniform("1:2", 10, 1066, 10, 2133)
+    return {"1:1": w11, "2:1": w21, "1:2": w12, "mixed": Workload.mix("mixed", w11, w21, w12)}
+
+
+def parse_distribution(spec: str) -> tuple[int, int]:
+    """'uniform:10:1600' or '10:1600' -> (10, 1600)."""
+    parts = spec.split(":")
+    if parts[0] == "uniform":
+        parts = parts[1:]
+    if len(parts) != 2:
+        raise ValueError(f"length distribution {spec!r}: expected 'uniform:LO:HI'")
+    lo, hi = int(parts[0]), int(parts[1])
+    if not 1 <= lo <= hi:
+        raise ValueError(f"length distribution {spec!r}: need 1 <= LO <= HI")
+    return lo, hi
+
+
+# ---------------------------------------------------------------- the theorems
+
+
+@dataclass(frozen=True)
+class Capacity:
+    M: int
+    chunk: int
+    step_time: float
+    expected_g: float
+    mu: float
+    delta: float
+    stable_below: float  # mu * (1 - delta)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def service_rate(M: int, step_time: float, expected_g: float) -> float:
+    """mu = M / (b_bar * E[g])  (requests per second)."""
+    if M <= 0 or step_time <= 0 or expected_g <= 0:
+        raise ValueError("M, step time and E[g] must be positive")
+    return M / (step_time * expected_g)
+
+
+def capacity(workload: Workload, M: int, chunk: int, step_time: float) -> Capacity:
+    eg = workload.expected_g(chunk)
+    mu = service_rate(M, step_time, eg)
+    delta = workload.ess_sup() / M
+    if delta >= 1:
+        # a single request larger than the whole KV cache can never be served
+        raise ValueError(f"workload {workload.name}: largest request ({workload.ess_sup()} tokens) "
+                         f"does not fit in M = {M} tokens")
+    return Capacity(M=M, chunk=chunk, step_time=step_time, expected_g=eg, mu=mu, delta=delta,
+                    stable_below=mu * (1 - delta))
+
+
+def verdict(rate: float, cap: Capacity) -> str:
+    """The theorems' verdict for arrival rate `rate` (requests per second)."""
+    if rate > cap.mu:
+        return UNSTABLE
+    if rate < cap.stable_below:
+        return STABLE
+    return UNDECIDED
+
+
+def replicas_needed(rate: float, cap: Capacity, margin: float = 0.1) -> dict[str, Any]:
+    """Data-parallel replicas for `rate`, each getting rate/n of the load.
+
+    `guaranteed` is the fewest replicas for which the stability theorem holds with the safety
+    margin (each replica loaded to at most (1 - margin) * mu * (1 - delta)); `minimum` is the
+    fewest for which the instability theorem does not already rule the load out (rate/n <= mu)."""
+    if not 0 <= margin < 1:
+        raise ValueError("margin must be in [0, 1)")
+    if rate < 0:
+        raise ValueError("arrival rate must be >= 0")
+    guaranteed = max(1, math.ceil(rate / ((1 - margin) * cap.stable_below) - 1e-12))
+    minimum = max(1, math.ceil(rate / cap.mu - 1e-12))
+    return {
+        "rate": rate,
+        "margin": margin,
+        "minimum": minimum,
+        "guaranteed": guaranteed,
+        "per_replica_rate": rate / guaranteed,
+        "utilisation": rate / (guaranteed * cap.mu),
+    }
