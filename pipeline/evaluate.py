@@ -27,6 +27,7 @@ import pandas as pd
 import pyarrow as pa
 
 from pipeline.contracts import GENERATIONS, PROMPTS, generations_path, prompts_path, read_table, write_json, write_table
+from pipeline.pairs import prompt_labels
 from pipeline.params import load_params
 from pipeline.ranking import metrics as M
 from pipeline.report import OVERALL, ranking_rows
@@ -119,8 +120,8 @@ def evaluate(prompts: pd.DataFrame, generations: dict[str, pd.DataFrame], scores
     references: dict = {}
     results: dict = {}
     for eval_model, gens in generations.items():
-        labels = M.answer_lengths(gens[gens["prompt_id"].isin(test.index)])
-        labels = labels.join(test["dataset"], how="inner").sort_index()
+        labels = prompt_labels(gens[gens["prompt_id"].isin(test.index)], where=f"generations of {eval_model}")
+        labels = labels.set_index("prompt_id").join(test["dataset"], how="inner").sort_index()
         if labels.empty:
             raise ValueError(f"evaluate: {eval_model} has no answers to test-split prompts")
         groups = {OVERALL: labels}

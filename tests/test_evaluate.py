@@ -15,6 +15,12 @@ from pipeline.ranking import metrics as M
 DATASETS = ("ds_a", "ds_b", "ds_c")
 
 
+def _labels(gens):
+    from pipeline.pairs import prompt_labels
+
+    return prompt_labels(gens).set_index("prompt_id")
+
+
 # ---------------------------------------------------------------- metrics on hand-made data
 
 def test_kendall_tau_b_known_values():
@@ -58,16 +64,13 @@ def test_pair_accuracy_delta_filter_truncation_and_ties():
     assert M.pair_accuracy([1, 2], [10, 10], delta=0.2) == (pytest.approx(np.nan, nan_ok=True), 0)
 
 
-def test_answer_lengths_and_noise_ceiling():
+def test_noise_ceiling():
     gens = pd.DataFrame({
         "prompt_id": ["p1"] * 2 + ["p2"] * 2 + ["p3"] * 2,
         "sample": [0, 1] * 3,
         "output_tokens": [10, 20, 30, 50, 100, 100],
         "finish_reason": ["stop", "stop", "stop", "length", "stop", "stop"],
     })
-    lab = M.answer_lengths(gens)
-    assert lab.loc["p1", "length"] == 15 and lab.loc["p2", "length"] == 40
-    assert list(lab["truncated"]) == [False, True, False]
     # two samples that order prompts identically: ceiling 1
     ceiling = M.noise_ceiling(M.sample_length_matrix(gens, ["p1", "p2", "p3"]), n_boot=50)
     assert ceiling["kendall_tau_b"] == pytest.approx(1.0) and ceiling["n_sample_pairs"] == 1
@@ -119,7 +122,7 @@ def test_evaluate_core_on_hand_made_scores(tmp_path):
     gens = {m: pd.read_parquet(generations_path(m, tmp_path)) for m in ("m4", "m1")}
     test = prompts[prompts["split"] == "test"]
     # the "oracle" predictor scores each prompt with m4's mean length; "reverse" with its negation
-    mean_len = M.answer_lengths(gens["m4"])["length"]
+    mean_len = _labels(gens["m4"])["length"]
     oracle = mean_len.reindex(test["prompt_id"]).to_numpy()
     scores = pd.concat([
         pd.DataFrame({"prompt_id": test["prompt_id"], "dataset": test["dataset"], "train_model": "m4",
@@ -140,7 +143,7 @@ def test_evaluate_core_on_hand_made_scores(tmp_path):
     # transfer to m1 (other samples, ds_c missing): the value scipy gives on the same prompts
     t1 = r["predictors"]["m4"]["oracle"]["m1"]
     assert set(t1) == {"overall", "ds_a", "ds_b"}
-    m1_len = M.answer_lengths(gens["m1"])["length"]
+    m1_len = _labels(gens["m1"])["length"]
     ids = sorted(set(test["prompt_id"]) & set(m1_len.index))
     expected = kendalltau(mean_len.reindex(ids), m1_len.reindex(ids)).statistic
     assert t1["overall"]["kendall_tau_b"] == pytest.approx(expected)
@@ -149,7 +152,7 @@ def test_evaluate_core_on_hand_made_scores(tmp_path):
     ref = r["references"]["m4"]["overall"]
     assert 0.3 < ref["noise_ceiling"]["kendall_tau_b"] < 1.0
     assert r["references"]["m1"]["overall"]["noise_ceiling"] is None
-    lab = M.answer_lengths(gens["m4"]).reindex(sorted(test["prompt_id"]))
+    lab = _labels(gens["m4"]).reindex(sorted(test["prompt_id"]))
     assert ref["prompt_length"]["kendall_tau_b"] == pytest.approx(
         kendalltau(ptoks.reindex(lab.index), lab["length"]).statistic)
     tm = transfer_matrix(r)["kendall_tau_b"]

@@ -1,7 +1,8 @@
 """Ranking metrics, one place each: Kendall tau_b, its paired bootstrap, pair accuracy on
-delta-filtered pairs, per-prompt length labels, and the between-sample noise ceiling.
+delta-filtered pairs, and the between-sample noise ceiling.
 
 Plain numpy/scipy/pandas (no torch): evaluate uses them, and so can training's validation.
+Length labels and the pair filter are the pairs stage's (`pipeline.pairs`), not redefined here.
 """
 
 from __future__ import annotations
@@ -63,41 +64,25 @@ def tau_with_ci(x, y, *, n_boot: int = 1000, seed: int = 42, level: float = 0.95
     return {"kendall_tau_b": tau, "ci_low": low, "ci_high": high, "n_prompts": int(len(x)), "_boot": boot}
 
 
-def answer_lengths(generations: pd.DataFrame) -> pd.DataFrame:
-    """Per-prompt length label: mean `output_tokens` over samples (the label the pairs are built on).
-
-    `truncated` is True when any sample stopped at max_tokens: the mean is then a lower bound."""
-    g = generations.groupby("prompt_id", sort=True)
-    return pd.DataFrame(
-        {
-            "length": g["output_tokens"].mean().astype(float),
-            "truncated": g["finish_reason"].agg(lambda s: bool((s == "length").any())),
-            "n_samples": g["sample"].nunique(),
-        }
-    )
-
-
 def pair_accuracy(scores, lengths, truncated=None, *, delta: float = 0.2) -> tuple[float, int]:
     """Fraction of delta-filtered pairs whose scores order them as their lengths do.
 
-    Pairs are all (i, j) with |l_i - l_j| / max(l_i, l_j) >= delta (the training filter).
-    A pair whose shorter side is a lower bound (truncated) is dropped: its true order is unknown.
-    Equal scores count one half. Returns (accuracy, number of pairs); NaN when there is none."""
+    Pairs are every (i, j) the training filter keeps (`pipeline.pairs.keep_mask`: relative length
+    gap >= delta, and not when the shorter side is a truncated lower bound). Equal scores count
+    one half. Returns (accuracy, number of pairs); NaN when there is none."""
+    from pipeline.pairs import in_batch_pairs
+
     s = np.asarray(scores, dtype=float)
     l = np.asarray(lengths, dtype=float)
     t = np.zeros(len(l), dtype=bool) if truncated is None else np.asarray(truncated, dtype=bool)
-    i, j = np.triu_indices(len(l), k=1)
-    li, lj = l[i], l[j]
-    biggest = np.maximum(np.maximum(li, lj), 1e-12)  # two zero-length answers: no pair
-    keep = np.abs(li - lj) / biggest >= delta
-    shorter_truncated = np.where(li < lj, t[i], t[j])
-    keep &= ~shorter_truncated
-    if not keep.any():
+    pairs = in_batch_pairs(l, t, delta)
+    if len(pairs) == 0:
         return float("nan"), 0
-    sign_len = np.sign(li[keep] - lj[keep])
-    sign_score = np.sign(s[i][keep] - s[j][keep])
+    i, j = pairs[:, 0], pairs[:, 1]
+    sign_len = np.sign(l[i] - l[j])
+    sign_score = np.sign(s[i] - s[j])
     correct = np.where(sign_score == 0, 0.5, (sign_score == sign_len).astype(float))
-    return float(correct.mean()), int(keep.sum())
+    return float(correct.mean()), int(len(pairs))
 
 
 def sample_length_matrix(generations: pd.DataFrame, prompt_ids) -> np.ndarray:

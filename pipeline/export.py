@@ -1,0 +1,75 @@
+"""export: the chosen predictor (params `export`) -> models/export/<name>/, a self-describing checkpoint.
+
+The trained checkpoint (already in the serving format, written by train through save_checkpoint)
+is copied byte for byte, its hash checked on both sides, and pars.json completed with the export
+name and the predictor's test tau_b on its own model's answers, read from metrics/ranking.json.
+The result loads with `pipeline.serving.Scorer.from_pretrained` alone (torch + transformers; no
+Lightning), which the stage checks before it finishes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+from pathlib import Path
+
+from pipeline.params import load_params
+from pipeline.ranking.checkpoint import copy_checkpoint, read_meta
+
+
+def export_dir(name: str, root: str | Path = "models/export") -> Path:
+    return Path(root) / name
+
+
+def in_domain_metrics(ranking: dict, model: str, method: str, path: str | Path = "metrics/ranking.json") -> dict:
+    """The predictor's test results on its own model's answers (overall and per dataset)."""
+    by_group = ranking.get("predictors", {}).get(model, {}).get(method, {}).get(model)
+    if not by_group or "overall" not in by_group:
+        raise ValueError(f"{path} has no test tau_b for {model}/{method} on {model}'s answers "
+                         f"(evaluate needs {model} in evaluate.train_models and evaluate.eval_models, "
+                         f"and {method} in evaluate.methods)")
+    overall = by_group["overall"]
+    refs = ranking.get("references", {}).get(model, {}).get("overall", {})
+    return {
+        "eval_model": model,
+        "split": "test",
+        **{k: overall.get(k) for k in ("kendall_tau_b", "ci_low", "ci_high", "n_prompts", "pair_accuracy")},
+        "per_dataset_tau_b": {g: s.get("kendall_tau_b") for g, s in by_group.items() if g != "overall"},
+        "prompt_length_tau_b": (refs.get("prompt_length") or {}).get("kendall_tau_b"),
+        "noise_ceiling_tau_b": (refs.get("noise_ceiling") or {}).get("kendall_tau_b"),
+    }
+
+
+def run(params: dict, *, models_root: str | Path = "models", ranking_path: str | Path = "metrics/ranking.json",
+        out_root: str | Path = "models/export") -> Path:
+    from pipeline.evaluate import predictor_dir
+    from pipeline.serving.scorer import Scorer
+
+    name, model, method = params.get("name", "pars-smollm2"), params["model"], params["method"]
+    src = predictor_dir(model, method, models_root)
+    ranking_path = Path(ranking_path)
+    if not ranking_path.is_file():
+        raise FileNotFoundError(f"{ranking_path} does not exist (run evaluate first: it gives the test tau_b)")
+    metrics = in_domain_metrics(json.loads(ranking_path.read_text(encoding="utf-8")), model, method, ranking_path)
+    source_meta = read_meta(src)  # validates the source (files, version, hash) with a clear message
+    trained_on = {"model": model, **(source_meta.get("trained_on") or {})}
+    tau = metrics["kendall_tau_b"]
+    dst = copy_checkpoint(src, export_dir(name, out_root), name=name, trained_on=trained_on,
+                          test_tau_b=None if tau is None or math.isnan(tau) else float(tau),
+                          test_metrics=metrics, exported_from=str(src))
+    # the acceptance test of an export: the serving loader takes it and gives finite scores
+    probe = Scorer.from_pretrained(dst).score(["How are you?", "Write a detailed essay on the history of Rome."])
+    if not all(map(math.isfinite, probe)):
+        raise ValueError(f"exported checkpoint {dst} gives non-finite scores")
+    return dst
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="pars export", description=__doc__.split("\n")[0])
+    parser.parse_args(argv)
+    dst = run(load_params("export"))
+    meta = read_meta(dst)
+    print(f"export: {dst} ({meta['method']}, trained on {meta['trained_on'].get('model')}, "
+          f"test tau_b {meta['test_tau_b']}, sha256 {meta['weights_sha256'][:12]}…)")
+    return 0

@@ -1,0 +1,116 @@
+"""score: `pars score --checkpoint DIR INPUT [-o OUT]` scores a JSONL or parquet file of prompts.
+
+Input: JSONL (one JSON object a line, blank lines skipped) or parquet, the prompt in `--field`
+(default `prompt`). Output: one row per input record, in input order: `index` (0-based record
+number), the record's id (`--id-field`, default `prompt_id` or `id` when present) and `score`
+(higher = longer answer expected), as JSONL (stdout or .jsonl) or parquet (.parquet).
+Bad input (not UTF-8, malformed JSON, a missing or non-text field) stops with an error naming the
+file and line (JSONL) or row (parquet).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import pandas as pd
+
+ID_FIELDS = ("prompt_id", "id")
+
+
+def read_jsonl(path: Path, field: str) -> list[dict]:
+    records = []
+    with path.open("rb") as fh:
+        for lineno, raw in enumerate(fh, 1):
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as exc:
+                raise ValueError(f"{path}:{lineno}: not valid UTF-8 ({exc.reason} at byte {exc.start})") from None
+            if not line.strip():
+                continue
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise ValueError(f"{path}:{lineno}: malformed JSON ({exc.msg}, column {exc.colno})") from None
+            if not isinstance(record, dict):
+                raise ValueError(f"{path}:{lineno}: expected a JSON object, got {type(record).__name__}")
+            _check_text(record, field, f"{path}:{lineno}")
+            records.append(record)
+    return records
+
+
+def read_parquet(path: Path, field: str) -> list[dict]:
+    try:
+        df = pd.read_parquet(path)
+    except Exception as exc:  # pyarrow raises several types (including on invalid UTF-8)
+        raise ValueError(f"{path}: not a readable parquet file ({exc})") from None
+    if field not in df.columns:
+        raise ValueError(f"{path}: no column {field!r} (columns: {list(df.columns)}); choose one with --field")
+    records = df.to_dict("records")
+    for row, record in enumerate(records):
+        _check_text(record, field, f"{path}: row {row}")
+    return records
+
+
+def _check_text(record: dict, field: str, where: str) -> None:
+    if field not in record:
+        raise ValueError(f"{where}: missing text field {field!r} (fields: {sorted(record)}); choose one with --field")
+    value = record[field]
+    if value is None or (isinstance(value, float) and value != value):  # JSON null, parquet null (NaN)
+        raise ValueError(f"{where}: field {field!r} is null, not text")
+    if not isinstance(value, str):
+        raise ValueError(f"{where}: field {field!r} is {type(value).__name__}, not text")
+
+
+def read_prompts(path: str | Path, field: str = "prompt") -> list[dict]:
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"{path} does not exist")
+    if path.suffix == ".parquet":
+        return read_parquet(path, field)
+    if path.suffix in (".jsonl", ".json", ".ndjson"):
+        return read_jsonl(path, field)
+    raise ValueError(f"{path}: unknown input format {path.suffix!r} (expected .jsonl or .parquet)")
+
+
+def main(argv: list[str] | None = None) -> int:
+    from pipeline.ranking.checkpoint import CheckpointError
+    from pipeline.serving.scorer import Scorer
+
+    parser = argparse.ArgumentParser(prog="pars score", description=__doc__.split("\n")[0])
+    parser.add_argument("input", help="JSONL or parquet file of prompts")
+    parser.add_argument("--checkpoint", required=True, help="exported checkpoint dir (e.g. models/export/pars-smollm2)")
+    parser.add_argument("-o", "--output", help="write .jsonl or .parquet here (default: JSONL to stdout)")
+    parser.add_argument("--field", default="prompt", help="the prompt's field/column (default: %(default)s)")
+    parser.add_argument("--id-field", help=f"id to carry to the output (default: the first of {ID_FIELDS} present)")
+    parser.add_argument("--batch-size", type=int, default=32)
+    args = parser.parse_args(argv)
+
+    records = read_prompts(args.input, args.field)  # input errors before the (slower) model load
+    if args.output and Path(args.output).suffix not in (".jsonl", ".parquet"):
+        raise ValueError(f"{args.output}: output must end in .jsonl or .parquet")
+    try:
+        scorer = Scorer.from_pretrained(args.checkpoint, batch_size=args.batch_size)
+    except CheckpointError as exc:
+        print(f"pars score: error: {exc}", file=sys.stderr)
+        return 1
+    scores = scorer.score([r[args.field] for r in records], progress=len(records) > 256)
+    id_field = args.id_field or next((f for f in ID_FIELDS if records and all(f in r for r in records)), None)
+    out = pd.DataFrame({"index": range(len(records))})
+    if id_field:
+        out[id_field] = [r.get(id_field) for r in records]
+    out["score"] = scores.astype(float)
+    if args.output and args.output.endswith(".parquet"):
+        Path(args.output).parent.mkdir(parents=True, exist_ok=True)
+        out.to_parquet(args.output, index=False)
+    else:
+        text = out.to_json(orient="records", lines=True, force_ascii=False)
+        if args.output:
+            Path(args.output).parent.mkdir(parents=True, exist_ok=True)
+            Path(args.output).write_text(text, encoding="utf-8")
+        else:
+            sys.stdout.write(text)
+    print(f"score: {len(records)} prompts scored with {args.checkpoint}", file=sys.stderr)
+    return 0

@@ -1,0 +1,73 @@
+"""export: the chosen predictor -> models/export/<name>/ (self-describing, hash-checked, Scorer-loadable)."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from pipeline.ranking.checkpoint import META, WEIGHTS, CheckpointError, sha256_file
+
+RANKING = {
+    "predictors": {"m": {"pairwise": {"m": {
+        "overall": {"kendall_tau_b": 0.41, "ci_low": 0.33, "ci_high": 0.49, "n_prompts": 120, "pair_accuracy": 0.7},
+        "ds_a": {"kendall_tau_b": 0.38}, "ds_b": {"kendall_tau_b": 0.45}}}}},
+    "references": {"m": {"overall": {"prompt_length": {"kendall_tau_b": 0.12}, "noise_ceiling": {"kendall_tau_b": 0.6}}}},
+}
+
+
+@pytest.fixture
+def trained(tmp_path, tiny_ranker, tokenizer):
+    """A train-stage output models/m/pairwise/ and evaluate's metrics/ranking.json."""
+    from pipeline.ranking.checkpoint import save_checkpoint
+
+    save_checkpoint(tiny_ranker, tokenizer, tmp_path / "models/m/pairwise", method="pairwise", max_length=64,
+                    encoder="tiny-random-bert", trained_on={"pairs": "data/pairs/m", "n_train_pairs": 1000})
+    (tmp_path / "metrics").mkdir()
+    (tmp_path / "metrics/ranking.json").write_text(json.dumps(RANKING))
+    return tmp_path
+
+
+def _export(root, **params):
+    from pipeline.export import run
+
+    return run({"name": "pars-m", "model": "m", "method": "pairwise", **params}, models_root=root / "models",
+               ranking_path=root / "metrics/ranking.json", out_root=root / "models/export")
+
+
+def test_export_is_self_describing_and_scores_like_the_trained_model(trained):
+    from pipeline.serving.scorer import Scorer
+
+    stale = trained / "models/export/pars-m/stale.txt"
+    stale.parent.mkdir(parents=True)
+    stale.write_text("from an earlier export")
+    dst = _export(trained)
+    assert dst == trained / "models/export/pars-m"
+    assert not stale.exists()  # the out dir is rewritten whole
+    names = {p.name for p in dst.iterdir()}
+    assert {"model.safetensors", "config.json", "pars.json"} <= names and names & {"tokenizer.json", "vocab.txt"}
+    meta = json.loads((dst / META).read_text())
+    assert meta["format_version"] == 1 and meta["method"] == "pairwise" and meta["max_length"] == 64
+    assert meta["score_direction"] == "higher_is_longer" and meta["encoder"] == "tiny-random-bert"
+    assert meta["test_tau_b"] == 0.41 and meta["test_metrics"]["ci_low"] == 0.33
+    assert meta["test_metrics"]["per_dataset_tau_b"] == {"ds_a": 0.38, "ds_b": 0.45}
+    assert meta["test_metrics"]["prompt_length_tau_b"] == 0.12
+    assert meta["trained_on"] == {"model": "m", "pairs": "data/pairs/m", "n_train_pairs": 1000}
+    assert meta["weights_sha256"] == sha256_file(dst / WEIGHTS) == sha256_file(trained / "models/m/pairwise" / WEIGHTS)
+    texts = ["short one", "a much longer prompt " * 10]
+    np.testing.assert_allclose(Scorer.from_pretrained(dst).score(texts),
+                               Scorer.from_pretrained(trained / "models/m/pairwise").score(texts), atol=1e-6)
+
+
+def test_export_refuses_corrupt_source_and_missing_metrics(trained):
+    with pytest.raises(ValueError, match="no test tau_b for m/listwise"):
+        _export(trained, method="listwise")
+    weights = trained / "models/m/pairwise" / WEIGHTS
+    weights.write_bytes(weights.read_bytes()[:-4] + b"\0\0\0\0")
+    with pytest.raises(CheckpointError, match="does not match"):
+        _export(trained)
+    assert not (trained / "models/export/pars-m").exists()  # nothing half-exported
+    (trained / "metrics/ranking.json").unlink()
+    with pytest.raises(FileNotFoundError, match="run evaluate first"):
+        _export(trained)

@@ -1,0 +1,158 @@
+"""Scorer (serving loader) and `pars score`: loading, refusals, batching invariance, input errors."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from pipeline.ranking.checkpoint import META, WEIGHTS, CheckpointError
+from pipeline.serving.scorer import Scorer
+
+TEXTS = ["hi", "Write a long essay about the history of the Roman empire, with sources.",
+         "2+2?", "Explain quantum computing " * 8, "Translate 'cat' to French.", "List ten prime numbers.",
+         "", "Summarise this paragraph: " + "lorem ipsum " * 40]
+
+
+def test_scores_independent_of_batching_and_order(tiny_checkpoint):
+    scorer = Scorer.from_pretrained(tiny_checkpoint)
+    ref = scorer.score(TEXTS, batch_size=len(TEXTS))
+    assert ref.dtype == np.float32 and ref.shape == (len(TEXTS),) and np.isfinite(ref).all()
+    assert np.ptp(ref) > 0  # a random model still tells prompts apart
+    # dynamic padding must not change a prompt's score: batch 1 (no padding) = batch 3 = one batch
+    np.testing.assert_allclose(scorer.score(TEXTS, batch_size=1), ref, rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(scorer.score(TEXTS, batch_size=3), ref, rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(scorer.score(TEXTS[::-1], batch_size=3), ref[::-1], rtol=1e-4, atol=1e-5)
+    assert scorer.score([]).shape == (0,)
+    with pytest.raises(TypeError, match="item 1"):
+        scorer.score(["ok", None])
+
+
+def test_long_prompts_are_truncated_to_max_length(tiny_checkpoint):
+    scorer = Scorer.from_pretrained(tiny_checkpoint)
+    assert scorer.max_length == 64
+    base = " ".join(f"word{i}" for i in range(200))  # far beyond 64 tokens
+    a, b, short = scorer.score([base, base + " and a different ending entirely", "word0 word1"])
+    assert a == pytest.approx(b, abs=1e-6)  # only the first 64 tokens are seen, as in training
+    assert a != pytest.approx(short, abs=1e-6)
+
+
+def _refuses(path, match):
+    with pytest.raises(CheckpointError, match=match):
+        Scorer.from_pretrained(path)
+
+
+def test_refuses_missing_files_unknown_version_and_bad_hash(tiny_checkpoint):
+    _refuses(tiny_checkpoint.parent / "nowhere", "does not exist")
+    meta = json.loads((tiny_checkpoint / META).read_text())
+
+    (tiny_checkpoint / META).write_text(json.dumps({**meta, "format_version": 99}))
+    _refuses(tiny_checkpoint, "format_version 99 is not supported")
+    (tiny_checkpoint / META).write_text(json.dumps({**meta, "score_direction": "lower_is_longer"}))
+    _refuses(tiny_checkpoint, "score_direction")
+    (tiny_checkpoint / META).write_text(json.dumps(meta))
+
+    weights = tiny_checkpoint / WEIGHTS
+    blob = bytearray(weights.read_bytes())
+    blob[-10] ^= 0xFF  # one flipped byte in a tensor
+    weights.write_bytes(bytes(blob))
+    _refuses(tiny_checkpoint, "sha256 .* does not match")
+    blob[-10] ^= 0xFF
+    weights.write_bytes(bytes(blob))
+    Scorer.from_pretrained(tiny_checkpoint)  # restored: loads again
+
+    for name in ("tokenizer.json", "vocab.txt"):
+        (tiny_checkpoint / name).unlink(missing_ok=True)
+    _refuses(tiny_checkpoint, "no tokenizer files")
+    (tiny_checkpoint / "config.json").unlink()
+    _refuses(tiny_checkpoint, "missing config.json")
+
+
+def test_serving_needs_no_lightning(tiny_checkpoint):
+    code = ("import sys; from pipeline.serving import Scorer; "
+            f"s = Scorer.from_pretrained({str(tiny_checkpoint)!r}).score(['hello']); "
+            "bad = [m for m in sys.modules if 'lightning' in m]; assert not bad, bad; print(float(s[0]))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert float(out.stdout.strip()) == pytest.approx(float(Scorer.from_pretrained(tiny_checkpoint).score(["hello"])[0]), abs=1e-5)
+
+
+# ---------------------------------------------------------------- pars score
+
+def _cli(*argv):
+    from pipeline.cli import main
+
+    return main(["score", *map(str, argv)])
+
+
+def test_pars_score_jsonl_and_parquet(tiny_checkpoint, tmp_path, capsys):
+    src = tmp_path / "in.jsonl"
+    src.write_text("\n".join(json.dumps({"id": f"q{i}", "prompt": t}) for i, t in enumerate(TEXTS)) + "\n\n",
+                   encoding="utf-8")
+    expected = Scorer.from_pretrained(tiny_checkpoint).score(TEXTS)
+    assert _cli(src, "--checkpoint", tiny_checkpoint) == 0
+    rows = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert [r["id"] for r in rows] == [f"q{i}" for i in range(len(TEXTS))]
+    np.testing.assert_allclose([r["score"] for r in rows], expected, rtol=1e-4, atol=1e-5)
+
+    pq_in = tmp_path / "in.parquet"
+    pd.DataFrame({"prompt_id": [f"p{i}" for i in range(len(TEXTS))], "text": TEXTS}).to_parquet(pq_in)
+    out = tmp_path / "out" / "scores.parquet"
+    assert _cli(pq_in, "--checkpoint", tiny_checkpoint, "--field", "text", "-o", out, "--batch-size", 2) == 0
+    got = pd.read_parquet(out)
+    assert list(got.columns) == ["index", "prompt_id", "score"]
+    np.testing.assert_allclose(got["score"], expected, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("content, message", [
+    (b'{"prompt": "fine"}\n{"prompt": "caf\xe9"}\n', "in.jsonl:2: not valid UTF-8"),
+    (b'{"prompt": "fine"}\n\n{"prompt": "unterminated}\n', "in.jsonl:3: malformed JSON"),
+    (b'{"prompt": "fine"}\n{"text": "no prompt"}\n', "in.jsonl:2: missing text field 'prompt'"),
+    (b'{"prompt": 42}\n', "in.jsonl:1: field 'prompt' is int"),
+    (b'["a list"]\n', "in.jsonl:1: expected a JSON object"),
+])
+def test_pars_score_bad_input_names_file_and_line(tiny_checkpoint, tmp_path, capsys, content, message):
+    src = tmp_path / "in.jsonl"
+    src.write_bytes(content)
+    assert _cli(src, "--checkpoint", tiny_checkpoint) == 1
+    assert message in capsys.readouterr().err
+
+
+def test_pars_score_bad_parquet_and_checkpoint(tiny_checkpoint, tmp_path, capsys):
+    pq_in = tmp_path / "in.parquet"
+    pd.DataFrame({"text": ["a"]}).to_parquet(pq_in)
+    assert _cli(pq_in, "--checkpoint", tiny_checkpoint) == 1
+    assert "no column 'prompt'" in capsys.readouterr().err
+    pd.DataFrame({"prompt": ["a", None]}).to_parquet(pq_in)
+    assert _cli(pq_in, "--checkpoint", tiny_checkpoint) == 1
+    assert "row 1: field 'prompt' is null" in capsys.readouterr().err
+    (tmp_path / "junk.parquet").write_bytes(b"not parquet")
+    assert _cli(tmp_path / "junk.parquet", "--checkpoint", tiny_checkpoint) == 1
+    assert "not a readable parquet file" in capsys.readouterr().err
+    ok = tmp_path / "ok.jsonl"
+    ok.write_text('{"prompt": "x"}\n')
+    assert _cli(ok, "--checkpoint", tmp_path / "nowhere") == 1
+    assert "does not exist" in capsys.readouterr().err
+
+
+@pytest.mark.packaged
+def test_packaged_minilm_checkpoint_round_trip(tmp_path, tokenizer):
+    """The real packaged encoder through save_checkpoint -> Scorer (what export ships)."""
+    import torch
+
+    from pipeline.ranking.checkpoint import save_checkpoint
+    from pipeline.ranking.model import LengthRanker
+
+    torch.manual_seed(0)
+    model = LengthRanker.from_pretrained_encoder("minilm-l6").eval()
+    path = save_checkpoint(model, tokenizer, tmp_path / "minilm", method="pairwise", max_length=128, encoder="minilm-l6")
+    scorer = Scorer.from_pretrained(path, batch_size=4)
+    got = scorer.score(TEXTS)
+    with torch.inference_mode():
+        enc = tokenizer(TEXTS, padding=True, truncation=True, max_length=128, return_tensors="pt")
+        direct = model(input_ids=enc["input_ids"], attention_mask=enc["attention_mask"]).numpy()
+    np.testing.assert_allclose(got, direct, rtol=1e-4, atol=1e-4)
