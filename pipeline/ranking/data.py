@@ -1,0 +1,225 @@
+"""Training data for the ranking predictors: tokenised prompt tables, batch collation and one
+DataModule parametrised by method.
+
+Batches are dicts: input_ids / attention_mask (n, T) for the n prompts encoded in the step,
+lengths (n,) their label lengths, pairs (m, 2) the index pairs the pairwise loss compares, and
+index (n,) the prompts' rows in their table (validation gathers scores by it).
+
+- in-batch pairwise, pointwise, listwise: a batch is `batch_size` distinct prompts; for pairwise
+  every pair among them that passes the δ filter (pipeline.pairs.keep_mask) is compared, each
+  prompt encoded once.
+- per-pair pairwise (the paper's batches): a batch is `batch_size` rows of train.parquet, both
+  prompts of each pair encoded (2 * batch_size encodings).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Sequence
+
+import lightning as L
+import numpy as np
+import pandas as pd
+import torch
+from torch.utils.data import DataLoader, Dataset
+
+from pipeline.contracts import PAIRS, PROMPTS, pairs_dir, prompts_path, read_table
+from pipeline.pairs import LABELS, in_batch_pairs, labels_path
+
+PAIRWISE_MODES = ("in_batch", "per_pair")
+
+
+@dataclass
+class PromptTable:
+    """The prompts of one split, tokenised once (no padding: batches pad to their own longest)."""
+
+    ids: np.ndarray  # prompt_id strings
+    input_ids: list[list[int]]
+    lengths: np.ndarray  # float64 label lengths
+    truncated: np.ndarray  # bool
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    @classmethod
+    def build(cls, labels: pd.DataFrame, texts: dict[str, str], tokenizer, max_length: int) -> "PromptTable":
+        ids = labels["prompt_id"].to_numpy()
+        enc = tokenizer([texts[p] for p in ids], truncation=True, max_length=max_length)["input_ids"]
+        return cls(ids, list(enc), labels["length"].to_numpy(np.float64), labels["truncated"].to_numpy(bool))
+
+    def position(self) -> dict[str, int]:
+        return {p: i for i, p in enumerate(self.ids)}
+
+
+@dataclass
+class RankingData:
+    """Everything train reads for one generation model: labels, pairs and prompt texts."""
+
+    model: str
+    labels: pd.DataFrame
+    train_pairs: pd.DataFrame
+    val_pairs: pd.DataFrame
+    texts: dict[str, str]
+    datasets: list[str]
+    delta: float
+
+    @classmethod
+    def load(cls, model: str, data_root: str | Path = "data") -> "RankingData":
+        pdir = pairs_dir(model, data_root)
+        if not pdir.is_dir():
+            raise FileNotFoundError(f"no pairs for model {model!r}: {pdir} does not exist (run `dvc repro pairs@{model}`)")
+        labels = read_table(labels_path(model, data_root), LABELS)
+        train_pairs = read_table(pdir / "train.parquet", PAIRS)
+        val_pairs = read_table(pdir / "val.parquet", PAIRS)
+        meta_file = pdir / "meta.json"
+        if not meta_file.is_file():
+            raise FileNotFoundError(f"{meta_file} is missing (re-run `dvc repro pairs@{model}`)")
+        meta = json.loads(meta_file.read_text(encoding="utf-8"))
+        prompts = read_table(prompts_path(data_root), PROMPTS).drop_duplicates("prompt_id")
+        missing = ~labels["prompt_id"].isin(prompts["prompt_id"])
+        if missing.any():
+            raise ValueError(f"{labels_path(model, data_root)}: {int(missing.sum())} prompt(s) not in "
+                             f"{prompts_path(data_root)}; re-run the pairs stage")
+        used = prompts[prompts["prompt_id"].isin(labels["prompt_id"])]
+        train_ids = set(labels.loc[labels["split"] == "train", "prompt_id"])
+        datasets = sorted(used.loc[used["prompt_id"].isin(train_ids), "dataset"].unique().tolist())
+        return cls(model, labels, train_pairs, val_pairs, dict(zip(used["prompt_id"], used["prompt"])),
+                   datasets, float(meta["delta"]))
+
+
+class _Rows(Dataset):
+    """Indices 0..n-1; the collate function turns a list of them into a batch."""
+
+    def __init__(self, n: int):
+        self.n = n
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int) -> int:
+        return i
+
+
+def _pad(seqs: Sequence[Sequence[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    width = max(len(s) for s in seqs)
+    ids = torch.full((len(seqs), width), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(seqs), width), dtype=torch.long)
+    for r, s in enumerate(seqs):
+        ids[r, : len(s)] = torch.as_tensor(s, dtype=torch.long)
+        mask[r, : len(s)] = 1
+    return ids, mask
+
+
+class PromptCollate:
+    """Distinct prompts -> batch; with `delta` set, every δ-valid pair among them (in-batch pairs)."""
+
+    def __init__(self, table: PromptTable, pad_id: int, delta: float | None = None):
+        self.table, self.pad_id, self.delta = table, pad_id, delta
+
+    def __call__(self, rows: list[int]) -> dict[str, torch.Tensor]:
+        rows_arr = np.asarray(rows, dtype=np.int64)
+        ids, mask = _pad([self.table.input_ids[r] for r in rows], self.pad_id)
+        lengths = self.table.lengths[rows_arr]
+        if self.delta is None:
+            pairs = np.zeros((0, 2), dtype=np.int64)
+        else:
+            pairs = in_batch_pairs(lengths, self.table.truncated[rows_arr], self.delta)
+        return {"input_ids": ids, "attention_mask": mask, "lengths": torch.as_tensor(lengths),
+                "pairs": torch.as_tensor(pairs), "index": torch.as_tensor(rows_arr)}
+
+
+class PairCollate:
+    """Rows of a pairs table -> batch encoding both prompts of each pair (the paper's batches)."""
+
+    def __init__(self, table: PromptTable, a: np.ndarray, b: np.ndarray, pad_id: int):
+        self.table, self.a, self.b, self.pad_id = table, a, b, pad_id
+
+    def __call__(self, rows: list[int]) -> dict[str, torch.Tensor]:
+        rows_arr = np.asarray(rows, dtype=np.int64)
+        members = np.concatenate([self.a[rows_arr], self.b[rows_arr]])
+        ids, mask = _pad([self.table.input_ids[r] for r in members], self.pad_id)
+        p = len(rows)
+        pairs = np.stack([np.arange(p), np.arange(p) + p], axis=1)
+        return {"input_ids": ids, "attention_mask": mask,
+                "lengths": torch.as_tensor(self.table.lengths[members]),
+                "pairs": torch.as_tensor(pairs, dtype=torch.long), "index": torch.as_tensor(members)}
+
+
+def pair_indices(pairs: pd.DataFrame, table: PromptTable, where: str) -> np.ndarray:
+    """(m, 2) rows of `table` for the a/b prompt ids of a pairs table."""
+    pos = table.position()
+    try:
+        return np.array([[pos[a], pos[b]] for a, b in zip(pairs["a"], pairs["b"])], dtype=np.int64).reshape(-1, 2)
+    except KeyError as exc:
+        raise ValueError(f"{where}: prompt {exc.args[0]!r} has no label in labels.parquet") from exc
+
+
+class RankingDataModule(L.LightningDataModule):
+    """Train/val loaders for one (model, method). `pairwise_mode` picks in-batch or per-pair batches."""
+
+    def __init__(self, data: RankingData, tokenizer, method: str, *, max_length: int = 64,
+                 batch_size: int = 16, eval_batch_size: int = 64, pairwise_mode: str = "in_batch",
+                 max_train_prompts: int | None = None, seed: int = 42, num_workers: int = 0):
+        super().__init__()
+        if method not in ("pairwise", "pointwise", "listwise"):
+            raise ValueError(f"unknown method {method!r}; expected pairwise, pointwise or listwise")
+        if pairwise_mode not in PAIRWISE_MODES:
+            raise ValueError(f"train.pairwise_mode must be one of {PAIRWISE_MODES}, got {pairwise_mode!r}")
+        self.data, self.tokenizer, self.method = data, tokenizer, method
+        self.max_length, self.batch_size, self.eval_batch_size = max_length, batch_size, eval_batch_size
+        self.pairwise_mode, self.num_workers = pairwise_mode, num_workers
+        self.per_pair = method == "pairwise" and pairwise_mode == "per_pair"
+
+        labels = data.labels
+        train_labels = labels[labels["split"] == "train"].sort_values("prompt_id")
+        val_labels = labels[labels["split"] == "val"].sort_values("prompt_id")
+        if max_train_prompts and len(train_labels) > max_train_prompts:
+            # A seeded subset bounds the CPU time; per-pair batches keep the pairs anchored in it.
+            keep = np.random.default_rng(seed).choice(len(train_labels), max_train_prompts, replace=False)
+            anchors = set(train_labels["prompt_id"].iloc[np.sort(keep)])
+            tp = data.train_pairs
+            if self.per_pair:  # partners may lie outside the subset; they are encoded as part of the pair
+                train_pairs = tp[tp["a"].isin(anchors)]
+            else:
+                train_pairs = tp[tp["a"].isin(anchors) & tp["b"].isin(anchors)]
+                train_labels = train_labels[train_labels["prompt_id"].isin(anchors)]
+        else:
+            train_pairs = data.train_pairs
+        if len(train_labels) < 2 or len(val_labels) < 2:
+            raise ValueError(f"model {data.model}: {len(train_labels)} train and {len(val_labels)} val prompts "
+                             f"have labels; at least 2 of each are needed")
+        self.train_table = PromptTable.build(train_labels, data.texts, tokenizer, max_length)
+        self.val_table = PromptTable.build(val_labels, data.texts, tokenizer, max_length)
+        self.train_pair_idx = pair_indices(train_pairs, self.train_table, "train.parquet")
+        self.val_pair_idx = pair_indices(data.val_pairs, self.val_table, "val.parquet")
+        if self.per_pair and len(self.train_pair_idx) == 0:
+            raise ValueError(f"model {data.model}: no train pairs to train on")
+        self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+
+    @property
+    def n_train_prompts(self) -> int:
+        if self.per_pair:
+            return int(len(np.unique(self.train_pair_idx)))
+        return len(self.train_table)
+
+    def describe(self) -> dict[str, Any]:
+        return {"n_train_prompts": self.n_train_prompts, "n_train_pairs_file": int(len(self.train_pair_idx)),
+                "n_val_prompts": len(self.val_table), "n_val_pairs": int(len(self.val_pair_idx))}
+
+    def _loader(self, dataset, collate, shuffle: bool, batch_size: int) -> DataLoader:
+        return DataLoader(dataset, batch_size=batch_size, shuffle=shuffle, collate_fn=collate,
+                          num_workers=self.num_workers, persistent_workers=self.num_workers > 0)
+
+    def train_dataloader(self) -> DataLoader:
+        if self.per_pair:
+            collate = PairCollate(self.train_table, self.train_pair_idx[:, 0], self.train_pair_idx[:, 1], self.pad_id)
+            return self._loader(_Rows(len(self.train_pair_idx)), collate, True, self.batch_size)
+        delta = self.data.delta if self.method == "pairwise" else None
+        return self._loader(_Rows(len(self.train_table)), PromptCollate(self.train_table, self.pad_id, delta),
+                            True, self.batch_size)
+
+    def val_dataloader(self) -> DataLoader:
+        return self._loader(_Rows(len(self.val_table)), PromptCollate(self.val_table, self.pad_id), False,
+                            self.eval_batch_size)

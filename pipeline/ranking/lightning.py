@@ -1,0 +1,175 @@
+"""Lightning training of a LengthRanker: the LightningModule (loss, optimiser, validation metrics)
+and the callback that keeps the best epoch's weights by val Kendall tau_b.
+
+The plain model stays a plain nn.Module (pipeline.ranking.model); export and serving never import
+this file.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+import time
+from functools import partial
+from typing import Any
+
+import lightning as L
+import numpy as np
+import torch
+from lightning.pytorch.callbacks import Callback
+from scipy.stats import kendalltau
+
+from pipeline.ranking.losses import LOSSES
+
+
+def kendall_tau_b(scores, lengths) -> float:
+    """scipy's tau_b; 0.0 when undefined (constant scores carry no ranking information)."""
+    tau = kendalltau(np.asarray(scores, dtype=np.float64), np.asarray(lengths, dtype=np.float64), variant="b").statistic
+    return float(tau) if np.isfinite(tau) else 0.0
+
+
+def pair_accuracy(scores, lengths, pairs) -> float:
+    """Fraction of pairs (i, j) whose score order matches the length order (score ties count as wrong)."""
+    pairs = np.asarray(pairs, dtype=np.int64).reshape(-1, 2)
+    if len(pairs) == 0:
+        return float("nan")
+    s, lens = np.asarray(scores, np.float64), np.asarray(lengths, np.float64)
+    i, j = pairs[:, 0], pairs[:, 1]
+    return float(np.mean((s[i] - s[j]) * np.sign(lens[i] - lens[j]) > 0))
+
+
+def init_head(model, method: str, train_lengths) -> None:
+    """Pointwise regresses onto log(1 + length) (about 5-7): start the head's bias at the mean target,
+    so the few hundred steps at lr 2e-5 learn the ranking instead of just the offset."""
+    if method == "pointwise" and len(train_lengths):
+        with torch.no_grad():
+            model.head.bias.fill_(float(np.mean(np.log1p(np.asarray(train_lengths, np.float64)))))
+
+
+class RankerModule(L.LightningModule):
+    """Holds the plain LengthRanker; `method` picks the loss; logs val tau_b and pair accuracy."""
+
+    def __init__(self, model: torch.nn.Module, method: str, *, lr: float = 2e-5, weight_decay: float = 0.01,
+                 warmup_fraction: float = 0.1, margin: float = 1.0, val_pairs: np.ndarray | None = None):
+        super().__init__()
+        if method not in LOSSES:
+            raise ValueError(f"unknown method {method!r}; expected one of {sorted(LOSSES)}")
+        self.model = model
+        self.method = method
+        self.loss_fn = partial(LOSSES[method], margin=margin) if method == "pairwise" else LOSSES[method]
+        self.save_hyperparameters(ignore=["model", "val_pairs"])
+        self.val_pairs = np.zeros((0, 2), np.int64) if val_pairs is None else np.asarray(val_pairs, np.int64)
+        self._val_parts: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = []
+        self.last_val: dict[str, float] = {}
+        # Throughput counters (training steps only; validation and data loading excluded).
+        self.prompts_encoded = 0
+        self.pairs_seen = 0
+        self.train_seconds = 0.0
+        self._t0 = 0.0
+        self._epoch_loss = [0.0, 0]
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        return self.model(input_ids=input_ids, attention_mask=attention_mask)
+
+    # -- training -------------------------------------------------------------------------
+    def on_train_epoch_start(self) -> None:
+        self._epoch_loss = [0.0, 0]
+
+    def on_train_batch_start(self, batch: Any, batch_idx: int) -> None:
+        self._t0 = time.perf_counter()
+
+    def training_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> torch.Tensor:
+        scores = self(batch["input_ids"], batch["attention_mask"]).float()
+        loss = self.loss_fn(scores, batch["lengths"].to(scores.dtype), batch["pairs"])
+        n, m = int(batch["input_ids"].shape[0]), int(batch["pairs"].shape[0])
+        self.prompts_encoded += n
+        self.pairs_seen += m if self.method == "pairwise" else 0
+        self._epoch_loss[0] += float(loss.detach()) * n
+        self._epoch_loss[1] += n
+        self.log("train/loss", loss, prog_bar=True, on_step=True, on_epoch=True, batch_size=n)
+        if self.method == "pairwise":
+            self.log("train/pairs_per_step", float(m), on_step=True, on_epoch=False, batch_size=n)
+        return loss
+
+    def on_train_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None:
+        self.train_seconds += time.perf_counter() - self._t0
+
+    @property
+    def epoch_train_loss(self) -> float:
+        total, n = self._epoch_loss
+        return total / n if n else float("nan")
+
+    def configure_optimizers(self):
+        # No weight decay on biases and LayerNorm weights (the usual BERT fine-tuning practice).
+        decay = [p for p in self.model.parameters() if p.requires_grad and p.ndim >= 2]
+        rest = [p for p in self.model.parameters() if p.requires_grad and p.ndim < 2]
+        opt = torch.optim.AdamW([{"params": decay, "weight_decay": self.hparams.weight_decay},
+                                 {"params": rest, "weight_decay": 0.0}], lr=self.hparams.lr)
+        total = max(1, int(self.trainer.estimated_stepping_batches))
+        warm = math.ceil(self.hparams.warmup_fraction * total)
+
+        def factor(step: int) -> float:  # linear warm-up, then linear decay to 0
+            if step < warm:
+                return (step + 1) / warm
+            return max(0.0, (total - step) / max(1, total - warm))
+
+        sched = torch.optim.lr_scheduler.LambdaLR(opt, factor)
+        return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}
+
+    # -- validation -----------------------------------------------------------------------
+    def on_validation_epoch_start(self) -> None:
+        self._val_parts = []
+
+    def validation_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> None:
+        scores = self(batch["input_ids"], batch["attention_mask"]).float()
+        self._val_parts.append((batch["index"], scores.detach(), batch["lengths"].to(scores.device)))
+
+    def on_validation_epoch_end(self) -> None:
+        if not self._val_parts:
+            return
+        idx = torch.cat([p[0] for p in self._val_parts])
+        scores = torch.cat([p[1] for p in self._val_parts])
+        lengths = torch.cat([p[2] for p in self._val_parts]).double()
+        if self.trainer.world_size > 1:
+            # Each rank scored a shard (padded by repeats): gather all, then keep one score per prompt.
+            idx, scores, lengths = (self.all_gather(t).reshape(-1) for t in (idx, scores, lengths))
+        idx, scores, lengths = idx.cpu().numpy(), scores.cpu().numpy(), lengths.cpu().numpy()
+        n = int(idx.max()) + 1
+        s_full, l_full = np.zeros(n), np.zeros(n)
+        s_full[idx], l_full[idx] = scores, lengths
+        seen = np.unique(idx)
+        tau = kendall_tau_b(s_full[seen], l_full[seen])
+        ok = np.isin(self.val_pairs, seen).all(axis=1) if len(self.val_pairs) else np.zeros(0, bool)
+        acc = pair_accuracy(s_full, l_full, self.val_pairs[ok])
+        self.last_val = {"val_tau_b": tau, "val_pair_acc": acc, "n_val_prompts": int(len(seen))}
+        # Every rank holds the same gathered values, so no sync_dist reduction is needed.
+        self.log("val/tau_b", tau, prog_bar=True)
+        if np.isfinite(acc):
+            self.log("val/pair_acc", acc, prog_bar=True)
+
+
+class BestWeights(Callback):
+    """Keeps (in memory) the plain model's weights of the epoch with the best val tau_b, and a
+    per-epoch history. `on_validation_end` runs after the module logged the epoch's metrics."""
+
+    def __init__(self):
+        self.best_tau = -math.inf
+        self.best_epoch: int | None = None
+        self.best_val: dict[str, float] = {}
+        self.state: dict[str, torch.Tensor] | None = None
+        self.history: list[dict[str, float]] = []
+
+    def on_validation_end(self, trainer: L.Trainer, pl_module: RankerModule) -> None:
+        if trainer.sanity_checking or not pl_module.last_val:
+            return
+        row = {"epoch": int(trainer.current_epoch), "train_loss": pl_module.epoch_train_loss, **pl_module.last_val}
+        self.history.append(row)
+        if row["val_tau_b"] > self.best_tau:
+            self.best_tau, self.best_epoch, self.best_val = row["val_tau_b"], row["epoch"], dict(row)
+            self.state = {k: v.detach().cpu().clone() for k, v in pl_module.model.state_dict().items()}
+
+    def restore(self, model: torch.nn.Module) -> torch.nn.Module:
+        if self.state is None:
+            raise RuntimeError("no validation epoch finished: there are no best weights to restore")
+        model.load_state_dict(copy.deepcopy(self.state))
+        return model

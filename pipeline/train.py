@@ -1,0 +1,189 @@
+"""train@{model}-{method}: fit a length ranker with Lightning -> models/<model>/<method>/.
+
+Reads data/pairs/<model>/ (labels, train/val pairs, the δ used) and data/prompts/ (texts), and
+the `train` params section. Writes the best epoch by val Kendall tau_b as a serving checkpoint
+(pipeline.ranking.checkpoint.save_checkpoint), metrics/train/<model>-<method>.json (DVC metrics)
+and plots/train/<model>-<method>.csv (per-epoch curve). Runs are tracked in W&B through
+Lightning's WandbLogger: offline by default (./wandb, `wandb sync` later), online when
+WANDB_MODE=online or WANDB_API_KEY is set; WANDB_MODE=disabled turns it off.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import subprocess
+import time
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from pipeline.contracts import write_json
+from pipeline.params import load_params
+
+DEFAULTS: dict[str, Any] = {
+    "encoder": "minilm-l6", "max_length": 64, "epochs": 3, "batch_size": 16, "eval_batch_size": 64,
+    "lr": 2e-5, "weight_decay": 0.01, "warmup_fraction": 0.1, "grad_clip": 1.0, "margin": 1.0,
+    "pairwise_mode": "in_batch", "max_train_prompts": None, "seed": 42, "dropout": 0.1,
+    "num_workers": 0, "torch_threads": 2,
+    "lightning": {"accelerator": "cpu", "devices": 1, "num_nodes": 1, "precision": "32-true", "strategy": "auto"},
+    "wandb": {"project": "pars", "entity": None, "dir": "."},
+}
+
+
+def settings(params: dict[str, Any]) -> dict[str, Any]:
+    out = {**DEFAULTS, **{k: v for k, v in params.items() if k not in ("lightning", "wandb")}}
+    out["lightning"] = {**DEFAULTS["lightning"], **(params.get("lightning") or {})}
+    out["wandb"] = {**DEFAULTS["wandb"], **(params.get("wandb") or {})}
+    return out
+
+
+def wandb_mode() -> str:
+    """Explicit WANDB_MODE wins; an API key means online; otherwise offline (sync later)."""
+    mode = os.environ.get("WANDB_MODE", "").strip().lower()
+    if mode in ("online", "offline", "disabled"):
+        return mode
+    if mode == "dryrun":
+        return "offline"
+    return "online" if os.environ.get("WANDB_API_KEY") else "offline"
+
+
+def run_group() -> str:
+    """`dvc exp run` names the experiment in DVC_EXP_NAME; a plain `dvc repro` or a manual run is
+    grouped by the commit it ran on."""
+    name = os.environ.get("DVC_EXP_NAME")
+    if name:
+        return name
+    try:
+        sha = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                             timeout=5, check=True).stdout.strip()
+        return f"repro-{sha}" if sha else "local"
+    except (OSError, subprocess.SubprocessError):
+        return "local"
+
+
+def make_logger(model: str, method: str, cfg: dict[str, Any], datasets: list[str], extra: dict[str, Any]):
+    mode = wandb_mode()
+    if mode == "disabled":
+        return None
+    from lightning.pytorch.loggers import WandbLogger
+
+    wb = cfg["wandb"]
+    save_dir = Path(wb.get("dir") or ".")
+    save_dir.mkdir(parents=True, exist_ok=True)
+    return WandbLogger(
+        project=wb.get("project") or "pars", entity=wb.get("entity"), name=f"{model}-{method}",
+        group=run_group(), tags=[f"model:{model}", f"method:{method}", *[f"dataset:{d}" for d in datasets]],
+        job_type="train", save_dir=str(save_dir), offline=mode == "offline", mode=mode,
+        config={"model": model, "method": method, "datasets": datasets, **cfg, **extra},
+    )
+
+
+def train_one(model_name: str, method: str, params: dict[str, Any], *, data_root: str | Path = "data",
+              models_root: str | Path = "models", metrics_dir: str | Path = "metrics/train",
+              plots_dir: str | Path = "plots/train") -> dict[str, Any]:
+    """Train one (generation model, method) predictor; returns the metrics written."""
+    t_start = time.perf_counter()
+    cfg = settings(params)
+    import lightning as L
+    import torch
+
+    from pipeline.ranking.checkpoint import save_checkpoint
+    from pipeline.ranking.data import RankingData, RankingDataModule
+    from pipeline.ranking.lightning import BestWeights, RankerModule, init_head
+    from pipeline.ranking.model import LengthRanker, load_tokenizer
+
+    torch.set_num_threads(int(cfg["torch_threads"]))
+    L.seed_everything(int(cfg["seed"]), workers=True, verbose=False)
+
+    data = RankingData.load(model_name, data_root)
+    tokenizer = load_tokenizer(cfg["encoder"])
+    dm = RankingDataModule(data, tokenizer, method, max_length=int(cfg["max_length"]),
+                           batch_size=int(cfg["batch_size"]), eval_batch_size=int(cfg["eval_batch_size"]),
+                           pairwise_mode=cfg["pairwise_mode"], max_train_prompts=cfg["max_train_prompts"],
+                           seed=int(cfg["seed"]), num_workers=int(cfg["num_workers"]))
+    model = LengthRanker.from_pretrained_encoder(cfg["encoder"], dropout=float(cfg["dropout"]))
+    init_head(model, method, dm.train_table.lengths)
+    model.train()  # from_pretrained returns eval mode (dropout off) and Lightning keeps the mode it finds
+    module = RankerModule(model, method, lr=float(cfg["lr"]), weight_decay=float(cfg["weight_decay"]),
+                          warmup_fraction=float(cfg["warmup_fraction"]), margin=float(cfg["margin"]),
+                          val_pairs=dm.val_pair_idx)
+
+    logger = make_logger(model_name, method, cfg, data.datasets, dm.describe() | {"delta": data.delta})
+    best = BestWeights()
+    lt = cfg["lightning"]
+    trainer = L.Trainer(
+        max_epochs=int(cfg["epochs"]), accelerator=lt["accelerator"], devices=lt["devices"],
+        num_nodes=int(lt["num_nodes"]), precision=lt["precision"], strategy=lt["strategy"],
+        gradient_clip_val=float(cfg["grad_clip"]), logger=logger if logger is not None else False,
+        callbacks=[best], enable_checkpointing=False,  # BestWeights keeps the best epoch; export below
+        num_sanity_val_steps=0, log_every_n_steps=5, enable_model_summary=False,
+    )
+    trainer.fit(module, datamodule=dm)
+
+    result: dict[str, Any] = {}
+    if trainer.is_global_zero:
+        best.restore(model)
+        out = Path(models_root) / model_name / method
+        if out.exists():  # the stage rewrites its output whole
+            shutil.rmtree(out)
+        train_wall = module.train_seconds
+        trained_on = {
+            "model": model_name, "datasets": data.datasets, "n_train_prompts": dm.n_train_prompts,
+            "val_tau_b": best.best_val["val_tau_b"], "val_pair_acc": best.best_val["val_pair_acc"],
+            "best_epoch": best.best_epoch, "epochs": int(cfg["epochs"]), "delta": data.delta,
+            "pairwise_mode": cfg["pairwise_mode"] if method == "pairwise" else None,
+            "n_val_prompts": len(dm.val_table),
+        }
+        save_checkpoint(model, tokenizer, out, method=method, max_length=int(cfg["max_length"]),
+                        encoder=str(cfg["encoder"]), trained_on=trained_on,
+                        extra={"training": {k: cfg[k] for k in ("lr", "weight_decay", "warmup_fraction", "batch_size",
+                                                                 "grad_clip", "margin", "seed", "dropout")}})
+        result = {
+            "model": model_name, "method": method,
+            "val_tau_b": best.best_val["val_tau_b"], "val_pair_acc": best.best_val["val_pair_acc"],
+            "best_epoch": best.best_epoch, "epochs_run": len(best.history),
+            **dm.describe(),
+            "pairs_seen": module.pairs_seen, "prompts_encoded": module.prompts_encoded,
+            "train_seconds": round(train_wall, 2),
+            "prompts_per_s": round(module.prompts_encoded / train_wall, 3) if train_wall else None,
+            "pairs_per_s": round(module.pairs_seen / train_wall, 3) if train_wall and method == "pairwise" else None,
+            "stage_wall_s": round(time.perf_counter() - t_start, 2),
+            "encoder": str(cfg["encoder"]), "max_length": int(cfg["max_length"]),
+            "batch_size": int(cfg["batch_size"]),
+            "pairwise_mode": cfg["pairwise_mode"] if method == "pairwise" else None,
+        }
+        write_json(result, Path(metrics_dir) / f"{model_name}-{method}.json")
+        plot = Path(plots_dir) / f"{model_name}-{method}.csv"
+        plot.parent.mkdir(parents=True, exist_ok=True)
+        pd.DataFrame(best.history).to_csv(plot, index=False)
+        if logger is not None:
+            run = logger.experiment
+            run.summary.update({"best/val_tau_b": result["val_tau_b"], "best/epoch": best.best_epoch,
+                                "train/prompts_per_s": result["prompts_per_s"],
+                                "train/pairs_per_s": result["pairs_per_s"]})
+    if logger is not None:
+        logger.experiment.finish()  # flush the (offline) run directory before the process exits
+    return result
+
+
+def main(argv: list[str]) -> int:
+    ap = argparse.ArgumentParser(prog="pars train", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--model", required=True, help="generation model whose pairs to train on")
+    ap.add_argument("--method", required=True, choices=["pairwise", "pointwise", "listwise"])
+    ap.add_argument("--params", default=None, help="params file (default params.yaml)")
+    ap.add_argument("--data", default="data")
+    ap.add_argument("--models", default="models", help="models root (writes <root>/<model>/<method>/)")
+    ap.add_argument("--metrics", default="metrics/train")
+    ap.add_argument("--plots", default="plots/train")
+    args = ap.parse_args(argv)
+    params = load_params("train", args.params)
+    res = train_one(args.model, args.method, params, data_root=args.data, models_root=args.models,
+                    metrics_dir=args.metrics, plots_dir=args.plots)
+    if res:
+        print(f"train {args.model}/{args.method}: val tau_b {res['val_tau_b']:.3f} (epoch {res['best_epoch']}), "
+              f"pair acc {res['val_pair_acc']:.3f}, {res['prompts_per_s']} prompts/s, "
+              f"stage {res['stage_wall_s']:.0f} s -> {Path(args.models) / args.model / args.method}")
+    return 0

@@ -1,0 +1,161 @@
+"""train stage: real Lightning fits of tiny random BERTs on toy prompts whose wording tells the
+answer length; the written checkpoint must load in the serving Scorer."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from pipeline.pairs import main as pairs_main
+from test_pairs import write_dataset, write_params
+
+
+@pytest.fixture(scope="module")
+def tiny_encoder_dir(tmp_path_factory, tiny_bert_config, tokenizer):
+    """A tiny random BERT saved like a hub encoder, so `encoder: <dir>` takes the real loading path."""
+    from transformers import AutoModel
+
+    out = tmp_path_factory.mktemp("tiny-encoder")
+    torch.manual_seed(0)
+    AutoModel.from_config(tiny_bert_config).save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    return out
+
+
+@pytest.fixture(scope="module")
+def toy_root(tmp_path_factory):
+    root = tmp_path_factory.mktemp("toy")
+    write_dataset(root / "data", n_train=40, n_val=16, truncated={"train000"})
+    params = write_params(root / "params.yaml", partners=4)
+    assert pairs_main(["--model", "toy", "--params", str(params), "--data", str(root / "data"),
+                       "--metrics", str(root / "metrics" / "pairs")]) == 0
+    return root
+
+
+def params_for(encoder_dir, **over):
+    p = {"encoder": str(encoder_dir), "max_length": 16, "epochs": 4, "batch_size": 8, "eval_batch_size": 32,
+         "lr": 2e-3, "warmup_fraction": 0.1, "seed": 42, "dropout": 0.0,
+         "lightning": {"accelerator": "cpu", "devices": 1, "precision": "32-true"}}
+    p.update(over)
+    return p
+
+
+def run(root, encoder_dir, method, tag, **over):
+    from pipeline.train import train_one
+
+    return train_one("toy", method, params_for(encoder_dir, **over), data_root=root / "data",
+                     models_root=root / tag / "models", metrics_dir=root / tag / "metrics",
+                     plots_dir=root / tag / "plots")
+
+
+@pytest.mark.parametrize("method", ["pairwise", "pointwise", "listwise"])
+def test_each_method_learns_and_exports(toy_root, tiny_encoder_dir, monkeypatch, method):
+    monkeypatch.setenv("WANDB_MODE", "disabled")
+    from pipeline.ranking.checkpoint import read_meta
+    from pipeline.serving.scorer import Scorer
+
+    res = run(toy_root, tiny_encoder_dir, method, method)
+    # The toy task is learnable ('essay' prompts are long): a broken loss or sign would not reach this.
+    assert res["val_tau_b"] > 0.4, res
+    assert res["best_epoch"] is not None and res["epochs_run"] == 4
+    ckpt = toy_root / method / "models" / "toy" / method
+    meta = read_meta(ckpt)
+    assert meta["method"] == method and meta["max_length"] == 16
+    assert meta["trained_on"]["model"] == "toy" and meta["trained_on"]["datasets"] == ["toy", "toy2"]
+    assert meta["trained_on"]["val_tau_b"] == pytest.approx(res["val_tau_b"])
+    scores = Scorer.from_pretrained(ckpt).score(["please write an essay about topic 3",
+                                                 "please write an brief about topic 3"])
+    assert scores[0] > scores[1]  # higher = longer
+    saved = json.loads((toy_root / method / "metrics" / f"toy-{method}.json").read_text())
+    assert saved["val_tau_b"] == pytest.approx(res["val_tau_b"]) and saved["prompts_per_s"] > 0
+    curve = (toy_root / method / "plots" / f"toy-{method}.csv").read_text().splitlines()
+    assert curve[0].startswith("epoch,train_loss,val_tau_b") and len(curve) == 5
+
+
+def test_best_epoch_is_exported_and_scores_match(toy_root, tiny_encoder_dir, monkeypatch):
+    """The exported weights are the best epoch's: re-scoring val prompts gives the recorded tau_b."""
+    monkeypatch.setenv("WANDB_MODE", "disabled")
+    import pandas as pd
+
+    from pipeline.ranking.lightning import kendall_tau_b
+    from pipeline.serving.scorer import Scorer
+
+    res = run(toy_root, tiny_encoder_dir, "pairwise", "best", lr=5e-3)
+    labels = pd.read_parquet(toy_root / "data" / "pairs" / "toy" / "labels.parquet")
+    prompts = pd.read_parquet(toy_root / "data" / "prompts" / "prompts.parquet").set_index("prompt_id")
+    val = labels[labels["split"] == "val"].sort_values("prompt_id")
+    scores = Scorer.from_pretrained(toy_root / "best" / "models" / "toy" / "pairwise").score(
+        prompts.loc[val["prompt_id"], "prompt"].tolist())
+    assert kendall_tau_b(scores, val["length"]) == pytest.approx(res["val_tau_b"], abs=1e-6)
+    history = pd.read_csv(toy_root / "best" / "plots" / "toy-pairwise.csv")
+    assert res["val_tau_b"] == pytest.approx(history["val_tau_b"].max())
+
+
+def test_in_batch_sees_more_pairs_than_per_pair(toy_root, tiny_encoder_dir, monkeypatch):
+    monkeypatch.setenv("WANDB_MODE", "disabled")
+    inb = run(toy_root, tiny_encoder_dir, "pairwise", "inb", epochs=1)
+    per = run(toy_root, tiny_encoder_dir, "pairwise", "per", epochs=1, pairwise_mode="per_pair")
+    # per-pair: each file pair once per epoch, two encodings each
+    assert per["pairs_seen"] == per["n_train_pairs_file"] and per["prompts_encoded"] == 2 * per["pairs_seen"]
+    # in-batch: each train prompt encoded once, many more pairs per encoding
+    assert inb["prompts_encoded"] == inb["n_train_prompts"] == 40
+    assert inb["pairs_seen"] / inb["prompts_encoded"] > 2 * per["pairs_seen"] / per["prompts_encoded"]
+
+
+def test_wandb_offline_run_is_written(toy_root, tiny_encoder_dir, monkeypatch, tmp_path):
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("DVC_EXP_NAME", "exp-test")
+    monkeypatch.delenv("WANDB_API_KEY", raising=False)
+    run(toy_root, tiny_encoder_dir, "listwise", "wb", epochs=1, wandb={"project": "pars-test", "dir": str(tmp_path)})
+    runs = list((tmp_path / "wandb").glob("offline-run-*"))
+    assert len(runs) == 1 and any(runs[0].glob("*.wandb"))
+
+
+def test_wandb_mode_and_group(monkeypatch):
+    from pipeline.train import run_group, wandb_mode
+
+    monkeypatch.delenv("WANDB_MODE", raising=False)
+    monkeypatch.delenv("WANDB_API_KEY", raising=False)
+    assert wandb_mode() == "offline"
+    monkeypatch.setenv("WANDB_API_KEY", "x" * 40)
+    assert wandb_mode() == "online"
+    monkeypatch.setenv("WANDB_MODE", "disabled")
+    assert wandb_mode() == "disabled"
+    monkeypatch.setenv("DVC_EXP_NAME", "brave-newt")
+    assert run_group() == "brave-newt"
+    monkeypatch.delenv("DVC_EXP_NAME")
+    assert run_group() != ""
+
+
+def test_missing_pairs_and_bad_settings_are_clear(toy_root, tiny_encoder_dir, monkeypatch, tmp_path):
+    monkeypatch.setenv("WANDB_MODE", "disabled")
+    from pipeline.train import train_one
+
+    with pytest.raises(FileNotFoundError, match="no pairs for model 'nomodel'"):
+        train_one("nomodel", "pairwise", params_for(tiny_encoder_dir), data_root=toy_root / "data",
+                  models_root=tmp_path, metrics_dir=tmp_path, plots_dir=tmp_path)
+    with pytest.raises(ValueError, match="pairwise_mode"):
+        run(toy_root, tiny_encoder_dir, "pairwise", "bad", pairwise_mode="sometimes")
+
+
+def test_max_train_prompts_caps_the_training_set(toy_root, tiny_encoder_dir, monkeypatch):
+    monkeypatch.setenv("WANDB_MODE", "disabled")
+    res = run(toy_root, tiny_encoder_dir, "pointwise", "cap", epochs=1, max_train_prompts=10)
+    assert res["n_train_prompts"] == 10 and res["prompts_encoded"] == 10
+    assert np.isfinite(res["val_tau_b"])
+
+
+@pytest.mark.packaged
+def test_packaged_minilm_trains_one_short_epoch(toy_root, monkeypatch):
+    """The real default encoder through the whole stage (about a minute on 2 cores)."""
+    monkeypatch.setenv("WANDB_MODE", "disabled")
+    from pipeline.serving.scorer import Scorer
+
+    res = run(toy_root, "minilm-l6", "pairwise", "minilm", encoder="minilm-l6", epochs=1, lr=5e-5,
+              max_length=16, max_train_prompts=16)
+    ckpt = toy_root / "minilm" / "models" / "toy" / "pairwise"
+    assert Scorer.from_pretrained(ckpt).meta["encoder"] == "minilm-l6"
+    assert -1.0 <= res["val_tau_b"] <= 1.0
