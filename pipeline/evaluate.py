@@ -228,6 +228,8 @@ def write_plots(ranking: dict, transfer: dict, out_dir: Path) -> list[Path]:
 
     tm = transfer["kendall_tau_b"]
     methods = sorted(tm)
+    if not methods:  # nothing to draw (no predictor results)
+        return sorted(out_dir.iterdir())
     width = (1.3 + 1.1 * len(eval_models)) * max(1, len(methods))
     fig, axes = plt.subplots(1, max(1, len(methods)), figsize=(width, 1.6 + 0.5 * len(transfer["train_models"])),
                              squeeze=False)

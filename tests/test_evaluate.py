@@ -47,6 +47,18 @@ def test_bootstrap_interval_contains_estimate_and_is_paired():
     assert big["ci_high"] - big["ci_low"] < stat["ci_high"] - stat["ci_low"]
 
 
+def test_matrix_bootstrap_equals_scipy_on_every_resample():
+    """The vectorised tau_b of resamples (ties, duplicates, degenerate resamples) is scipy's."""
+    rng = np.random.default_rng(2)
+    for n in (3, 40, 150):
+        x = rng.integers(0, 8, n).astype(float)  # many ties
+        y = x + rng.integers(0, 5, n)
+        idx = M.bootstrap_indices(n, 120, seed=n)
+        slow = np.array([kendalltau(x[i], y[i], variant="b").statistic for i in idx])
+        np.testing.assert_allclose(M.bootstrap_taus(x, y, idx), slow, atol=1e-12, equal_nan=True)
+    assert np.isnan(M.bootstrap_taus(np.ones(4), np.arange(4.0), M.bootstrap_indices(4, 5, 0))).all()
+
+
 def test_pair_accuracy_delta_filter_truncation_and_ties():
     lengths = [100, 110, 200, 50]  # (100, 110) differs by 9% < delta: not a pair
     acc, n = M.pair_accuracy([1, 2, 3, 0], lengths, delta=0.2)

@@ -39,10 +39,42 @@ def bootstrap_taus(x, y, indices: np.ndarray) -> np.ndarray:
     """tau_b on each bootstrap resample (rows of `indices`); degenerate resamples give NaN."""
     x = np.asarray(x, dtype=float)
     y = np.asarray(y, dtype=float)
-    out = np.empty(len(indices))
-    for i, idx in enumerate(indices):
-        out[i] = kendall_tau_b(x[idx], y[idx])
-    return out
+    if len(x) > _MATRIX_MAX_N:  # the pair matrices would be too big: one scipy call a resample
+        return np.array([kendall_tau_b(x[idx], y[idx]) for idx in indices])
+    return weighted_taus(x, y, resample_counts(indices, len(x)))
+
+
+# Above this many prompts, bootstrap with scipy per resample instead of (n, n) pair matrices.
+_MATRIX_MAX_N = 2000
+
+
+def resample_counts(indices: np.ndarray, n: int) -> np.ndarray:
+    """(n_boot, n) multiplicity of each item in each resample."""
+    b = len(indices)
+    flat = (indices + np.arange(b)[:, None] * n).ravel()
+    return np.bincount(flat, minlength=b * n).reshape(b, n).astype(float)
+
+
+def weighted_taus(x: np.ndarray, y: np.ndarray, counts: np.ndarray) -> np.ndarray:
+    """tau_b of each multiset {item i repeated counts[r, i] times}, all resamples in a few matmuls.
+
+    The same numbers as scipy on the expanded resample (a copy of an item is a pair tied in both
+    x and y), at about 1000x the speed of one scipy call per resample:
+      P  = sum_{i<j} w_i w_j sgn(x_i-x_j) sgn(y_i-y_j) = w' (Sx*Sy) w / 2
+      n1 = pairs tied in x = (w' Tx w - sum w) / 2 (Tx_ij = [x_i == x_j], diagonal included)
+      tau_b = P / sqrt((n0 - n1)(n0 - n2)), n0 = N(N-1)/2."""
+    sx = np.sign(x[:, None] - x[None, :])
+    sy = np.sign(y[:, None] - y[None, :])
+    w = counts
+    quad = lambda a: np.einsum("bi,bi->b", w @ a, w)  # noqa: E731  (w_r' A w_r for every row r)
+    total = w.sum(axis=1)
+    n0 = total * (total - 1) / 2
+    n1 = (quad((sx == 0).astype(float)) - total) / 2
+    n2 = (quad((sy == 0).astype(float)) - total) / 2
+    p = quad(sx * sy) / 2
+    denom = (n0 - n1) * (n0 - n2)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return np.where(denom > 0, p / np.sqrt(np.where(denom > 0, denom, 1.0)), np.nan)
 
 
 def percentile_ci(boot: np.ndarray, level: float = 0.95) -> tuple[float, float]:
@@ -102,21 +134,23 @@ def noise_ceiling(samples: np.ndarray, *, n_boot: int = 1000, seed: int = 42, le
         return None
     n = len(samples)
     idx = bootstrap_indices(n, n_boot, seed)
+    counts = resample_counts(idx, n) if n <= _MATRIX_MAX_N else None
     taus, boots = [], []
     for a, b in combinations(range(samples.shape[1]), 2):
         x, y = samples[:, a], samples[:, b]
-        ok = ~(np.isnan(x) | np.isnan(y))
+        ok = ~(np.isnan(x) | np.isnan(y))  # a prompt missing either sample is left out of this pair
         if ok.sum() < 2:
             continue
-        # NaN-missing prompts are kept in the resample positions but excluded per pair
-        xs, ys = np.where(ok, x, np.nan), np.where(ok, y, np.nan)
         taus.append(kendall_tau_b(x[ok], y[ok]))
-        boots.append([_tau_nan(xs[r], ys[r]) for r in idx])
+        if counts is not None:
+            boots.append(weighted_taus(x[ok], y[ok], counts[:, ok]))
+        else:
+            boots.append([_tau_nan(x[r], y[r]) for r in idx])
     if not taus:
         return None
     with warnings.catch_warnings():  # a resample where every pair is degenerate stays NaN, silently
         warnings.simplefilter("ignore", RuntimeWarning)
-        boot = np.nanmean(np.asarray(boots), axis=0)
+        boot = np.nanmean(np.asarray(boots, dtype=float), axis=0)
     low, high = percentile_ci(boot, level)
     return {"kendall_tau_b": float(np.mean(taus)), "ci_low": low, "ci_high": high, "n_prompts": int(n),
             "n_sample_pairs": len(taus), "_boot": boot}
