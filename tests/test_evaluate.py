@@ -240,3 +240,19 @@ def test_evaluate_refuses_missing_predictor(project):
     _, params = project
     with pytest.raises(FileNotFoundError, match="models/m4/listwise, models/m1/listwise"):
         run({**params, "methods": ["pairwise", "listwise"]})
+
+
+def test_dvc_stage_declares_what_params_make_evaluate_read():
+    """evaluate's deps in dvc.yaml are listed by hand: they must cover params `evaluate`'s lists."""
+    from pathlib import Path
+
+    import yaml
+
+    root = Path(__file__).resolve().parents[1]
+    params = yaml.safe_load((root / "params.yaml").read_text())["evaluate"]
+    stages = yaml.safe_load((root / "dvc.yaml").read_text())["stages"]
+    deps = set(stages["evaluate"]["deps"])
+    expected = {f"models/{m}/{meth}" for m in params["train_models"] for meth in params["methods"]}
+    expected |= {f"data/generations/{m}" for m in params["eval_models"]} | {"data/prompts"}
+    assert expected <= deps, f"dvc.yaml evaluate misses deps {sorted(expected - deps)}"
+    assert "metrics/ranking.json" in stages["export"]["deps"]
