@@ -127,12 +127,12 @@ def evaluate(prompts: pd.DataFrame, generations: dict[str, pd.DataFrame], scores
         groups = {OVERALL: labels}
         groups.update({ds: grp for ds, grp in labels.groupby("dataset", sort=True)})
         samples = M.sample_length_matrix(gens, labels.index)
+        # the same resamples for the baseline, the ceiling and every predictor: paired comparisons
+        idx_of = {group: M.bootstrap_indices(len(lab), n_boot, seed) for group, lab in groups.items()}
         references[eval_model] = {}
         base_boot: dict[str, np.ndarray] = {}
         for group, lab in groups.items():
-            # the same resamples for the baseline and every predictor: paired comparisons
-            idx = M.bootstrap_indices(len(lab), n_boot, seed)
-            base, base_boot[group] = _tau_block(prompt_tokens.reindex(lab.index), lab, idx, level, delta)
+            base, base_boot[group] = _tau_block(prompt_tokens.reindex(lab.index), lab, idx_of[group], level, delta)
             rows = labels.index.get_indexer(lab.index)
             ceiling = M.noise_ceiling(samples[rows], n_boot=n_boot, seed=seed, level=level)
             references[eval_model][group] = {
@@ -148,8 +148,7 @@ def evaluate(prompts: pd.DataFrame, generations: dict[str, pd.DataFrame], scores
                 s = score_of[(model, method)].reindex(lab.index)
                 if s.isna().any():
                     raise ValueError(f"evaluate: {model}/{method} has no score for some {eval_model} test prompts")
-                idx = M.bootstrap_indices(len(lab), n_boot, seed)
-                stat, boot = _tau_block(s, lab, idx, level, delta)
+                stat, boot = _tau_block(s, lab, idx_of[group], level, delta)
                 gain_low, gain_high = M.percentile_ci(boot - base_boot[group], level)
                 stat.update({
                     "gain_over_prompt_length": stat["kendall_tau_b"] - references[eval_model][group]["prompt_length"]["kendall_tau_b"],
