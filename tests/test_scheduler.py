@@ -1,0 +1,481 @@
+"""The PARS scheduler on vLLM's real v1 Scheduler / AsyncScheduler, driven on the CPU.
+
+A directory with a tiny config.json (and the packaged MiniLM tokenizer) stands in for the served
+model; `FakeEngine` stands in for the GPU by answering each SchedulerOutput with a ModelRunnerOutput,
+as vLLM's own scheduler tests do. Everything else is vLLM's code and ours."""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import re
+from collections import defaultdict, deque
+
+import pytest
+
+pytest.importorskip("vllm")
+hypothesis = pytest.importorskip("hypothesis")
+from hypothesis import HealthCheck, given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+BLOCK = 16
+TOKEN = 7  # a sampled token that is neither EOS nor a stop token
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    """A stand-in model: a tiny llama config.json plus the packaged BERT tokenizer."""
+    from transformers import AutoTokenizer
+
+    from pipeline.ranking.model import resolve_encoder
+
+    path = tmp_path_factory.mktemp("tiny-model")
+    config = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 64,
+              "intermediate_size": 128, "num_attention_heads": 2, "num_key_value_heads": 2,
+              "num_hidden_layers": 1, "vocab_size": 30522, "max_position_embeddings": 4096}
+    (path / "config.json").write_text(json.dumps(config))
+    AutoTokenizer.from_pretrained(resolve_encoder("minilm-l6")).save_pretrained(path)
+    return path
+
+
+@pytest.fixture(scope="module")
+def model_config(model_dir):
+    from vllm.config import ModelConfig
+
+    return ModelConfig(model=str(model_dir), dtype="float32", seed=0, max_model_len=4096)
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory, tokenizer, tiny_bert_config):
+    """A random checkpoint in the export format, shared by the module (tiny_checkpoint is per test)."""
+    import torch
+
+    from pipeline.ranking.checkpoint import save_checkpoint
+    from pipeline.ranking.model import LengthRanker
+
+    torch.manual_seed(0)
+    return save_checkpoint(LengthRanker.from_config(tiny_bert_config), tokenizer,
+                           tmp_path_factory.mktemp("ckpt") / "ckpt", method="pairwise",
+                           max_length=64, encoder="tiny-random-bert")
+
+
+@pytest.fixture(scope="module")
+def make_scheduler(model_config, checkpoint):
+    """Build a real scheduler of `cls` with `num_blocks` KV blocks of 16 tokens."""
+    import torch
+    from vllm.config import CacheConfig, SchedulerConfig, VllmConfig
+    from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
+    from vllm.v1.structured_output import StructuredOutputManager
+
+    def make(cls, *, max_num_seqs=4, num_blocks=1000, async_scheduling=False, pars=None,
+             max_num_batched_tokens=2048):
+        pars = {"checkpoint": str(checkpoint), **(pars or {})}
+        sched_cfg = SchedulerConfig(max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
+                                    max_model_len=4096, enable_chunked_prefill=True,
+                                    is_encoder_decoder=False)
+        vllm_config = VllmConfig(scheduler_config=sched_cfg, model_config=model_config,
+                                 cache_config=CacheConfig(block_size=BLOCK, enable_prefix_caching=False),
+                                 additional_config={"pars": pars})
+        # The CPU platform forces async scheduling off; the AsyncScheduler tests put it back.
+        vllm_config.scheduler_config.async_scheduling = async_scheduling
+        vllm_config.cache_config.num_gpu_blocks = num_blocks
+        kv = KVCacheConfig(num_blocks=num_blocks, kv_cache_tensors=[], kv_cache_groups=[
+            KVCacheGroupSpec(["layer"], FullAttentionSpec(block_size=BLOCK, num_kv_heads=1, head_size=1,
+                                                          dtype=torch.float32))])
+        return cls(vllm_config=vllm_config, kv_cache_config=kv,
+                   structured_output_manager=StructuredOutputManager(vllm_config), block_size=BLOCK,
+                   log_stats=False)
+
+    return make
+
+
+class FakeEngine:
+    """The GPU's stand-in. Mirrors EngineCore.step (sync) or step_with_batch_queue (async: the next
+    step is scheduled before the previous one's output comes back). Time is the step count."""
+
+    def __init__(self, scheduler, async_scheduling: bool = False):
+        self.s = scheduler
+        self.t = 0.0
+        self.async_scheduling = async_scheduling
+        if hasattr(scheduler, "waiting") and hasattr(scheduler.waiting, "clock"):
+            scheduler.waiting.clock = lambda: self.t
+        self.in_flight: deque = deque()
+        self.finished: list[str] = []
+        self.admitted: list[tuple[float, str]] = []  # (step, request id), in admission order
+        self.preempted: list[tuple[float, str]] = []
+        self.arrival: dict[str, float] = {}
+        self._n = 0
+
+    def add(self, rid: str, prompt_len: int, out_len: int, score: float | None = None,
+            prompt_ids: list[int] | None = None):
+        from vllm.sampling_params import SamplingParams
+        from vllm.v1.request import Request
+
+        extra = {"pars_score": score} if score is not None else None
+        params = SamplingParams(max_tokens=out_len, ignore_eos=True, extra_args=extra)
+        # Distinct arrival times (a tiny offset per request) make "oldest" well defined.
+        self._n += 1
+        arrival = self.t + self._n * 1e-6
+        ids = prompt_ids if prompt_ids is not None else [1000 + self._n % 500] * prompt_len
+        self.arrival[rid] = arrival
+        self.s.add_request(Request(request_id=rid, prompt_token_ids=ids, sampling_params=params,
+                                   pooling_params=None, arrival_time=arrival))
+
+    def _process(self, item):
+        from vllm.v1.outputs import ModelRunnerOutput
+
+        out, sampled = item
+        req_ids = list(out.num_scheduled_tokens)
+        mro = ModelRunnerOutput(req_ids=req_ids, req_id_to_index={r: i for i, r in enumerate(req_ids)},
+                                sampled_token_ids=[sampled[r] for r in req_ids])
+        for eco in self.s.update_from_output(out, mro).values():
+            self.finished.extend(o.request_id for o in eco.outputs if o.finish_reason is not None)
+
+    def step(self) -> None:
+        before = {r.request_id for r in self.s.running}
+        out = self.s.schedule()
+        for r in self.s.running:
+            if r.request_id not in before:
+                self.admitted.append((self.t, r.request_id))
+        self.preempted.extend((self.t, rid) for rid in (out.preempted_req_ids or ()))
+        # A request whose prefill completes this step samples one token.
+        sampled = {rid: ([] if self.s.requests[rid].is_prefill_chunk else [TOKEN])
+                   for rid in out.num_scheduled_tokens}
+        self.in_flight.append((out, sampled))
+        # Sync: answer at once. Async: keep one step in flight; drain when nothing new was scheduled.
+        keep = 1 if self.async_scheduling and out.num_scheduled_tokens else 0
+        while len(self.in_flight) > keep:
+            self._process(self.in_flight.popleft())
+        self.t += 1
+
+    def run(self, max_steps: int = 10_000) -> None:
+        for _ in range(max_steps):
+            if not self.s.has_requests() and not self.in_flight:
+                return
+            self.step()
+        raise AssertionError(f"engine did not drain in {max_steps} steps")
+
+    def order(self) -> list[str]:
+        return [rid for _, rid in self.admitted]
+
+
+def _classes():
+    from pipeline.serving.vllm_scheduler import PARSAsyncScheduler, PARSScheduler
+
+    return [(PARSScheduler, False), (PARSAsyncScheduler, True)]
+
+
+CLASSES = pytest.mark.parametrize("which", ["sync", "async"])
+
+
+def _pick(which):
+    return dict(zip(["sync", "async"], _classes()))[which]
+
+
+# ---------------------------------------------------------------------------- admission order ---
+@CLASSES
+def test_admission_order_by_ascending_score(make_scheduler, which):
+    cls, is_async = _pick(which)
+    sched = make_scheduler(cls, max_num_seqs=1, async_scheduling=is_async)
+    assert type(sched) is cls
+    eng = FakeEngine(sched, is_async)
+    scores = {"a": 5.0, "b": 1.0, "c": 4.0, "d": 2.0, "e": 3.0}
+    for rid, score in scores.items():
+        eng.add(rid, prompt_len=20, out_len=4, score=score)
+    eng.run()
+    assert eng.order() == ["b", "d", "e", "c", "a"]
+    assert sorted(eng.finished) == sorted(scores)
+
+
+def test_vllm_fcfs_baseline_differs(make_scheduler):
+    """The same workload on vLLM's own Scheduler is served in arrival order (the test can fail)."""
+    from vllm.v1.core.sched.scheduler import Scheduler
+
+    eng = FakeEngine(make_scheduler(Scheduler, max_num_seqs=1))
+    for rid, score in {"a": 5.0, "b": 1.0, "c": 4.0}.items():
+        eng.add(rid, prompt_len=20, out_len=4, score=score)
+    eng.run()
+    assert eng.order() == ["a", "b", "c"]
+
+
+def test_checkpoint_scores_in_one_batch_at_schedule(make_scheduler, checkpoint, tokenizer):
+    """Token ids are detokenised with the served model's tokenizer and scored together in schedule();
+    add_request only queues. A client-sent score wins over the checkpoint."""
+    from pipeline.serving.scorer import Scorer
+    from pipeline.serving.vllm_scheduler import PARSScheduler
+
+    sched = make_scheduler(PARSScheduler, max_num_seqs=1)
+    eng = FakeEngine(sched)
+    prompts = ["write a long essay about the history of rome", "say hi", "list three colors",
+               "explain quantum computing in detail with examples", "what is two plus two"]
+    for i, text in enumerate(prompts):
+        eng.add(f"p{i}", 0, out_len=2, prompt_ids=tokenizer(text)["input_ids"])
+    eng.add("client", 0, out_len=2, score=1e9, prompt_ids=tokenizer("say hi")["input_ids"])
+    assert sched.pars_stats["num_batches"] == 0  # nothing scored in add_request
+    assert not any(hasattr(r, "pars_key") for r in sched.requests.values())
+    eng.step()
+    assert sched.pars_stats["num_batches"] == 1
+    assert sched.pars_stats["num_scored"] == len(prompts)
+    assert sched.pars_stats["num_client_scores"] == 1
+    eng.run()
+    expected = Scorer.from_pretrained(checkpoint).score(prompts)
+    assert eng.order() == [f"p{i}" for i in sorted(range(len(prompts)), key=lambda i: expected[i])] + ["client"]
+
+
+# ------------------------------------------------------------------------------- starvation ---
+@CLASSES
+def test_starved_request_goes_first_oldest_first(make_scheduler, which):
+    cls, is_async = _pick(which)
+    sched = make_scheduler(cls, max_num_seqs=1, async_scheduling=is_async, pars={"starvation_s": 50})
+    eng = FakeEngine(sched, is_async)
+    eng.add("blocker", 20, out_len=60, score=0.0)
+    eng.step()  # blocker runs for ~60 steps
+    eng.add("old", 20, out_len=2, score=200.0)
+    eng.t += 5
+    eng.add("young", 20, out_len=2, score=100.0)
+    eng.t += 20
+    for i in range(4):
+        eng.add(f"short{i}", 20, out_len=2, score=float(i))
+    eng.run()
+    # When the blocker finishes (t ~ 60) "old" and "young" have waited > 50 s: they go first, oldest
+    # first (against their scores), ahead of the shorter-scored requests, which have waited < 50 s.
+    assert eng.order() == ["blocker", "old", "young", "short0", "short1", "short2", "short3"]
+
+
+def test_unstarved_long_request_waits(make_scheduler):
+    from pipeline.serving.vllm_scheduler import PARSScheduler
+
+    sched = make_scheduler(PARSScheduler, max_num_seqs=1, pars={"starvation_s": 1000})
+    eng = FakeEngine(sched)
+    eng.add("blocker", 20, out_len=60, score=0.0)
+    eng.step()
+    eng.add("long", 20, out_len=2, score=100.0)
+    for i in range(3):
+        eng.add(f"short{i}", 20, out_len=2, score=float(i))
+    eng.run()
+    assert eng.order() == ["blocker", "short0", "short1", "short2", "long"]
+
+
+# ------------------------------------------------------------------------------- preemption ---
+def _preemption_setup(make_scheduler, cls, is_async):
+    """Three running requests of one 16-token block each; 4 usable blocks. When they cross into
+    their second block, one must be preempted. 'high' (score 9) was admitted first, so vLLM's
+    FCFS choice (the last admitted) would be 'low2'."""
+    sched = make_scheduler(cls, max_num_seqs=3, num_blocks=5, async_scheduling=is_async)
+    eng = FakeEngine(sched, is_async)
+    eng.add("high", 12, out_len=30, score=9.0)
+    eng.step()
+    eng.add("low1", 12, out_len=30, score=1.0)
+    eng.add("low2", 12, out_len=30, score=2.0)
+    for _ in range(12):
+        eng.step()
+        if eng.preempted:
+            break
+    return sched, eng
+
+
+@CLASSES
+def test_preemption_victim_is_highest_score(make_scheduler, which):
+    cls, is_async = _pick(which)
+    sched, eng = _preemption_setup(make_scheduler, cls, is_async)
+    assert eng.preempted, "the KV cache was sized to force a preemption"
+    assert eng.preempted[0][1] == "high"
+    eng.run()
+    assert sorted(eng.finished) == ["high", "low1", "low2"]
+
+
+def test_vllm_fcfs_preempts_last_admitted(make_scheduler):
+    from vllm.v1.core.sched.scheduler import Scheduler
+
+    sched, eng = _preemption_setup(make_scheduler, Scheduler, False)
+    assert eng.preempted and eng.preempted[0][1] == "low2"
+
+
+@CLASSES
+def test_preempted_request_requeues_by_score(make_scheduler, which):
+    cls, is_async = _pick(which)
+    sched, eng = _preemption_setup(make_scheduler, cls, is_async)
+    assert [rid for _, rid in eng.preempted] == ["high"]
+    eng.add("mid", 12, out_len=2, score=5.0)
+    eng.add("top", 12, out_len=2, score=20.0)
+    eng.add("first", 12, out_len=2, score=-3.0)
+    sched.waiting.flush()
+    # vLLM's FCFS would put the preempted request at the very front; PARS puts it back by score.
+    assert [r.request_id for r in sched.waiting] == ["first", "mid", "high", "top"]
+    eng.run()
+    later = [rid for rid in eng.order() if rid in {"first", "mid", "high", "top"}][-4:]
+    assert later == ["first", "mid", "high", "top"]
+
+
+# ----------------------------------------------------------------------------- robustness ---
+def test_scoring_failure_falls_back_to_arrival_order(make_scheduler, tokenizer, caplog):
+    from pipeline.serving.vllm_scheduler import PARSScheduler
+
+    sched = make_scheduler(PARSScheduler, max_num_seqs=1)
+
+    def broken(texts, batch_size=None):
+        raise RuntimeError("ranker exploded")
+
+    sched.pars_scorer.score = broken  # a fault in our ranker, not a fake of vLLM
+    eng = FakeEngine(sched)
+    with caplog.at_level(logging.WARNING, logger="pipeline.serving.vllm_scheduler"):
+        for i in range(4):
+            eng.add(f"r{i}", 0, out_len=2, prompt_ids=tokenizer(f"prompt number {i}")["input_ids"])
+        eng.step()
+        for i in range(4, 6):
+            eng.add(f"r{i}", 0, out_len=2, prompt_ids=tokenizer(f"prompt number {i}")["input_ids"])
+        eng.run()
+    assert eng.order() == [f"r{i}" for i in range(6)]
+    assert sorted(eng.finished) == [f"r{i}" for i in range(6)]
+    warnings = [r for r in caplog.records if "ranker exploded" in r.getMessage()]
+    assert len(warnings) == 1
+    assert sched.pars_stats["num_fallback"] == 6
+
+
+def test_missing_checkpoint_stops_startup(make_scheduler, tmp_path, monkeypatch):
+    from pipeline.ranking.checkpoint import CheckpointError
+    from pipeline.serving.vllm_scheduler import PARSScheduler
+
+    monkeypatch.delenv("PARS_CHECKPOINT", raising=False)
+    with pytest.raises(CheckpointError, match="does not exist"):
+        make_scheduler(PARSScheduler, pars={"checkpoint": str(tmp_path / "nope")})
+    with pytest.raises(CheckpointError, match="needs a checkpoint"):
+        make_scheduler(PARSScheduler, pars={"checkpoint": None})
+
+
+def test_corrupt_checkpoint_stops_startup(make_scheduler, tiny_checkpoint):
+    from pipeline.ranking.checkpoint import CheckpointError
+    from pipeline.serving.vllm_scheduler import PARSScheduler
+
+    weights = tiny_checkpoint / "model.safetensors"
+    data = bytearray(weights.read_bytes())
+    data[-10:] = b"\x00" * 10
+    weights.write_bytes(bytes(data))
+    with pytest.raises(CheckpointError, match="sha256"):
+        make_scheduler(PARSScheduler, pars={"checkpoint": str(tiny_checkpoint)})
+
+
+def test_config_from_additional_config_and_env(make_scheduler, checkpoint, monkeypatch):
+    from pipeline.serving.vllm_scheduler import PARSScheduler
+
+    monkeypatch.setenv("PARS_STARVATION_S", "7.5")
+    monkeypatch.setenv("PARS_BATCH_SIZE", "3")
+    sched = make_scheduler(PARSScheduler, pars={"batch_size": 5})
+    assert sched.pars_config.starvation_s == 7.5  # from the environment
+    assert sched.pars_config.batch_size == 5  # additional_config wins
+    assert sched.pars_scorer.batch_size == 5
+    assert sched.waiting.starvation_s == 7.5
+    monkeypatch.delenv("PARS_STARVATION_S")
+    assert make_scheduler(PARSScheduler).pars_config.starvation_s == 120.0
+
+
+def test_async_class_builds_sync_twin_without_async_scheduling(make_scheduler):
+    from pipeline.serving.vllm_scheduler import PARSAsyncScheduler, PARSScheduler
+
+    assert type(make_scheduler(PARSAsyncScheduler, async_scheduling=False)) is PARSScheduler
+    assert type(make_scheduler(PARSAsyncScheduler, async_scheduling=True)) is PARSAsyncScheduler
+
+
+def test_version_guard(monkeypatch):
+    from pipeline.serving.vllm_scheduler import TESTED_VLLM_SPEC, check_vllm_version
+
+    check_vllm_version("0.32.0")
+    check_vllm_version("0.32.3+cpu")
+    monkeypatch.delenv("PARS_ALLOW_UNTESTED_VLLM", raising=False)
+    for bad in ("0.31.9", "0.33.0", "1.0.0"):
+        with pytest.raises(RuntimeError, match=re.escape(TESTED_VLLM_SPEC)):
+            check_vllm_version(bad)
+    monkeypatch.setenv("PARS_ALLOW_UNTESTED_VLLM", "1")
+    check_vllm_version("0.33.0")
+
+
+def test_package_import_does_not_need_vllm():
+    import subprocess
+    import sys
+
+    code = ("import sys, pipeline, pipeline.serving, pipeline.ranking.checkpoint; "
+            "assert 'vllm' not in sys.modules, 'vllm imported'")
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+# ----------------------------------------------------------------------- property: no loss ---
+@st.composite
+def workloads(draw):
+    n = draw(st.integers(1, 14))
+    reqs = []
+    for i in range(n):
+        reqs.append(dict(
+            rid=f"q{i}",
+            at=draw(st.integers(0, 40)),  # arrival step
+            prompt=draw(st.integers(1, 60)),
+            out=draw(st.integers(1, 40)),
+            score=draw(st.one_of(st.none(), st.floats(-5, 5, allow_nan=False))),
+            abort_at=draw(st.one_of(st.none(), st.integers(0, 80))) if draw(st.integers(0, 9)) == 0 else None,
+        ))
+    return dict(reqs=reqs, max_num_seqs=draw(st.integers(1, 4)), num_blocks=draw(st.integers(8, 40)),
+                threshold=draw(st.integers(5, 60)), which=draw(st.sampled_from(["sync", "async"])))
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=list(HealthCheck))
+@given(w=workloads())
+def test_property_every_request_finishes_once_and_starvation_is_bounded(make_scheduler, w):
+    from vllm.v1.request import RequestStatus
+
+    cls, is_async = _pick(w["which"])
+    # Every request must fit alone in the KV cache (else vLLM itself could never serve it).
+    usable = (w["num_blocks"] - 1) * BLOCK
+    reqs = [r for r in w["reqs"] if r["prompt"] + r["out"] + 2 <= usable]
+    if not reqs:
+        return
+    sched = make_scheduler(cls, max_num_seqs=w["max_num_seqs"], num_blocks=w["num_blocks"],
+                           async_scheduling=is_async, pars={"starvation_s": w["threshold"]})
+    eng = FakeEngine(sched, is_async)
+    by_step = defaultdict(list)
+    for r in reqs:
+        by_step[r["at"]].append(r)
+    aborts = defaultdict(list)
+    for r in reqs:
+        if r["abort_at"] is not None:
+            aborts[r["at"] + r["abort_at"]].append(r["rid"])
+    aborted: set[str] = set()
+    last = max(r["at"] for r in reqs)
+    for step in range(5000):
+        for r in by_step.get(step, ()):
+            eng.add(r["rid"], r["prompt"], r["out"], score=r["score"])
+        for rid in aborts.get(step, ()):
+            if rid in sched.requests:
+                aborted.update(q.request_id for q in sched.finish_requests(rid, RequestStatus.FINISHED_ABORTED))
+        if step > last and not sched.has_requests() and not eng.in_flight:
+            break
+        eng.step()
+    else:
+        raise AssertionError("engine did not drain")
+
+    ids = [r["rid"] for r in reqs]
+    done = eng.finished + sorted(aborted)
+    assert sorted(done) == sorted(ids), "every request finishes exactly once, none lost"
+    assert not sched.requests and not sched.running and len(sched.waiting) == 0
+
+    # Starvation bound. A waiting episode of X starts at its arrival (or preemption). Once X has
+    # waited past the threshold and every older request has been admitted, X heads the queue and
+    # nothing younger can pass it; within one request's service every request then running has
+    # finished or been preempted, so X is admitted. +2 steps: the step a slot frees, and the
+    # async scheduler's one step in flight.
+    service = max(r["out"] for r in reqs) + 2
+    arrival = eng.arrival
+    entries = defaultdict(list)
+    for rid in ids:
+        entries[rid].append(arrival[rid])
+    for t, rid in eng.preempted:
+        entries[rid].append(t)
+    admissions = defaultdict(list)
+    for t, rid in eng.admitted:
+        admissions[rid].append(t)
+    for rid in ids:
+        if rid in aborted:
+            continue
+        for entry, admitted in zip(sorted(entries[rid]), sorted(admissions[rid])):
+            older = [t for t, other in eng.admitted if arrival[other] < arrival[rid] and t <= admitted]
+            head_since = max([entry, arrival[rid] + w["threshold"], *older])
+            assert admitted <= math.floor(head_since) + service, (rid, entry, admitted, head_since)
