@@ -5,8 +5,11 @@ not max_num_seqs, limits the batch), submits a burst of requests with known prom
 lengths (random prompt token ids, `ignore_eos` so every answer is exactly o tokens), and times
 every engine step together with the tokens it scheduled. From that:
 
-  * step time = c0 + c1 * tokens_in_step (least squares), and b_bar = the median step time;
-  * mu_theory = M / (b_bar * E[g(s, o)]) on the same (s, o) sample;
+  * step time = c0 + c1 * tokens_in_step (least squares);
+  * mu_theory = M / (b_bar * E[g(s, o)]) on the same (s, o) sample, with b_bar the mean step
+    time in the saturated window (throughput = memory-area per second / E[g] when memory is full, and area per
+    second is M / mean step time); the median step time is reported too (mu_theory_median):
+    on a CPU a prefill step costs several decode steps, so the median understates b_bar;
   * mu_measured = the engine's completions per second in the middle of the burst (20%-80% of
     completions), when the queue is never empty: past saturation;
   * mu_simulated = the simulator with the fitted step model on the same burst.
@@ -28,6 +31,9 @@ from pathlib import Path
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # in-process: we time engine.step()
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# One OpenMP thread: on a shared 2-core machine spinning OpenMP threads of a busy neighbour make
+# steps 10-50x slower and erratic; one thread gives steady, fittable step times.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 import numpy as np
 
@@ -100,7 +106,7 @@ def run_engine(model: Path, s: np.ndarray, o: np.ndarray, *, blocks: int, block_
     for i, (si, oi) in enumerate(zip(s, o)):
         submit(str(i), si, oi)
     t0 = time.perf_counter()
-    step_times, finish = [], {}
+    step_times, step_end, finish = [], [], {}
     from tqdm import tqdm
 
     bar = tqdm(total=len(s), desc="engine burst", unit="req")
@@ -110,6 +116,7 @@ def run_engine(model: Path, s: np.ndarray, o: np.ndarray, *, blocks: int, block_
         b = time.perf_counter()
         if len(scheduled) > len(step_times):  # a step that ran the model
             step_times.append(b - a)
+            step_end.append(b - t0)
         for out in outs:
             if out.finished:
                 finish[out.request_id] = b - t0
@@ -124,6 +131,7 @@ def run_engine(model: Path, s: np.ndarray, o: np.ndarray, *, blocks: int, block_
         "block_size": int(cache_cfg.block_size),
         "blocks": int(cache_cfg.num_gpu_blocks),
         "step_time": np.asarray(step_times[:n]),
+        "step_end": np.asarray(step_end[:n]),
         "tokens": np.asarray([x[0] for x in scheduled[:n]]),
         "seqs": np.asarray([x[1] for x in scheduled[:n]]),
         "finish": np.asarray([finish[str(i)] for i in range(len(s))]),
@@ -139,10 +147,10 @@ def burst_rate(finish: np.ndarray) -> float:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", help="HF model dir (default: the packaged SmolLM2-135M-Instruct)")
-    ap.add_argument("--requests", type=int, default=64)
+    ap.add_argument("--requests", type=int, default=192)
     ap.add_argument("--prompt", default="16:192", help="prompt lengths U(LO:HI) tokens")
     ap.add_argument("--answer", default="16:192", help="answer lengths U(LO:HI) tokens")
-    ap.add_argument("--blocks", type=int, default=64, help="KV blocks (num_gpu_blocks_override)")
+    ap.add_argument("--blocks", type=int, default=256, help="KV blocks (num_gpu_blocks_override)")
     ap.add_argument("--block-size", type=int, default=32)
     ap.add_argument("--chunk", type=int, default=128, help="prefill chunk s_hat (long_prefill_token_threshold)")
     ap.add_argument("--budget", type=int, default=256, help="max_num_batched_tokens")
@@ -164,10 +172,16 @@ def main(argv: list[str] | None = None) -> int:
     c0, c1 = float(max(c0, 1e-6)), float(max(c1, 0.0))
     resid = st - (c0 + c1 * tok)
     r2 = 1 - resid.var() / st.var()
-    b_bar = float(np.median(st))
+    # b_bar over the saturated window (the same 20-80% of completions the throughput is measured
+    # on): the ramp-up and the draining tail have smaller batches and shorter steps
+    f = np.sort(run["finish"])
+    win = (run["step_end"] > f[int(0.2 * f.size)]) & (run["step_end"] <= f[int(0.8 * f.size)])
+    b_bar = float(np.mean(st[win]))
+    b_median = float(np.median(st[win]))
     M = run["M"]
     sample = theory.Workload.empirical("engine", s, o)
     cap = theory.capacity(sample, M, args.chunk, b_bar)
+    cap_median = theory.capacity(sample, M, args.chunk, b_median)
     mu_measured = burst_rate(run["finish"])
 
     from pipeline.queueing.simulator import EngineConfig, burst, simulate
@@ -176,8 +190,6 @@ def main(argv: list[str] | None = None) -> int:
                        block_size=run["block_size"], step_c0=c0, step_c1=c1, starvation_s=float("inf"))
     sim = simulate(burst(len(s)), s, o, config=cfg)
     mu_sim = sim.steady_throughput()
-    # the theory with the simulator's own median step time, to separate step-time from memory effects
-    sim_steps = cfg.step_time(np.asarray([tok.mean()]))[0]
 
     result = {
         "engine": "vllm-cpu (V1 scheduler, in-process)",
@@ -190,24 +202,29 @@ def main(argv: list[str] | None = None) -> int:
         "token_budget": args.budget,
         "max_num_seqs": args.max_num_seqs,
         "steps": int(st.size),
-        "step_time": {"c0_s": c0, "c1_s_per_token": c1, "r2": float(r2), "median_s": b_bar,
+        "step_time": {"c0_s": c0, "c1_s_per_token": c1, "r2": float(r2), "mean_s": b_bar, "median_s": b_median,
+                      "mean_all_steps_s": float(st.mean()),
                       "mean_tokens_per_step": float(tok.mean()), "mean_seqs_per_step": float(run["seqs"].mean())},
         "expected_g": cap.expected_g,
         "delta": cap.delta,
         "mu_theory": cap.mu,
+        "stable_below": cap.stable_below,
+        "mu_theory_median": cap_median.mu,
         "mu_measured": mu_measured,
         "gap": abs(cap.mu - mu_measured) / mu_measured,
         "mu_simulated": float(mu_sim),
         "gap_simulated": abs(mu_sim - mu_measured) / mu_measured,
         "engine_makespan_s": float(run["finish"].max()),
         "simulated_makespan_s": float(sim.finish.max()),
-        "simulated_mean_step_s": float(sim_steps),
         "wall_s": wall,
+        # raw per-step data, for the plot in `pars capacity --stage`
+        "steps_tokens": tok.astype(int).tolist(),
+        "steps_time_s": [round(float(x), 6) for x in st],
     }
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=2) + "\n")
-    print(json.dumps(result, indent=2))
+    print(json.dumps({k: v for k, v in result.items() if not k.startswith("steps_")}, indent=2))
     print(f"\nmu_theory {cap.mu:.3f} req/s vs measured {mu_measured:.3f} req/s (gap {result['gap']:.1%}); "
           f"simulator {mu_sim:.3f} req/s; wrote {out}")
     return 0

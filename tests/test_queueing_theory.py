@@ -102,3 +102,17 @@ def test_parse_distribution():
     assert th.parse_distribution("10:20") == (10, 20)
     with pytest.raises(ValueError):
         th.parse_distribution("normal:1:2:3")
+
+
+def test_capacity_cli_answers_in_words(capsys):
+    from pipeline import capacity
+
+    assert capacity.main(["--rate", "12", "--workload", "1:1", "--json"]) == 0
+    out = capsys.readouterr().out
+    cap = th.capacity(th.document_workloads()["1:1"], 131_000, 512, 0.04)
+    assert f"mu = {cap.mu:.3f}" in out and "unstable" in out
+    r = th.replicas_needed(12, cap, 0.1)
+    assert f"{r['guaranteed']} with a 10% safety margin" in out
+    assert capacity.main(["--rate", "0.5", "--prompt", "uniform:10:100", "--answer", "10:100", "--M", "5000",
+                          "--step-time", "0.02"]) == 0
+    assert "(stable)" in capsys.readouterr().out

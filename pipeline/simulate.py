@@ -1,0 +1,238 @@
+"""`pars simulate`: replay this project's test prompts through the KV-bound serving simulator and
+compare queue policies (FCFS, PARS, pointwise, listwise, oracle SJF, random).
+
+Requests are the test-split prompts of `simulate.model` with their real prompt lengths and real
+answer lengths: each request takes ONE sampled answer of its prompt (drawn at random, seeded),
+never the mean over samples that the predictors were scored against, so the oracle knows the
+true length and the predictors do not. There are far fewer test prompts (~50 for smollm2) than a
+2,000-request burst, so scenarios resample the test prompts with replacement; each copy draws
+its own answer sample. Learned policies rank by the evaluate stage's scores
+(data/scores/scores.parquet, predictors trained on `simulate.score_model`); without that file
+only fcfs, oracle and random run, and the output says so.
+
+Writes metrics/simulation.json (per scenario, one object per policy) and plots/simulation_*.png.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from pipeline.contracts import GENERATIONS, PROMPTS, generations_path, prompts_path, read_table, write_json
+from pipeline.params import load_params
+from pipeline.queueing import theory as th
+from pipeline.queueing.policies import SCORE_METHODS, policy_key
+
+METRICS = Path("metrics/simulation.json")
+PLOT_CDF = Path("plots/simulation_latency_cdf.png")
+PLOT_SPEEDUP = Path("plots/simulation_speedup_vs_load.png")
+PLOT_QUEUE = Path("plots/simulation_burst_queue.png")
+ORDER = ("fcfs", "pars", "pointwise", "listwise", "oracle", "random")
+
+
+def load_requests(model: str, score_model: str, data_root: str | Path = "data",
+                  scores_file: str | Path | None = None) -> tuple[pd.DataFrame, pd.DataFrame, list[str]]:
+    """Test prompts with their answer samples, and a (prompt_id x method) score table.
+
+    Returns (samples: prompt_id, sample, s, o), (scores: prompt_id -> one column per policy),
+    and notes on what is missing."""
+    prompts = read_table(prompts_path(data_root), PROMPTS)
+    gens = read_table(generations_path(model, data_root), GENERATIONS)
+    test_ids = set(prompts.loc[prompts.split == "test", "prompt_id"])
+    g = gens[gens.prompt_id.isin(test_ids) & (gens.output_tokens > 0) & (gens.prompt_tokens > 0)]
+    if g.empty:
+        raise ValueError(f"{generations_path(model, data_root)} has no answers to test-split prompts")
+    samples = pd.DataFrame({"prompt_id": g.prompt_id.to_numpy(), "sample": g["sample"].to_numpy(),
+                            "s": g.prompt_tokens.to_numpy(np.int64), "o": g.output_tokens.to_numpy(np.int64)})
+    notes = []
+    truncated = float((g.finish_reason == "length").mean())
+    if truncated > 0:
+        notes.append(f"{truncated:.1%} of answers were cut at max_tokens: their length is a lower bound")
+
+    from pipeline.evaluate import SCORES, scores_path
+
+    path = Path(scores_file) if scores_file else scores_path(data_root)
+    scores = pd.DataFrame(index=pd.Index(sorted(samples.prompt_id.unique()), name="prompt_id"))
+    if not path.is_file():
+        notes.append(f"{path} not found (evaluate stage): learned policies pars/pointwise/listwise skipped")
+        return samples, scores, notes
+    sc = read_table(path, SCORES)
+    sc = sc[sc.train_model == score_model]
+    for policy, method in SCORE_METHODS.items():
+        col = sc[sc.method == method].drop_duplicates("prompt_id").set_index("prompt_id")["score"]
+        missing = scores.index.difference(col.index)
+        if col.empty:
+            notes.append(f"{path} has no {method} scores for train_model={score_model}: policy {policy} skipped")
+        elif len(missing):
+            notes.append(f"{method} scores miss {len(missing)} test prompts: policy {policy} skipped")
+        else:
+            scores[policy] = col.reindex(scores.index).astype(float)
+    return samples, scores, notes
+
+
+def draw(samples: pd.DataFrame, n: int, rng: np.random.Generator) -> pd.DataFrame:
+    """n requests: a test prompt uniformly at random, then one of its answer samples."""
+    prompts = np.array(sorted(samples.prompt_id.unique()))
+    pick = rng.choice(prompts, size=n, replace=True)
+    by_prompt = {pid: grp.index.to_numpy() for pid, grp in samples.groupby("prompt_id")}
+    rows = np.array([rng.choice(by_prompt[p]) for p in pick])
+    return samples.loc[rows].reset_index(drop=True)
+
+
+def run_policies(req: pd.DataFrame, arrival: np.ndarray, scores: pd.DataFrame, policies: list[str], cfg,
+                 seed: int) -> dict[str, Any]:
+    from pipeline.queueing.simulator import simulate
+
+    s, o = req.s.to_numpy(), req.o.to_numpy()
+    out = {}
+    for policy in policies:
+        sc = scores[policy].reindex(req.prompt_id).to_numpy() if policy in SCORE_METHODS else None
+        key = policy_key(policy, arrival, o, sc, rng=np.random.default_rng(seed))
+        out[policy] = simulate(arrival, s, o, key=key, config=cfg)
+    return out
+
+
+def summarise(results: dict[str, Any]) -> dict[str, dict[str, float]]:
+    table = {p: r.summary() for p, r in results.items()}
+    base, orac = table["fcfs"], table.get("oracle")
+    for p, row in table.items():
+        for stat in ("mean", "p90"):
+            k = f"{stat}_per_token_latency"
+            row[f"speedup_{stat}_over_fcfs"] = base[k] / row[k]
+            if orac:
+                row[f"gap_{stat}_to_oracle"] = (row[k] - orac[k]) / orac[k]
+    return table
+
+
+def plots(burst_results: dict[str, Any], sweep: dict[float, dict], name: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for p in ORDER:
+        if p in burst_results:
+            x = np.sort(burst_results[p].per_token)
+            ax.plot(x, np.arange(1, x.size + 1) / x.size, label=p)
+    ax.set_xscale("log")
+    ax.set_xlabel("per-token latency (s/token)")
+    ax.set_ylabel("fraction of requests")
+    ax.set_title(f"{name}: per-token latency CDF")
+    ax.legend()
+    fig.tight_layout()
+    PLOT_CDF.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(PLOT_CDF, dpi=120)
+    plt.close(fig)
+
+    fig, ax = plt.subplots(1, 2, figsize=(10, 3.6))
+    for p in ORDER:
+        if p in burst_results:
+            ser = burst_results[p].series
+            ax[0].plot(ser["t"], ser["waiting"], label=p, lw=0.8)
+            ax[1].plot(ser["t"], ser["kv_tokens"], label=p, lw=0.5)
+    ax[0].set_title(f"{name}: waiting requests")
+    ax[1].set_title("KV tokens in use")
+    for a in ax:
+        a.set_xlabel("time (s)")
+        a.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(PLOT_QUEUE, dpi=120)
+    plt.close(fig)
+
+    if sweep:
+        fig, ax = plt.subplots(figsize=(6, 4))
+        loads = sorted(sweep)
+        for p in ORDER:
+            if p != "fcfs" and all(p in sweep[x] for x in loads):
+                ax.plot(loads, [sweep[x][p]["speedup_mean_over_fcfs"] for x in loads], "o-", label=p)
+        ax.axhline(1.0, color="grey", ls=":")
+        ax.set_xlabel("load (arrival rate / mu)")
+        ax.set_ylabel("mean per-token latency speedup over FCFS")
+        ax.set_title("Poisson arrivals: speedup vs load")
+        ax.legend()
+        fig.tight_layout()
+        fig.savefig(PLOT_SPEEDUP, dpi=120)
+        plt.close(fig)
+
+
+def run(p: dict[str, Any], data_root: str | Path = "data") -> dict[str, Any]:
+    from tqdm import tqdm
+
+    from pipeline.queueing.simulator import EngineConfig, burst, poisson
+
+    cfg = EngineConfig.from_dict(p["engine"])
+    seed = int(p.get("seed", 0))
+    samples, scores, notes = load_requests(p["model"], p["score_model"], data_root)
+    policies = [x for x in p["policies"] if x not in SCORE_METHODS or x in scores.columns]
+    if "fcfs" not in policies:
+        policies.insert(0, "fcfs")
+    for note in notes:
+        print(f"note: {note}")
+    n_prompts = samples.prompt_id.nunique()
+    wl = th.Workload.empirical(p["model"], samples.s.to_numpy(), samples.o.to_numpy())
+    cap = th.capacity(wl, cfg.M, cfg.chunk, float(cfg.step_time(0)))
+    if cfg.step_c1 > 0:
+        notes.append("mu for the load scale uses the step time of an empty step (c0); loads are approximate")
+
+    n = int(p["burst"])
+    rng = np.random.default_rng(seed)
+    req = draw(samples, n, rng)
+    scen: dict[str, Any] = {}
+    print(f"burst of {n} requests from {n_prompts} test prompts ({len(samples)} answers), policies {policies}")
+    burst_res = run_policies(req, burst(n), scores, policies, cfg, seed)
+    scen[f"burst_{n}"] = summarise(burst_res)
+
+    sweep = {}
+    for load in tqdm([float(x) for x in p["poisson_loads"]], desc="poisson loads", unit="load"):
+        m = int(p["poisson_requests"])
+        req = draw(samples, m, rng)
+        arrival = poisson(m, load * cap.mu, rng)
+        table = summarise(run_policies(req, arrival, scores, policies, cfg, seed))
+        scen[f"poisson_{load:g}mu"] = table
+        sweep[load] = table
+    plots(burst_res, sweep, f"burst of {n}")
+
+    out = {
+        "model": p["model"], "score_model": p["score_model"], "test_prompts": int(n_prompts),
+        "answers": int(len(samples)), "policies": policies, "notes": notes,
+        "resampled": f"{n_prompts} test prompts resampled with replacement; each request one real answer sample",
+        "engine": {k: (v if np.isfinite(v) else None) if isinstance(v, float) else v
+                   for k, v in cfg.__dict__.items()},
+        "mu_theory": cap.mu, "delta": cap.delta,
+        "scenarios": scen,
+    }
+    write_json(out, METRICS)
+    return out
+
+
+def print_table(out: dict[str, Any], scenario: str) -> None:
+    rows = out["scenarios"][scenario]
+    print(f"\n{scenario}: per-token latency (s/token)")
+    print(f"{'policy':10s} {'mean':>9s} {'p90':>9s} {'speedup':>8s} {'p90 spd':>8s} {'vs oracle':>9s}")
+    for p in ORDER:
+        if p in rows:
+            r = rows[p]
+            print(f"{p:10s} {r['mean_per_token_latency']:9.4f} {r['p90_per_token_latency']:9.4f} "
+                  f"{r['speedup_mean_over_fcfs']:7.2f}x {r['speedup_p90_over_fcfs']:7.2f}x "
+                  f"{r.get('gap_mean_to_oracle', float('nan')):+9.1%}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="pars simulate", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--data-root", default="data")
+    ap.add_argument("--model", help="override simulate.model")
+    args = ap.parse_args(argv)
+    p = load_params("simulate")
+    if args.model:
+        p = {**p, "model": args.model}
+    out = run(p, args.data_root)
+    for scenario in out["scenarios"]:
+        print_table(out, scenario)
+    print(f"\nwrote {METRICS}, {PLOT_CDF}, {PLOT_SPEEDUP}, {PLOT_QUEUE}")
+    return 0
