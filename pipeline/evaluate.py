@@ -283,6 +283,10 @@ def run(params: dict, *, data_root: str | Path = "data", models_root: str | Path
     if test.empty:
         raise ValueError(f"{prompts_path(data_root)} has no test-split prompts")
 
+    if params.get("torch_threads"):  # on a CPU shared with other jobs, fewer threads can be faster
+        import torch
+
+        torch.set_num_threads(int(params["torch_threads"]))
     scores = score_predictors(test, predictors, models_root, int(params.get("batch_size", 32)))
     write_table(scores, scores_path(data_root), SCORES)
     ptoks = pd.Series(prompt_token_counts(test["prompt"].tolist(), params.get("baseline_tokenizer", "minilm-l6")),
