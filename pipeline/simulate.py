@@ -151,7 +151,7 @@ def plots(burst_results: dict[str, Any], sweep: dict[float, dict], name: str) ->
             if p != "fcfs" and all(p in sweep[x] for x in loads):
                 ax.plot(loads, [sweep[x][p]["speedup_mean_over_fcfs"] for x in loads], "o-", label=p)
         ax.axhline(1.0, color="grey", ls=":")
-        ax.set_xlabel("load (arrival rate / mu)")
+        ax.set_xlabel("load (arrival rate / capacity)")
         ax.set_ylabel("mean per-token latency speedup over FCFS")
         ax.set_title("Poisson arrivals: speedup vs load")
         ax.legend()
@@ -171,14 +171,19 @@ def run(p: dict[str, Any], data_root: str | Path = "data") -> dict[str, Any]:
     policies = [x for x in p["policies"] if x not in SCORE_METHODS or x in scores.columns]
     if "fcfs" not in policies:
         policies.insert(0, "fcfs")
-    for note in notes:
-        print(f"note: {note}")
     n_prompts = samples.prompt_id.nunique()
     wl = th.Workload.empirical(p["model"], samples.s.to_numpy(), samples.o.to_numpy())
     cap = th.capacity(wl, cfg.M, cfg.chunk, float(cfg.step_time(0)))
     if cfg.step_c1 > 0:
         notes.append("mu for the load scale uses the step time of an empty step (c0); loads are approximate")
+    # loads are fractions of the real capacity: memory (mu) or, for short requests, batch slots
+    slots = th.slot_rate(wl, cfg.max_num_seqs, cfg.chunk, float(cfg.step_time(0)))
+    capacity_rate = min(cap.mu, slots)
+    binding = "KV memory (mu)" if cap.mu <= slots else f"max_num_seqs={cfg.max_num_seqs} (batch slots)"
+    notes.append(f"capacity {capacity_rate:.3f} req/s, bound by {binding}; mu = {cap.mu:.3f}, slot rate = {slots:.3f}")
 
+    for note in notes:
+        print(f"note: {note}")
     n = int(p["burst"])
     rng = np.random.default_rng(seed)
     req = draw(samples, n, rng)
@@ -191,9 +196,9 @@ def run(p: dict[str, Any], data_root: str | Path = "data") -> dict[str, Any]:
     for load in tqdm([float(x) for x in p["poisson_loads"]], desc="poisson loads", unit="load"):
         m = int(p["poisson_requests"])
         req = draw(samples, m, rng)
-        arrival = poisson(m, load * cap.mu, rng)
+        arrival = poisson(m, load * capacity_rate, rng)
         table = summarise(run_policies(req, arrival, scores, policies, cfg, seed))
-        scen[f"poisson_{load:g}mu"] = table
+        scen[f"poisson_{load:g}"] = table
         sweep[load] = table
     plots(burst_res, sweep, f"burst of {n}")
 
@@ -203,7 +208,8 @@ def run(p: dict[str, Any], data_root: str | Path = "data") -> dict[str, Any]:
         "resampled": f"{n_prompts} test prompts resampled with replacement; each request one real answer sample",
         "engine": {k: (v if np.isfinite(v) else None) if isinstance(v, float) else v
                    for k, v in cfg.__dict__.items()},
-        "mu_theory": cap.mu, "delta": cap.delta,
+        "mu_theory": cap.mu, "delta": cap.delta, "slot_rate": slots, "capacity_rate": capacity_rate,
+        "load_unit": f"Poisson loads are fractions of capacity_rate (bound by {binding})",
         "scenarios": scen,
     }
     write_json(out, METRICS)

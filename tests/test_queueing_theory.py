@@ -116,3 +116,9 @@ def test_capacity_cli_answers_in_words(capsys):
     assert capacity.main(["--rate", "0.5", "--prompt", "uniform:10:100", "--answer", "10:100", "--M", "5000",
                           "--step-time", "0.02"]) == 0
     assert "(stable)" in capsys.readouterr().out
+
+
+def test_slot_rate():
+    w = th.Workload.empirical("e", [100, 700], [10, 30])
+    # mean steps = (1 + 10 + 2 + 30) / 2 = 21.5 with chunk 512
+    assert th.slot_rate(w, 8, 512, 0.1) == pytest.approx(8 / (0.1 * 21.5))

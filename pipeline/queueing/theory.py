@@ -197,6 +197,26 @@ def verdict(rate: float, cap: Capacity) -> str:
     return UNDECIDED
 
 
+def slot_rate(workload: Workload, max_num_seqs: int, chunk: int, step_time: float) -> float:
+    """max_num_seqs / (b_bar * E[steps per request]): the rate at which the batch slots, not the
+    KV memory, saturate (Little's law; a request occupies a slot for ceil(s/chunk) + o steps).
+    The document's mu assumes memory binds; with short requests the slot limit can bind first,
+    and min(mu, slot_rate) is then the real capacity."""
+    if workload.mixture:
+        steps = float(np.mean([_mean_steps(p, chunk) for p in workload.mixture]))
+    else:
+        steps = _mean_steps(workload, chunk)
+    return max_num_seqs / (step_time * steps)
+
+
+def _mean_steps(w: Workload, chunk: int) -> float:
+    if w.s_sample is not None:
+        return float(np.mean(-(-w.s_sample // chunk) + w.o_sample))
+    s = np.arange(w.s_range[0], w.s_range[1] + 1)
+    o = np.arange(w.o_range[0], w.o_range[1] + 1)
+    return float(np.mean(-(-s // chunk)) + o.mean())
+
+
 def replicas_needed(rate: float, cap: Capacity, margin: float = 0.1) -> dict[str, Any]:
     """Data-parallel replicas for `rate`, each getting rate/n of the load.
 
