@@ -41,7 +41,10 @@ from vllm.v1.core.sched.request_queue import RequestQueue, SchedulingPolicy
 from vllm.v1.core.sched.scheduler import Scheduler
 from vllm.v1.request import Request
 
-logger = init_logger(__name__)
+# A child of vLLM's logger: same handler, format and VLLM_LOGGING_LEVEL as the engine's own lines
+# (a plain module logger would have its INFO lines dropped, vLLM's logger does not propagate).
+LOGGER_NAME = "vllm.pars_scheduler"
+logger = init_logger(LOGGER_NAME)
 
 # The scheduler overrides private parts of vLLM's Scheduler (its queues and `running` list), which
 # vLLM does not promise to keep stable: accept only the range this module was tested with.
