@@ -307,11 +307,18 @@ def run(params: dict, *, data_root: str | Path = "data", models_root: str | Path
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="pars evaluate", description=__doc__.split("\n")[0])
     parser.add_argument("--no-wandb", action="store_true", help="do not log to W&B")
+    # the stage uses the defaults; the options run it elsewhere (an experiment, a scratch copy)
+    parser.add_argument("--params", default=None, help="params file (default params.yaml)")
+    parser.add_argument("--data", default="data", help="data root (prompts, generations; writes scores/)")
+    parser.add_argument("--models", default="models", help="models root (<root>/<model>/<method>/)")
+    parser.add_argument("--metrics", default="metrics", help="writes ranking.json, transfer.json here")
+    parser.add_argument("--plots", default="plots/evaluate", help="plots directory (rewritten whole)")
     args = parser.parse_args(argv)
-    params = load_params("evaluate")
+    params = load_params("evaluate", args.params)
     if args.no_wandb:
         params["wandb"] = {**(params.get("wandb") or {}), "enabled": False}
-    ranking = run(params)
+    ranking = run(params, data_root=args.data, models_root=args.models, metrics_dir=args.metrics,
+                  plots_dir=args.plots)
     from pipeline.report import render_markdown
 
     print(render_markdown(ranking))

@@ -67,8 +67,13 @@ def run(params: dict, *, models_root: str | Path = "models", ranking_path: str |
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="pars export", description=__doc__.split("\n")[0])
-    parser.parse_args(argv)
-    dst = run(load_params("export"))
+    parser.add_argument("--params", default=None, help="params file (default params.yaml)")
+    parser.add_argument("--models", default="models", help="models root (<root>/<model>/<method>/)")
+    parser.add_argument("--ranking", default="metrics/ranking.json", help="evaluate's metrics (test tau_b)")
+    parser.add_argument("--out", default="models/export", help="writes <out>/<name>/")
+    args = parser.parse_args(argv)
+    dst = run(load_params("export", args.params), models_root=args.models, ranking_path=args.ranking,
+              out_root=args.out)
     meta = read_meta(dst)
     print(f"export: {dst} ({meta['method']}, trained on {meta['trained_on'].get('model')}, "
           f"test tau_b {meta['test_tau_b']}, sha256 {meta['weights_sha256'][:12]}…)")

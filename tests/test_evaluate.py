@@ -194,13 +194,18 @@ def project(tmp_path, tiny_bert_config, tokenizer, monkeypatch):
     return tmp_path, params
 
 
-def test_evaluate_stage_writes_metrics_scores_plots_and_wandb(project):
-    from pipeline.evaluate import SCORES, run, scores_path
+def test_evaluate_stage_writes_metrics_scores_plots_and_wandb(project, capsys):
+    import yaml
+
+    from pipeline.cli import main as pars
+    from pipeline.evaluate import SCORES, scores_path
     from pipeline.report import main as report_main
     from pipeline.serving.scorer import Scorer
 
     root, params = project
-    run(params)
+    (root / "params.yaml").write_text(yaml.safe_dump({"evaluate": params}))
+    assert pars(["evaluate", "--params", "params.yaml"]) == 0
+    assert "| pairwise (PARS) |" in capsys.readouterr().out  # the table is printed
 
     ranking = json.loads((root / "metrics/ranking.json").read_text())
     for model in ("m4", "m1"):
