@@ -97,20 +97,23 @@ def test_stable_below_mu_grows_above():
     assert end_q > 1.6 * mid_q > 100
 
 
-def test_skip_ahead_matches_ticking():
-    # block_size > 1 exercises the block-aware jump; compare with a run where arrivals at every
-    # step keep the fast path mostly off (same requests, same order)
+@pytest.mark.parametrize("block", [1, 8])
+def test_skip_ahead_matches_ticking(block):
+    """Jumping over pure-decode stretches gives exactly the step-by-step result (arrivals,
+    starvation promotions, preemptions and block allocation included)."""
     rng = np.random.default_rng(4)
-    s, o = th.Workload.uniform("u", 10, 200, 10, 300).sample(200, rng)
-    cfg = EngineConfig(M=3000, chunk=64, token_budget=256, max_num_seqs=32, block_size=8, step_c0=0.01)
-    a = simulate(burst(200), s, o, config=cfg)
-    assert a.skipped_steps > 0
-    # extra far-future dummy arrivals interrupt stretches but don't change the first 200
-    s2 = np.concatenate([s, [1]])
-    o2 = np.concatenate([o, [1]])
-    arr2 = np.concatenate([np.zeros(200), [1e9]])
-    b = simulate(arr2, s2, o2, config=cfg)
-    np.testing.assert_allclose(a.finish, b.finish[:200])
+    s, o = th.Workload.uniform("u", 10, 200, 10, 300).sample(400, rng)
+    cfg = EngineConfig(M=3000, chunk=64, token_budget=256, max_num_seqs=32, block_size=block, step_c0=0.01,
+                       step_c1=0.0001, starvation_s=5.0)
+    arrival = poisson(400, 20.0, rng)  # past saturation: queue, promotions, preemptions
+    key = policy_key("oracle", arrival, o)
+    fast = simulate(arrival, s, o, key=key, config=cfg)
+    slow = simulate(arrival, s, o, key=key, config=cfg, skip=False)
+    assert fast.skipped_steps > 0 and slow.skipped_steps == 0
+    assert fast.steps == slow.steps and fast.area == slow.area
+    np.testing.assert_allclose(fast.finish, slow.finish, rtol=1e-9)
+    np.testing.assert_allclose(fast.first_token, slow.first_token, rtol=1e-9)
+    assert (fast.preemptions == slow.preemptions).all() and fast.preemptions.sum() > 0
 
 
 def test_arrival_helpers_and_validation():

@@ -124,7 +124,7 @@ def _heap_compact(hk, hi, hv, size, state, ver):
 
 @njit(cache=True)
 def _simulate(arrival, s, o, key, M_blocks, block, chunk, budget, max_seqs, c0, c1, starve,
-              rec_cap):
+              rec_cap, skip):
     n = arrival.shape[0]
     state = np.zeros(n, np.int8)
     ver = np.zeros(n, np.int64)
@@ -228,7 +228,7 @@ def _simulate(arrival, s, o, key, M_blocks, block, chunk, budget, max_seqs, c0, 
             if pre_done[r] < pre_target[r]:
                 all_decode = False
                 break
-        if all_decode and n_run > 0 and n_run <= budget:
+        if skip and all_decode and n_run > 0 and n_run <= budget:
             blocked = True
             if hsize > 0 and n_run < max_seqs and budget - n_run > 0:
                 h = hi[0]
@@ -532,9 +532,11 @@ class SimResult:
         }
 
 
-def simulate(arrival, s, o, key=None, config: EngineConfig = EngineConfig(), record: int = 4096) -> SimResult:
+def simulate(arrival, s, o, key=None, config: EngineConfig = EngineConfig(), record: int = 4096,
+             skip: bool = True) -> SimResult:
     """Serve requests (arrival times in s, prompt and answer lengths in tokens, policy keys:
-    lower first; default FCFS) on `config`; returns per-request times and time series."""
+    lower first; default FCFS) on `config`; returns per-request times and time series.
+    `skip=False` ticks every step (same results, slower: for checking the jumps)."""
     arrival = np.asarray(arrival, dtype=np.float64)
     s = np.asarray(s, dtype=np.int64)
     o = np.asarray(o, dtype=np.int64)
@@ -566,7 +568,7 @@ def simulate(arrival, s, o, key=None, config: EngineConfig = EngineConfig(), rec
     out = _simulate(arrival[order], s[order], o[order], key[order], int(c.M_blocks), int(c.block_size),
                     int(c.chunk), int(c.token_budget), int(c.max_num_seqs), float(c.step_c0),
                     float(c.step_c1), float(c.starvation_s if math.isfinite(c.starvation_s) else 1e308),
-                    int(record))
+                    int(record), bool(skip))
     first_tok, finish, admitted, n_pre, steps, skipped, area, max_used, rt, rw, rr, rk = out
     if np.isnan(finish).any():
         raise RuntimeError("simulation ended with unfinished requests")
