@@ -74,6 +74,17 @@ def load_requests(model: str, score_model: str, data_root: str | Path = "data",
     return samples, scores, notes
 
 
+def read_trace(path: str | Path) -> np.ndarray:
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"arrival trace {path} not found")
+    if path.suffix == ".parquet":
+        return pd.read_parquet(path)["arrival"].to_numpy(float)
+    if path.suffix == ".csv":
+        return pd.read_csv(path)["arrival"].to_numpy(float)
+    return np.loadtxt(path, dtype=float, ndmin=1)
+
+
 def draw(samples: pd.DataFrame, n: int, rng: np.random.Generator) -> pd.DataFrame:
     """n requests: a test prompt uniformly at random, then one of its answer samples."""
     prompts = np.array(sorted(samples.prompt_id.unique()))
@@ -163,7 +174,7 @@ def plots(burst_results: dict[str, Any], sweep: dict[float, dict], name: str) ->
 def run(p: dict[str, Any], data_root: str | Path = "data") -> dict[str, Any]:
     from tqdm import tqdm
 
-    from pipeline.queueing.simulator import EngineConfig, burst, poisson
+    from pipeline.queueing.simulator import EngineConfig, burst, poisson, trace
 
     cfg = EngineConfig.from_dict(p["engine"])
     seed = int(p.get("seed", 0))
@@ -200,6 +211,11 @@ def run(p: dict[str, Any], data_root: str | Path = "data") -> dict[str, Any]:
         table = summarise(run_policies(req, arrival, scores, policies, cfg, seed))
         scen[f"poisson_{load:g}"] = table
         sweep[load] = table
+    if p.get("trace"):
+        # a recorded arrival trace: one arrival time (seconds) per line, or a parquet/CSV column `arrival`
+        times = read_trace(p["trace"])
+        req = draw(samples, times.size, rng)
+        scen["trace"] = summarise(run_policies(req, trace(times), scores, policies, cfg, seed))
     plots(burst_res, sweep, f"burst of {n}")
 
     out = {
@@ -233,10 +249,13 @@ def main(argv: list[str] | None = None) -> int:
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--data-root", default="data")
     ap.add_argument("--model", help="override simulate.model")
+    ap.add_argument("--trace", help="also replay this arrival trace (seconds; text, CSV or parquet column `arrival`)")
     args = ap.parse_args(argv)
     p = load_params("simulate")
     if args.model:
         p = {**p, "model": args.model}
+    if args.trace:
+        p = {**p, "trace": args.trace}
     out = run(p, args.data_root)
     for scenario in out["scenarios"]:
         print_table(out, scenario)

@@ -166,7 +166,10 @@ def test_simulate_stage_on_synthetic_data(tmp_path, monkeypatch, with_scores):
               "burst": 300, "poisson_loads": [0.5, 1.2], "poisson_requests": 300, "seed": 0,
               "engine": {"M": 3000, "chunk": 64, "token_budget": 512, "max_num_seqs": 16, "block_size": 16,
                          "step_c0": 0.01, "step_c1": 0.0, "starvation_s": 120}}
+    (tmp_path / "trace.txt").write_text("\n".join(str(x) for x in np.arange(50) * 0.05))
+    params["trace"] = str(tmp_path / "trace.txt")
     out = stage.run(params, "data")
+    assert set(out["scenarios"]["trace"]) == set(out["scenarios"]["burst_300"])
     saved = json.loads((tmp_path / "metrics/simulation.json").read_text())
     burst = saved["scenarios"]["burst_300"]
     expected = {"fcfs", "oracle"} | ({"pars", "pointwise", "listwise"} if with_scores else set())
