@@ -1,0 +1,173 @@
+"""generate: the resume cache, prompt selection, the recorded backend, reasoning splitting,
+and the openai backend's retry rules against a real HTTP server on loopback."""
+
+from __future__ import annotations
+
+import json
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pandas as pd
+import pytest
+
+from pipeline.backends import PromptItem, Sample, split_reasoning
+from pipeline.backends.openai_backend import EndpointError, OpenAIBackend
+from pipeline.generate import GenerationCache, cache_key, run, select_prompts
+
+
+def _sample(n: int, reason: str = "stop") -> Sample:
+    return Sample(output_tokens=n, reasoning_tokens=0, finish_reason=reason, prompt_tokens=5, text="x" * n,
+                  reasoning="")
+
+
+def test_split_reasoning():
+    assert split_reasoning("<think>step 1\nstep 2</think>\nThe answer is 4.") == ("step 1\nstep 2", "The answer is 4.")
+    assert split_reasoning("plan first</think>done") == ("plan first", "done")  # template opened <think>
+    assert split_reasoning("no trace here") == ("", "no trace here")
+
+
+def test_cache_survives_a_line_cut_by_a_kill(tmp_path):
+    path = tmp_path / "cache.jsonl"
+    cache = GenerationCache(path)
+    cache.add("k1", "p1", [_sample(3), _sample(4)])
+    cache.add("k2", "p2", [_sample(5), _sample(6)])
+    with path.open("a") as fh:  # what a kill in the middle of a write leaves behind
+        fh.write('{"key": "k3", "prompt_id": "p3", "samples": [{"output_tok')
+    reopened = GenerationCache(path)
+    assert set(reopened.entries) == {"k1", "k2"}
+    reopened.add("k3", "p3", [_sample(7), _sample(8)])
+    lines = path.read_text().splitlines()
+    assert len(lines) == 3 and all(json.loads(line) for line in lines)  # no torn line, no duplicate
+
+
+def test_cache_key_changes_with_sampling_settings():
+    ident = {"model": "m", "temperature": 0.7, "k": 4}
+    assert cache_key(ident, "p") == cache_key(dict(ident), "p")
+    assert cache_key(ident, "p") != cache_key({**ident, "temperature": 1.0}, "p")
+    assert cache_key(ident, "p") != cache_key(ident, "q")
+
+
+def _prompts(n_per: dict[str, int]) -> pd.DataFrame:
+    rows = [(f"{d[:2]}{i:04d}", d, f"{d} prompt {i}", "train", str(i)) for d, n in n_per.items() for i in range(n)]
+    return pd.DataFrame(rows, columns=["prompt_id", "dataset", "prompt", "split", "source_id"])
+
+
+def test_select_prompts_by_dataset_and_cap():
+    prompts = _prompts({"aa": 10, "bb": 10, "cc": 3})
+    sel = select_prompts(prompts, {"datasets": ["aa", "cc"], "max_prompts_per_dataset": 4})
+    assert sel.groupby("dataset").size().to_dict() == {"aa": 4, "cc": 3}
+    with pytest.raises(ValueError, match="not in the prompts file"):
+        select_prompts(prompts, {"datasets": ["zz"]})
+
+
+def test_recorded_backend_imports_answers(tmp_path):
+    from pipeline.prepare import load_source
+
+    prompts, _ = load_source("alpaca_eval", {"cap": 12}, {"train": 1.0}, 16000)
+    meta = run("gpt-4-turbo", {"backend": "recorded", "source": "alpaca_eval:gpt-4-1106-preview"},
+               prompts, tmp_path / "gpt-4-turbo", recorded_tokenizer="minilm-l6")
+    gens = pd.read_parquet(tmp_path / "gpt-4-turbo" / "generations.parquet")
+    assert len(gens) == 12 and set(gens["sample"]) == {0} and set(gens["finish_reason"]) == {"stop"}
+    assert (gens["output_tokens"] > 0).all() and (gens["prompt_tokens"] > 0).all()
+    # counted with the documented tokenizer: a 4-word answer is a handful of tokens, not characters
+    assert gens["output_tokens"].median() < gens["text"].str.len().median()
+    assert meta["tokenizer"] == "minilm-l6" and meta["samples"] == 12
+    # a second run has nothing to do and rewrites the same table
+    meta2 = run("gpt-4-turbo", {"backend": "recorded", "source": "alpaca_eval:gpt-4-1106-preview"},
+                prompts, tmp_path / "gpt-4-turbo", recorded_tokenizer="minilm-l6")
+    assert meta2["this_run"]["prompts_generated"] == 0
+    pd.testing.assert_frame_equal(gens, pd.read_parquet(tmp_path / "gpt-4-turbo" / "generations.parquet"))
+
+
+# ---- openai backend: retry rules, against a real HTTP server on loopback --------------------
+
+class _Script:
+    """Per-request status codes the server answers before it succeeds."""
+
+    def __init__(self, statuses):
+        self.statuses = list(statuses)
+        self.calls = 0
+        self.lock = threading.Lock()
+
+
+def _serve(script: _Script):
+    class Handler(BaseHTTPRequestHandler):
+        def log_message(self, *args):
+            pass
+
+        def do_POST(self):
+            body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+            with script.lock:
+                script.calls += 1
+                status = script.statuses.pop(0) if script.statuses else 200
+            if status != 200:
+                self.send_response(status)
+                self.send_header("Retry-After", "0")
+                self.end_headers()
+                self.wfile.write(b'{"error": {"message": "scripted failure"}}')
+                return
+            words = body["messages"][0]["content"].split()
+            payload = {"choices": [{"message": {"content": f"<think>hmm</think>{' '.join(words)}"},
+                                    "finish_reason": "length" if len(words) >= body["max_tokens"] else "stop"}],
+                       "usage": {"prompt_tokens": len(words), "completion_tokens": len(words) + 1,
+                                 "completion_tokens_details": {"reasoning_tokens": 1}}}
+            data = json.dumps(payload).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server
+
+
+@pytest.fixture
+def endpoint():
+    servers = []
+
+    def start(statuses):
+        script = _Script(statuses)
+        server = _serve(script)
+        servers.append(server)
+        return f"http://127.0.0.1:{server.server_address[1]}/v1", script
+
+    yield start
+    for server in servers:
+        server.shutdown()
+
+
+def _backend(url, **extra):
+    return OpenAIBackend({"base_url": url, "model": "m", "k": 2, "max_tokens": 3, "backoff_s": 0.01, **extra})
+
+
+def test_openai_retries_429_and_5xx_then_succeeds(endpoint):
+    url, script = endpoint([429, 503, 500])
+    backend = _backend(url)
+    items = [PromptItem("a", "one two"), PromptItem("b", "one two three four")]
+    results = dict(backend.generate(items))
+    assert set(results) == {"a", "b"} and all(len(s) == 2 for s in results.values())
+    a, b = results["a"][0], results["b"][0]
+    assert (a.output_tokens, a.reasoning_tokens, a.finish_reason, a.text, a.reasoning) == (3, 1, "stop", "one two", "hmm")
+    assert b.finish_reason == "length"
+    assert backend.retries == 3 and script.calls == 4 + 3
+
+
+def test_openai_client_error_stops_with_the_message(endpoint):
+    url, _ = endpoint([400])
+    with pytest.raises(EndpointError, match="refused the request.*400.*scripted failure"):
+        list(_backend(url, concurrency=1).generate([PromptItem("a", "hi")]))
+
+
+def test_openai_gives_up_after_max_retries(endpoint):
+    url, script = endpoint([503] * 10)
+    with pytest.raises(EndpointError, match="still failing after 2 retries"):
+        list(_backend(url, max_retries=2, k=1).generate([PromptItem("a", "hi")]))
+    assert script.calls == 3
+
+
+def test_openai_unreachable_endpoint_is_named():
+    backend = _backend("http://127.0.0.1:9/v1", max_retries=1, k=1, timeout_s=2)
+    with pytest.raises(EndpointError, match="127.0.0.1:9.*ConnectError"):
+        list(backend.generate([PromptItem("a", "hi")]))
