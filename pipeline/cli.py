@@ -24,6 +24,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "score": ("pipeline.score", "score a JSONL/parquet file of prompts with an exported checkpoint"),
     "capacity": ("pipeline.capacity", "queueing theory: stable service rate, stability, replicas needed"),
     "simulate": ("pipeline.simulate", "KV-bound serving simulator: compare queue policies on real data"),
+    "profile": ("pipeline.profile", "switch params.yaml to a profile (e.g. profiles/production.yaml)"),
 }
 
 
