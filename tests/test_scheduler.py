@@ -485,3 +485,22 @@ def test_property_every_request_finishes_once_and_starvation_is_bounded(make_sch
             older = [t for t, other in eng.admitted if arrival[other] < arrival[rid] and t <= admitted]
             head_since = max([entry, arrival[rid] + w["threshold"], *older])
             assert admitted <= math.floor(head_since) + service, (rid, entry, admitted, head_since)
+
+
+def test_starved_request_is_not_the_preemption_victim(make_scheduler):
+    """Promoted for starvation, a long request must not be thrown out again by the highest-score
+    preemption rule: the victim is the highest-scored request that did not starve."""
+    from pipeline.serving.vllm_scheduler import PARSScheduler
+
+    sched = make_scheduler(PARSScheduler, max_num_seqs=2, num_blocks=5, pars={"starvation_s": 5})
+    eng = FakeEngine(sched)
+    eng.add("low1", 12, out_len=8, score=1.0)
+    eng.add("low2", 12, out_len=40, score=2.0)
+    eng.add("high", 12, out_len=40, score=9.0)
+    eng.run()
+    admitted = eng.order()
+    assert admitted[:3] == ["low1", "low2", "high"]  # high got in by starving (> 5 steps)
+    assert eng.preempted, "the KV cache was sized to force a preemption"
+    assert eng.preempted[0][1] == "low2"
+    assert "high" not in {rid for _, rid in eng.preempted}
+    assert sorted(eng.finished) == ["high", "low1", "low2"]

@@ -177,26 +177,32 @@ class PARSRequestQueue(RequestQueue):
         for request in requests:
             self._push(request)
 
-    def _select(self) -> _Entry:
+    def _select(self) -> tuple[_Entry, bool]:
+        """The next request, and whether it was chosen because it starved."""
         if self._pending:  # safety net: schedule() flushes first, so this is normally empty
             self.flush()
         age, score = self._by_age, self._by_score
         while age and not age[0][2].alive:
             heapq.heappop(age)
         if age and self.now - age[0][0] > self.starvation_s:
-            return age[0][2]
+            return age[0][2], True
         while score and not score[0][3].alive:
             heapq.heappop(score)
         if not score:
             raise IndexError("peek from an empty PARS queue")
-        return score[0][3]
+        return score[0][3], False
 
     def peek_request(self) -> Request:
-        return self._select().request
+        return self._select()[0].request
 
     def pop_request(self) -> Request:
-        entry = self._select()
+        entry, starved = self._select()
         self._kill(entry)
+        if starved:
+            # A starved request keeps its place once running: it sorts first in `running`, so it is
+            # the last preemption victim, not the first (its score is likely the highest). Its age
+            # alone orders it if it ever waits again.
+            entry.request.pars_key = (entry.request.priority, FALLBACK_SCORE)
         return entry.request
 
     def _kill(self, entry: _Entry) -> None:
