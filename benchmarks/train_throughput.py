@@ -27,7 +27,7 @@ def run_mode(mode: str, args, data, tokenizer) -> dict:
     import lightning as L
 
     from pipeline.ranking.data import RankingDataModule
-    from pipeline.ranking.lightning import RankerModule
+    from pipeline.ranking.lightning import RankerModule, prepare_for_training
     from pipeline.ranking.model import LengthRanker
 
     L.seed_everything(args.seed, workers=True, verbose=False)
@@ -35,6 +35,7 @@ def run_mode(mode: str, args, data, tokenizer) -> dict:
     dm = RankingDataModule(data, tokenizer, "pairwise", max_length=args.max_length, batch_size=batch,
                            eval_batch_size=64, pairwise_mode=mode, seed=args.seed)
     model = LengthRanker.from_pretrained_encoder(args.encoder)
+    prepare_for_training(model, "pairwise", [])
     model.train()
     module = RankerModule(model, "pairwise", lr=args.lr, val_pairs=dm.val_pair_idx)
     trainer = L.Trainer(max_steps=args.steps, accelerator="cpu", devices=1, precision="32-true",

@@ -92,7 +92,7 @@ def train_one(model_name: str, method: str, params: dict[str, Any], *, data_root
 
     from pipeline.ranking.checkpoint import save_checkpoint
     from pipeline.ranking.data import RankingData, RankingDataModule
-    from pipeline.ranking.lightning import BestWeights, RankerModule, init_head
+    from pipeline.ranking.lightning import BestWeights, RankerModule, prepare_for_training
     from pipeline.ranking.model import LengthRanker, load_tokenizer
 
     torch.set_num_threads(int(cfg["torch_threads"]))
@@ -105,7 +105,7 @@ def train_one(model_name: str, method: str, params: dict[str, Any], *, data_root
                            pairwise_mode=cfg["pairwise_mode"], max_train_prompts=cfg["max_train_prompts"],
                            seed=int(cfg["seed"]), num_workers=int(cfg["num_workers"]))
     model = LengthRanker.from_pretrained_encoder(cfg["encoder"], dropout=float(cfg["dropout"]))
-    init_head(model, method, dm.train_table.lengths)
+    prepare_for_training(model, method, dm.train_table.lengths)
     model.train()  # from_pretrained returns eval mode (dropout off) and Lightning keeps the mode it finds
     module = RankerModule(model, method, lr=float(cfg["lr"]), weight_decay=float(cfg["weight_decay"]),
                           warmup_fraction=float(cfg["warmup_fraction"]), margin=float(cfg["margin"]),
@@ -130,6 +130,10 @@ def train_one(model_name: str, method: str, params: dict[str, Any], *, data_root
         if out.exists():  # the stage rewrites its output whole
             shutil.rmtree(out)
         train_wall = module.train_seconds
+        # counters are per process; under DDP every rank does the same share of the work
+        world = int(trainer.world_size)
+        module.prompts_encoded *= world
+        module.pairs_seen *= world
         trained_on = {
             "model": model_name, "datasets": data.datasets, "n_train_prompts": dm.n_train_prompts,
             "val_tau_b": best.best_val["val_tau_b"], "val_pair_acc": best.best_val["val_pair_acc"],

@@ -38,9 +38,16 @@ def pair_accuracy(scores, lengths, pairs) -> float:
     return float(np.mean((s[i] - s[j]) * np.sign(lens[i] - lens[j]) > 0))
 
 
-def init_head(model, method: str, train_lengths) -> None:
-    """Pointwise regresses onto log(1 + length) (about 5-7): start the head's bias at the mean target,
+def prepare_for_training(model, method: str, train_lengths) -> None:
+    """Freeze the encoder's pooler: the score reads the [CLS] hidden state, so the pooler gets no
+    gradient, and DDP refuses parameters that take no part in the loss. (It stays in the state dict,
+    so checkpoints keep the encoder's usual layout.)
+
+    Pointwise regresses onto log(1 + length) (about 5-7): start the head's bias at the mean target,
     so the few hundred steps at lr 2e-5 learn the ranking instead of just the offset."""
+    pooler = getattr(model.encoder, "pooler", None)
+    if isinstance(pooler, torch.nn.Module):
+        pooler.requires_grad_(False)
     if method == "pointwise" and len(train_lengths):
         with torch.no_grad():
             model.head.bias.fill_(float(np.mean(np.log1p(np.asarray(train_lengths, np.float64)))))
