@@ -49,6 +49,9 @@ def parse_args(argv=None):
     p.add_argument("--num-prompts", type=int, default=32)
     p.add_argument("--max-num-seqs", type=int, default=4)
     p.add_argument("--max-tokens-cap", type=int, default=192)
+    p.add_argument("--length-scale", type=float, default=1.0,
+                   help="generate round(scale x recorded length) tokens (keeps the order and ratios of "
+                        "the lengths where a cap would flatten the long tail into ties)")
     p.add_argument("--max-model-len", type=int, default=2048)
     p.add_argument("--policies", default="fcfs,pars,oracle")
     p.add_argument("--starvation-s", type=float, default=120.0)
@@ -115,7 +118,7 @@ def load_workload(args, tokenizer):
         text = tokenizer.apply_chat_template([{"role": "user", "content": row.prompt}], tokenize=False,
                                              add_generation_prompt=True)
         ids = tokenizer(text, add_special_tokens=False)["input_ids"]
-        length = int(max(1, min(row.length, args.max_tokens_cap)))
+        length = int(max(1, min(round(row.length * args.length_scale), args.max_tokens_cap)))
         if len(ids) + length > args.max_model_len:
             continue
         rows.append({"prompt_id": row.prompt_id, "ids": ids, "length": length,
@@ -278,9 +281,10 @@ def main(argv=None) -> int:
             "vllm_version": vllm.__version__, "model": args.model, "checkpoint": str(checkpoint),
             "checkpoint_method": meta.get("method"), "checkpoint_test_tau_b": meta.get("test_tau_b"),
             "num_prompts": len(workload), "max_num_seqs": args.max_num_seqs,
-            "max_tokens_cap": args.max_tokens_cap, "split": args.split, "seed": args.seed,
+            "max_tokens_cap": args.max_tokens_cap, "length_scale": args.length_scale,
+            "generations": args.generations, "split": args.split, "seed": args.seed,
             "starvation_s": args.starvation_s, "cpu_count": os.cpu_count(),
-            "lengths": "max_tokens = mean recorded output_tokens (capped), ignore_eos, greedy",
+            "lengths": "max_tokens = min(cap, round(scale x mean recorded output_tokens)), ignore_eos, greedy",
         },
     }
     out = Path(args.out_json)

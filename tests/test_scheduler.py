@@ -504,3 +504,26 @@ def test_starved_request_is_not_the_preemption_victim(make_scheduler):
     assert eng.preempted[0][1] == "low2"
     assert "high" not in {rid for _, rid in eng.preempted}
     assert sorted(eng.finished) == ["high", "low1", "low2"]
+
+
+def test_chat_template_is_stripped_before_scoring():
+    """The ranker was trained on raw prompts: the served model's chat template is taken off."""
+    from pipeline.serving.vllm_scheduler import _strip_chat_template
+
+    class ChatML:  # the shape of SmolLM2's template, with its default system prompt
+        def apply_chat_template(self, messages, tokenize, add_generation_prompt):
+            body = "".join(f"<|im_start|>{m['role']}\n{m['content']}<|im_end|>\n" for m in messages)
+            return ("<|im_start|>system\nYou are a helpful AI assistant.<|im_end|>\n" + body
+                    + ("<|im_start|>assistant\n" if add_generation_prompt else ""))
+
+    strip = _strip_chat_template(ChatML())
+    templated = ChatML().apply_chat_template([{"role": "user", "content": "Write a poem\nabout Rome."}],
+                                             tokenize=False, add_generation_prompt=True)
+    assert strip(templated) == "Write a poem\nabout Rome."
+    assert strip("plain completion prompt") is None  # scored whole by the caller
+
+    class NoTemplate:
+        def apply_chat_template(self, *a, **k):
+            raise ValueError("no chat template")
+
+    assert _strip_chat_template(NoTemplate())("anything") is None
