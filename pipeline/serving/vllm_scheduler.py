@@ -353,32 +353,10 @@ class PARSSchedulerMixin:
         else (any failure) the fallback that keeps arrival order. Never raises."""
         start = time.perf_counter()
         scores: list[float | None] = [None] * len(requests)
-        to_score: list[int] = []
-        texts: list[str] = []
-        for i, request in enumerate(requests):
-            scores[i] = self._pars_client_score(request)
-            if scores[i] is not None:
-                self.pars_stats["num_client_scores"] += 1
-                continue
-            if self.pars_tokenizer is None or request.prompt_token_ids is None:
-                continue
-            try:
-                texts.append(self._pars_prompt_text(request.prompt_token_ids))
-                to_score.append(i)
-            except Exception as exc:
-                self._pars_warn_once("detokenising request %s failed (%r)", request.request_id, exc)
-        if texts:
-            try:
-                values = self.pars_scorer.score(texts)
-                if len(values) != len(texts):
-                    raise ValueError(f"scorer returned {len(values)} scores for {len(texts)} prompts")
-                for i, value in zip(to_score, values):
-                    value = float(value)
-                    scores[i] = value if math.isfinite(value) else None
-                self.pars_stats["num_scored"] += len(texts)
-                self.pars_stats["num_batches"] += 1
-            except Exception as exc:  # the engine must keep running whatever the ranker does
-                self._pars_warn_once("scoring %d prompts failed (%r)", len(texts), exc)
+        try:
+            self._pars_fill_scores(requests, scores)
+        except Exception as exc:  # the engine must keep running whatever the ranker does
+            self._pars_warn_once("scoring %d prompts failed (%r)", len(requests), exc)
         for request, score in zip(requests, scores):
             if score is None:
                 self.pars_stats["num_fallback"] += 1
@@ -387,6 +365,32 @@ class PARSSchedulerMixin:
             # User priority (0 unless policy=priority) stays the first key.
             request.pars_key = (request.priority, score)
         self.pars_stats["score_s"] += time.perf_counter() - start
+
+    def _pars_fill_scores(self, requests: list[Request], scores: list[float | None]) -> None:
+        to_score: list[int] = []
+        texts: list[str] = []
+        for i, request in enumerate(requests):
+            scores[i] = self._pars_client_score(request)
+            if scores[i] is not None:
+                self.pars_stats["num_client_scores"] += 1
+                continue
+            if self.pars_tokenizer is None or request.prompt_token_ids is None:
+                continue  # nothing to score from (prompt embeddings, no tokenizer): fallback
+            try:
+                texts.append(self._pars_prompt_text(request.prompt_token_ids))
+                to_score.append(i)
+            except Exception as exc:  # one undecodable prompt must not cost the others their score
+                self._pars_warn_once("detokenising request %s failed (%r)", request.request_id, exc)
+        if not texts:
+            return
+        values = self.pars_scorer.score(texts)  # the one batched forward pass for this step
+        if len(values) != len(texts):
+            raise ValueError(f"scorer returned {len(values)} scores for {len(texts)} prompts")
+        for i, value in zip(to_score, values):
+            value = float(value)
+            scores[i] = value if math.isfinite(value) else None
+        self.pars_stats["num_scored"] += len(texts)
+        self.pars_stats["num_batches"] += 1
 
     # -- the scheduling step -----------------------------------------------------------------------
     def schedule(self, *args, **kwargs):
