@@ -121,11 +121,21 @@ def load_workload(args, tokenizer):
         length = int(max(1, min(round(row.length * args.length_scale), args.max_tokens_cap)))
         if len(ids) + length > args.max_model_len:
             continue
-        rows.append({"prompt_id": row.prompt_id, "ids": ids, "length": length,
+        rows.append({"prompt_id": row.prompt_id, "prompt": row.prompt, "ids": ids, "length": length,
                      "true_length": int(row.length), "dataset": row.dataset})
         if len(rows) == args.num_prompts:
             break
     return rows
+
+
+def workload_tau(checkpoint: Path, workload: list[dict]) -> float:
+    """Kendall tau_b of the checkpoint's scores against the lengths served: how much order PARS has."""
+    from scipy.stats import kendalltau
+
+    from pipeline.serving.scorer import Scorer
+
+    scores = Scorer.from_pretrained(checkpoint).score([r["prompt"] for r in workload])
+    return float(kendalltau(scores, [r["length"] for r in workload]).statistic)
 
 
 def run_policy(policy: str, args, checkpoint: Path, workload: list[dict]) -> dict:
@@ -272,6 +282,8 @@ def main(argv=None) -> int:
           f"{args.max_num_seqs}, answer lengths {min(lengths)}..{max(lengths)} (mean {np.mean(lengths):.0f}), "
           f"checkpoint {checkpoint} (method {meta.get('method')}, test tau_b {meta.get('test_tau_b')})",
           flush=True)
+    tau = workload_tau(checkpoint, workload)
+    print(f"engine_bench: checkpoint Kendall tau_b on this workload: {tau:.3f}", flush=True)
     results = {}
     for policy in [p.strip() for p in args.policies.split(",") if p.strip()]:
         results[policy] = run_policy(policy, args, checkpoint, workload)
@@ -280,6 +292,7 @@ def main(argv=None) -> int:
         "setup": {
             "vllm_version": vllm.__version__, "model": args.model, "checkpoint": str(checkpoint),
             "checkpoint_method": meta.get("method"), "checkpoint_test_tau_b": meta.get("test_tau_b"),
+            "checkpoint_trained_on": meta.get("trained_on"), "workload_tau_b": tau,
             "num_prompts": len(workload), "max_num_seqs": args.max_num_seqs,
             "max_tokens_cap": args.max_tokens_cap, "length_scale": args.length_scale,
             "generations": args.generations, "split": args.split, "seed": args.seed,
