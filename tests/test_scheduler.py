@@ -326,13 +326,16 @@ def test_scoring_failure_falls_back_to_arrival_order(make_scheduler, tokenizer, 
     with caplog.at_level(logging.WARNING, logger=LOGGER_NAME):
         for i in range(4):
             eng.add(f"r{i}", 0, out_len=2, prompt_ids=tokenizer(f"prompt number {i}")["input_ids"])
+        eng.add("client", 0, out_len=2, score=5.0, prompt_ids=tokenizer("a client-scored prompt")["input_ids"])
         eng.step()
         for i in range(4, 6):
             eng.add(f"r{i}", 0, out_len=2, prompt_ids=tokenizer(f"prompt number {i}")["input_ids"])
         eng.run()
     pars_logger.removeHandler(caplog.handler)
-    assert eng.order() == [f"r{i}" for i in range(6)]
-    assert sorted(eng.finished) == [f"r{i}" for i in range(6)]
+    # Unscored requests keep arrival order (ahead of scored ones); the client's score survived.
+    assert eng.order() == [f"r{i}" for i in range(6)] + ["client"]
+    assert sorted(eng.finished) == sorted([f"r{i}" for i in range(6)] + ["client"])
+    assert sched.pars_stats["num_client_scores"] == 1
     # (the handler may see a record twice, via the logger and via the root: count distinct records)
     warnings = {id(r) for r in caplog.records if "ranker exploded" in r.getMessage()}
     assert len(warnings) == 1
