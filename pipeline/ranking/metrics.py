@@ -88,14 +88,6 @@ def percentile_ci(boot: np.ndarray, level: float = 0.95) -> tuple[float, float]:
     return float(low), float(high)
 
 
-def tau_with_ci(x, y, *, n_boot: int = 1000, seed: int = 42, level: float = 0.95) -> dict:
-    """tau_b of x against y with a percentile bootstrap interval over items (prompts)."""
-    tau = kendall_tau_b(x, y)
-    boot = bootstrap_taus(x, y, bootstrap_indices(len(x), n_boot, seed)) if len(x) >= 2 else np.array([])
-    low, high = percentile_ci(boot, level)
-    return {"kendall_tau_b": tau, "ci_low": low, "ci_high": high, "n_prompts": int(len(x)), "_boot": boot}
-
-
 def pair_accuracy(scores, lengths, truncated=None, *, delta: float = 0.2) -> tuple[float, int]:
     """Fraction of delta-filtered pairs whose scores order them as their lengths do.
 
