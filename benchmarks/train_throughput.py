@@ -50,6 +50,7 @@ def run_mode(mode: str, args, data, tokenizer) -> dict:
     return {"mode": mode, "batch": batch, "steps": int(trainer.global_step),
             "prompts_encoded": module.prompts_encoded, "pairs": module.pairs_seen, "train_s": round(secs, 1),
             "prompts_per_s": round(module.prompts_encoded / secs, 2), "pairs_per_s": round(module.pairs_seen / secs, 2),
+            "pairs_per_prompt": round(module.pairs_seen / max(1, module.prompts_encoded), 2),  # load-independent
             "val_tau_b": round(module.last_val["val_tau_b"], 4), "val_pair_acc": round(module.last_val["val_pair_acc"], 4),
             "n_val_prompts": module.last_val["n_val_prompts"]}
 
@@ -91,7 +92,7 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.perf_counter()
     rows = [run_mode(mode, args, data, tokenizer) for mode in ("in_batch", "per_pair")]
     cols = ["mode", "batch", "steps", "prompts_encoded", "pairs", "train_s", "prompts_per_s", "pairs_per_s",
-            "val_tau_b", "val_pair_acc"]
+            "pairs_per_prompt", "val_tau_b", "val_pair_acc"]
     print(f"\npairwise training on {args.model} pairs, encoder {args.encoder}, max_length {args.max_length}, "
           f"{args.batch_size} prompts encoded per step, {args.steps} steps, {torch.get_num_threads()} threads "
           f"(val: {rows[0]['n_val_prompts']} prompts)")
