@@ -132,7 +132,7 @@ def run(model: str, spec: dict[str, Any], prompts: pd.DataFrame, out_dir: Path,
     write_table(df, out_dir / "generations.parquet", GENERATIONS)
     skipped = getattr(backend, "skipped", {})
     meta = {
-        "model": model, **backend.describe(),
+        **backend.describe(), "generation_model": model,
         "prompts": int(df["prompt_id"].nunique()), "samples": len(df),
         "skipped_prompts": len(skipped), "skipped": dict(list(skipped.items())[:50]),
         "this_run": {"prompts_generated": len(todo) - len([p for p in todo if p.prompt_id in skipped]),
