@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -14,6 +13,7 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+from servers import free_port, serve_command, stop, wait_healthy
 
 pytestmark = pytest.mark.engine
 
@@ -77,35 +77,20 @@ def test_killed_generation_resumes_without_loss_or_duplicates(workdir):
     assert meta["backend"] == "vllm" and meta["k"] == 2 and meta["samples"] == 16
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def test_openai_backend_against_real_vllm_serve(smollm2_dir, tmp_path):
-    import httpx
-
     from pipeline.backends import PromptItem
     from pipeline.backends.openai_backend import EndpointError, OpenAIBackend
 
-    port = _free_port()
-    log = open(tmp_path / "serve.log", "w")
-    server = subprocess.Popen(
-        [str(Path(sys.executable).with_name("vllm")), "serve", str(smollm2_dir), "--host", "127.0.0.1",
-         "--port", str(port), "--dtype", "float32", "--max-model-len", "1024", "--enforce-eager",
-         "--served-model-name", "smollm2", "--max-num-seqs", "8"],
-        env=ENV, stdout=log, stderr=subprocess.STDOUT)
+    port, log = free_port(), tmp_path / "serve.log"
+    env = {k: v for k, v in ENV.items() if k != "VLLM_ENABLE_V1_MULTIPROCESSING"}
+    with open(log, "w") as fh:
+        server = subprocess.Popen(
+            [*serve_command(), str(smollm2_dir), "--host", "127.0.0.1", "--port", str(port), "--dtype", "float32",
+             "--max-model-len", "1024", "--enforce-eager", "--served-model-name", "smollm2", "--max-num-seqs", "8"],
+            env=env, stdout=fh, stderr=subprocess.STDOUT)
     try:
         url = f"http://127.0.0.1:{port}/v1"
-        deadline = time.time() + 600
-        while time.time() < deadline:
-            assert server.poll() is None, (tmp_path / "serve.log").read_text()[-3000:]
-            try:
-                if httpx.get(f"{url}/models", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                time.sleep(1)
+        wait_healthy(server, url, log, timeout_s=600)
         backend = OpenAIBackend({"base_url": url, "model": "smollm2", "k": 2, "max_tokens": 24,
                                  "temperature": 0.7, "concurrency": 4})
         items = [PromptItem("a", "Write a long story about a dragon."), PromptItem("b", "Say yes.")]
@@ -121,9 +106,4 @@ def test_openai_backend_against_real_vllm_serve(smollm2_dir, tmp_path):
             list(bad.generate([PromptItem("c", "hi")]))
         assert bad.retries == 0
     finally:
-        server.terminate()
-        try:
-            server.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            server.kill()
-        log.close()
+        stop(server)

