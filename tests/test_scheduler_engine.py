@@ -4,8 +4,10 @@ Slow (engine start-up, real decoding): marked `engine`; run with `pytest -m engi
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import sys
 import subprocess
 from pathlib import Path
 
@@ -49,13 +51,28 @@ def export_checkpoint(tmp_path_factory, tokenizer, tiny_bert_config):
                            max_length=64, encoder="tiny-random-bert")
 
 
+@contextlib.contextmanager
+def _llvmlite_ffi_hidden():
+    """vLLM 0.32's start-up kernel-override scan (vllm/triton_utils/dispatcher.py) calls
+    `vars(x).get` on every module attribute and trips over `llvmlite.binding.ffi.lib`, which is
+    in sys.modules once numba is imported -- as the simulator's tests do earlier in this
+    process. Hide that one module while the engine starts."""
+    hidden = sys.modules.pop("llvmlite.binding.ffi", None)
+    try:
+        yield
+    finally:
+        if hidden is not None:
+            sys.modules["llvmlite.binding.ffi"] = hidden
+
+
 @pytest.fixture(scope="module")
 def llm(engine_env, smollm2_dir, export_checkpoint):
     from vllm import LLM
 
-    engine = LLM(model=str(smollm2_dir), dtype="float32", enforce_eager=True, seed=0, max_num_seqs=1,
-                 max_model_len=512, scheduler_cls=SCHEDULER,
-                 additional_config={"pars": {"checkpoint": str(export_checkpoint)}})
+    with _llvmlite_ffi_hidden():
+        engine = LLM(model=str(smollm2_dir), dtype="float32", enforce_eager=True, seed=0, max_num_seqs=1,
+                     max_model_len=512, scheduler_cls=SCHEDULER,
+                     additional_config={"pars": {"checkpoint": str(export_checkpoint)}})
     yield engine
     del engine
 
