@@ -57,7 +57,7 @@ class RecordedBackend(Backend):
         if self._tokenizer is None:
             from transformers import AutoTokenizer
 
-            from pipeline.ranking.model import resolve_encoder
+            from pipeline.encoders import resolve_encoder
 
             self._tokenizer = AutoTokenizer.from_pretrained(resolve_encoder(self.tokenizer_name))
             self._tokenizer.model_max_length = 10**9  # counting only: no truncation warning
