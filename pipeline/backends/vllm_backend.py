@@ -7,7 +7,6 @@ but the prompts in flight)."""
 from __future__ import annotations
 
 import os
-import time
 from typing import Any, Iterable, Iterator
 
 from pipeline.backends.base import Backend, PromptItem, Sample, normalise_finish_reason, split_reasoning
