@@ -2,10 +2,14 @@
 
 For each predictor (train model X, method) and eval model Y, per dataset and overall:
 Kendall tau_b of scores against mean answer lengths with a bootstrap 95% interval, pair accuracy
-on delta-filtered test pairs, and a paired bootstrap of the gain over the prompt-length baseline.
-References on the same prompts: the noise ceiling (tau_b between two samples' lengths, models with
-k >= 2) and the prompt-length baseline (tau_b of prompt tokens, counted with the packaged MiniLM
-tokenizer by default, untruncated, no special tokens).
+on delta-filtered test pairs, and paired bootstraps of the gains over the prompt-length baseline
+and over the TF-IDF + ridge reference. References on the same prompts: the noise ceiling (tau_b
+between two samples' lengths, models with k >= 2), the prompt-length baseline (tau_b of prompt
+tokens, counted with the packaged MiniLM tokenizer by default, untruncated, no special tokens) and
+TF-IDF + ridge (a bag-of-words regression of log answer length, fitted per eval model on its
+train-split prompts, alpha chosen on its val split): the cheap learned model a fine-tuned ranker
+has to beat to be worth its encoder. `method_differences` holds the paired bootstrap of
+tau_b(pairwise) - tau_b(other method) for each train model, eval model and group.
 
 Each distinct test prompt is scored once per predictor (through the serving Scorer, so what is
 evaluated is exactly what serving loads) and reused for every eval model.
@@ -42,6 +46,9 @@ SCORES = pa.schema(
         ("score", pa.float32()),  # higher = longer answer predicted
     ]
 )
+
+
+PAIRWISE = "pairwise"  # method_differences compares every other method against this one
 
 
 def scores_path(root: str | Path = "data") -> Path:
@@ -92,6 +99,60 @@ def _tau_block(scores: pd.Series, lab: pd.DataFrame, idx: np.ndarray, level: flo
             "n_prompts": int(len(lab)), "pair_accuracy": acc, "n_pairs": n_pairs}, boot
 
 
+def tfidf_ridge_scores(train_texts, train_lengths, val_texts, val_lengths, test_texts, *,
+                       alphas, ngram_max: int, min_df: int) -> tuple[np.ndarray, float, float]:
+    """TF-IDF (lowercased word 1..ngram_max-grams, sublinear tf) + ridge on log1p(length): the
+    bag-of-words reference. Returns (test scores, chosen alpha, its val tau_b).
+
+    Vocabulary, IDF and ridge are fitted on the train texts only; alpha is the grid's best tau_b
+    on val (the first of the grid on ties, and when val cannot rank: under two prompts or constant
+    predictions, val tau_b then NaN). The train fit at that alpha is the one kept (no refit on
+    train + val: val only chooses). Test texts are only transformed: their labels never come in."""
+    from sklearn.feature_extraction.text import TfidfVectorizer
+    from sklearn.linear_model import Ridge
+
+    alphas = [float(a) for a in alphas]
+    if not alphas:
+        raise ValueError("tfidf_ridge_scores: empty alpha grid")
+    vectorizer = TfidfVectorizer(ngram_range=(1, int(ngram_max)), min_df=int(min_df), sublinear_tf=True,
+                                 lowercase=True)
+    x_train = vectorizer.fit_transform(list(train_texts))
+    y_train = np.log1p(np.asarray(train_lengths, dtype=float))
+    val_texts = list(val_texts)
+    x_val = vectorizer.transform(val_texts) if val_texts else None
+    best_fit, best_alpha, best_tau = None, alphas[0], float("nan")
+    for alpha in alphas:
+        fit = Ridge(alpha=alpha).fit(x_train, y_train)
+        tau = M.kendall_tau_b(fit.predict(x_val), val_lengths) if x_val is not None else float("nan")
+        if best_fit is None or (not math.isnan(tau) and (math.isnan(best_tau) or tau > best_tau)):
+            best_fit, best_alpha, best_tau = fit, alpha, tau
+    return best_fit.predict(vectorizer.transform(list(test_texts))), best_alpha, best_tau
+
+
+def _tfidf_reference(prompts: pd.DataFrame, gens: pd.DataFrame, eval_model: str, test: pd.DataFrame,
+                     settings: dict) -> tuple[pd.Series, dict] | None:
+    """TF-IDF + ridge scores of every test prompt (indexed by prompt_id) and the fit's facts, for
+    one eval model; None (with a printed line) when it has too few labelled train prompts."""
+    fit_prompts = prompts[prompts["split"].isin(["train", "val"])].set_index("prompt_id")[["split", "prompt"]]
+    answered = gens[gens["prompt_id"].isin(fit_prompts.index)]
+    labels = (prompt_labels(answered, where=f"generations of {eval_model}").set_index("prompt_id")
+              .join(fit_prompts, how="inner").sort_index()) if len(answered) else fit_prompts.iloc[:0]
+    train = labels[labels["split"] == "train"]
+    val = labels[labels["split"] == "val"]
+    if len(train) < int(settings["min_train_prompts"]):
+        print(f"evaluate: no TF-IDF + ridge reference for {eval_model}: {len(train)} labelled train prompts "
+              f"(< min_train_prompts={settings['min_train_prompts']}); written as null", flush=True)
+        return None
+    scores, alpha, val_tau = tfidf_ridge_scores(
+        train["prompt"].tolist(), train["length"].to_numpy(), val["prompt"].tolist(), val["length"].to_numpy(),
+        test["prompt"].tolist(), alphas=settings["alphas"], ngram_max=settings["ngram_max"],
+        min_df=settings["min_df"])
+    print(f"evaluate: TF-IDF + ridge for {eval_model}: {len(train)} train prompts, alpha={alpha:g} "
+          f"(val tau_b {val_tau:.3f} on {len(val)} prompts)", flush=True)
+    return pd.Series(scores, index=test.index), {"n_train_prompts": int(len(train)), "n_val_prompts": int(len(val)),
+                                                 "alpha": alpha, "val_kendall_tau_b": val_tau}
+
+
 def _no_nan(obj):
     """NaN (e.g. tau_b of a constant group) -> null: JSON has no NaN, and DVC/W&B parsers differ on it."""
     if isinstance(obj, dict):
@@ -108,17 +169,21 @@ def _public(stat: dict) -> dict:
 
 
 def evaluate(prompts: pd.DataFrame, generations: dict[str, pd.DataFrame], scores: pd.DataFrame,
-             prompt_tokens: pd.Series, *, delta: float, n_boot: int, seed: int, level: float) -> dict:
-    """All metrics from in-memory tables (no I/O, no models): the testable core of the stage.
+             prompt_tokens: pd.Series, *, delta: float, n_boot: int, seed: int, level: float,
+             tfidf_ridge: dict) -> dict:
+    """All metrics from in-memory tables (no files, no neural models): the testable core of the stage.
 
-    `generations` maps eval model -> its generations; `scores` has SCORES' columns;
-    `prompt_tokens` is indexed by prompt_id. Returns the ranking.json structure."""
+    `generations` maps eval model -> its generations (all splits: train and val prompts feed the
+    TF-IDF reference); `scores` has SCORES' columns; `prompt_tokens` is indexed by prompt_id;
+    `tfidf_ridge` is params `evaluate.tfidf_ridge` (ngram_max, min_df, alphas, min_train_prompts).
+    Returns the ranking.json structure."""
     test = prompts[prompts["split"] == "test"].set_index("prompt_id")
     predictors = list(dict.fromkeys(zip(scores["train_model"], scores["method"])))
     score_of = {key: grp.set_index("prompt_id")["score"] for key, grp in scores.groupby(["train_model", "method"])}
 
     references: dict = {}
     results: dict = {}
+    boot_of: dict = {}  # (train model, method, eval model, group) -> bootstrap taus, for method differences
     for eval_model, gens in generations.items():
         labels = prompt_labels(gens[gens["prompt_id"].isin(test.index)], where=f"generations of {eval_model}")
         labels = labels.set_index("prompt_id").join(test["dataset"], how="inner").sort_index()
@@ -129,18 +194,26 @@ def evaluate(prompts: pd.DataFrame, generations: dict[str, pd.DataFrame], scores
         samples = M.sample_length_matrix(gens, labels.index)
         # the same resamples for the baseline, the ceiling and every predictor: paired comparisons
         idx_of = {group: M.bootstrap_indices(len(lab), n_boot, seed) for group, lab in groups.items()}
+        tfidf = _tfidf_reference(prompts, gens, eval_model, test, tfidf_ridge)
         references[eval_model] = {}
         base_boot: dict[str, np.ndarray] = {}
+        tfidf_boot: dict[str, np.ndarray] = {}
         for group, lab in groups.items():
             base, base_boot[group] = _tau_block(prompt_tokens.reindex(lab.index), lab, idx_of[group], level, delta)
             rows = labels.index.get_indexer(lab.index)
             ceiling = M.noise_ceiling(samples[rows], n_boot=n_boot, seed=seed, level=level)
+            tfidf_block = None
+            if tfidf is not None:
+                tfidf_block, tfidf_boot[group] = _tau_block(tfidf[0].reindex(lab.index), lab, idx_of[group],
+                                                            level, delta)
+                tfidf_block.update(tfidf[1])
             references[eval_model][group] = {
                 "n_prompts": int(len(lab)),
                 "n_truncated": int(lab["truncated"].sum()),
                 "mean_answer_tokens": float(lab["length"].mean()),
                 "prompt_length": base,
                 "noise_ceiling": _public(ceiling) if ceiling else None,
+                "tfidf_ridge": tfidf_block,
             }
         for model, method in predictors:
             cell = results.setdefault(model, {}).setdefault(method, {}).setdefault(eval_model, {})
@@ -156,14 +229,46 @@ def evaluate(prompts: pd.DataFrame, generations: dict[str, pd.DataFrame], scores
                     # "beats" only when the paired 95% interval of the gain lies above zero
                     "beats_prompt_length": bool(gain_low > 0),
                 })
+                tfidf_ref = references[eval_model][group]["tfidf_ridge"]
+                if tfidf_ref is None:  # no reference for this eval model: no gain, and not "beaten"
+                    stat.update({"gain_over_tfidf_ridge": None, "tfidf_gain_ci_low": None,
+                                 "tfidf_gain_ci_high": None, "beats_tfidf_ridge": False})
+                else:
+                    t_low, t_high = M.percentile_ci(boot - tfidf_boot[group], level)
+                    stat.update({"gain_over_tfidf_ridge": stat["kendall_tau_b"] - tfidf_ref["kendall_tau_b"],
+                                 "tfidf_gain_ci_low": t_low, "tfidf_gain_ci_high": t_high,
+                                 "beats_tfidf_ridge": bool(t_low > 0)})
                 cell[group] = stat
+                boot_of[(model, method, eval_model, group)] = boot
     return {
         "settings": {"delta": delta, "bootstrap": {"n": n_boot, "seed": seed, "level": level},
                      "length_label": "mean output_tokens over samples (reasoning included)",
-                     "split": "test"},
+                     "split": "test",
+                     "tfidf_ridge": {**tfidf_ridge, "fit_on": "train split", "alpha_chosen_on": "val split"}},
         "predictors": results,
         "references": references,
+        "method_differences": method_differences(results, boot_of, level),
     }
+
+
+def method_differences(results: dict, boot_of: dict, level: float) -> dict:
+    """[train model][eval model][group][method] = tau_b(pairwise) - tau_b(method) with its paired
+    bootstrap interval (same resamples), for every other method trained on the same model's answers."""
+    out: dict = {}
+    for model, by_method in results.items():
+        if PAIRWISE not in by_method:
+            continue
+        for method, by_eval in by_method.items():
+            if method == PAIRWISE:
+                continue
+            for eval_model, by_group in by_eval.items():
+                for group, stat in by_group.items():
+                    pairwise = results[model][PAIRWISE][eval_model][group]
+                    low, high = M.percentile_ci(boot_of[(model, PAIRWISE, eval_model, group)]
+                                                - boot_of[(model, method, eval_model, group)], level)
+                    out.setdefault(model, {}).setdefault(eval_model, {}).setdefault(group, {})[method] = {
+                        "diff": pairwise["kendall_tau_b"] - stat["kendall_tau_b"], "ci_low": low, "ci_high": high}
+    return out
 
 
 def transfer_matrix(ranking: dict, group: str = OVERALL) -> dict:
@@ -179,7 +284,7 @@ def transfer_matrix(ranking: dict, group: str = OVERALL) -> dict:
 
 
 def write_plots(ranking: dict, transfer: dict, out_dir: Path) -> list[Path]:
-    """tau_b by predictor and eval model (intervals, both references), the transfer heatmaps, and
+    """tau_b by predictor and eval model (intervals, the references), the transfer heatmaps, and
     the DVC plot CSV. The directory is rewritten whole."""
     import matplotlib
 
@@ -214,6 +319,9 @@ def write_plots(ranking: dict, transfer: dict, out_dir: Path) -> list[Path]:
         if ref["noise_ceiling"]:
             ax.axhline(ref["noise_ceiling"]["kendall_tau_b"], color="tab:green", ls="--", lw=1.2, label="noise ceiling")
         ax.axhline(ref["prompt_length"]["kendall_tau_b"], color="tab:red", ls=":", lw=1.5, label="prompt length")
+        if ref.get("tfidf_ridge"):
+            ax.axhline(ref["tfidf_ridge"]["kendall_tau_b"], color="tab:purple", ls="-.", lw=1.3,
+                       label="TF-IDF + ridge")
         ax.axhline(0, color="black", lw=0.5)
         ax.set_title(f"{eval_model} (n={ref['n_prompts']})", fontsize=9)
         ax.legend(fontsize=7, loc="lower right")
@@ -277,6 +385,10 @@ def run(params: dict, *, data_root: str | Path = "data", models_root: str | Path
                if not predictor_dir(m, meth, models_root).is_dir()]
     if missing:  # fail before any slow work, naming every one
         raise FileNotFoundError(f"predictor checkpoint(s) missing: {', '.join(missing)} (has train run for them?)")
+    tfidf = params.get("tfidf_ridge")
+    missing_keys = sorted({"ngram_max", "min_df", "alphas", "min_train_prompts"} - set(tfidf or {}))
+    if missing_keys:  # params.yaml holds these defaults; fail before any slow work
+        raise KeyError(f"params evaluate.tfidf_ridge lacks {', '.join(missing_keys)} (see params.yaml)")
     prompts = read_table(prompts_path(data_root), PROMPTS)
     generations = {m: read_table(generations_path(m, data_root), GENERATIONS) for m in params["eval_models"]}
     test = prompts[prompts["split"] == "test"].sort_values("prompt_id").reset_index(drop=True)
@@ -294,7 +406,7 @@ def run(params: dict, *, data_root: str | Path = "data", models_root: str | Path
     boot = params.get("bootstrap") or {}
     ranking = evaluate(prompts, generations, scores, ptoks, delta=float(params.get("delta", 0.2)),
                        n_boot=int(boot.get("n", 1000)), seed=int(boot.get("seed", 42)),
-                       level=float(boot.get("level", 0.95)))
+                       level=float(boot.get("level", 0.95)), tfidf_ridge=tfidf)
     ranking["settings"]["baseline_tokenizer"] = params.get("baseline_tokenizer", "minilm-l6")
     transfer = transfer_matrix(ranking)
     write_json(_no_nan(ranking), metrics_dir / "ranking.json")

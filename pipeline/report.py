@@ -1,9 +1,10 @@
 """report: the paper-style tau_b table from metrics/ranking.json, printed and written as markdown.
 
-Rows are methods (plus the two references), columns dataset × eval model. A cell uses the
+Rows are methods (plus the references), columns dataset × eval model. A cell uses the
 predictor trained on that column's model when there is one (in-domain, as in the paper), else the
 first trained model's predictor, marked † (a transfer). A predictor whose paired-bootstrap gain over
-the prompt-length baseline is not clearly above zero is marked ✗.
+the prompt-length baseline is not clearly above zero is marked ✗, over the TF-IDF + ridge reference ‡.
+Then the cross-model transfer tables and pairwise minus each other method (paired bootstrap).
 """
 
 from __future__ import annotations
@@ -30,7 +31,8 @@ def ranking_rows(ranking: dict) -> pd.DataFrame:
     ]
     columns = ["train_model", "method", "eval_model", "dataset", "kendall_tau_b", "ci_low", "ci_high", "n_prompts",
                "pair_accuracy", "n_pairs", "gain_over_prompt_length", "gain_ci_low", "gain_ci_high",
-               "beats_prompt_length"]
+               "beats_prompt_length", "gain_over_tfidf_ridge", "tfidf_gain_ci_low", "tfidf_gain_ci_high",
+               "beats_tfidf_ridge"]
     return pd.DataFrame(rows, columns=columns)
 
 
@@ -72,18 +74,30 @@ def render_markdown(ranking: dict) -> str:
                 cells.append("–")
                 continue
             mark = ("" if source == eval_model else "†") + ("" if stat["beats_prompt_length"] else " ✗")
+            if ranking["references"][eval_model][group].get("tfidf_ridge") and not stat.get("beats_tfidf_ridge"):
+                mark += " ‡"
             transferred |= source != eval_model
             cells.append(_fmt(stat["kendall_tau_b"], (stat["ci_low"], stat["ci_high"])) + mark)
         lines.append(f"| {METHOD_NAMES.get(method, method)} | " + " | ".join(cells) + " |")
-    for ref, label in (("noise_ceiling", "noise ceiling (sample vs sample)"), ("prompt_length", "prompt length (tokens)")):
+    has_tfidf = any(ranking["references"][m][g].get("tfidf_ridge") for m, g in cols)
+    refs = [("noise_ceiling", "noise ceiling (sample vs sample)", "n/a (k=1)"),
+            ("prompt_length", "prompt length (tokens)", "–")]
+    if any("tfidf_ridge" in ranking["references"][m][g] for m, g in cols):  # absent from older ranking.json
+        refs.append(("tfidf_ridge", "TF-IDF + ridge (train split)", "n/a (few train prompts)"))
+    for ref, label, missing in refs:
         cells = []
         for eval_model, group in cols:
-            stat = ranking["references"][eval_model][group][ref]
-            cells.append(_fmt(stat["kendall_tau_b"], (stat["ci_low"], stat["ci_high"])) if stat else "n/a (k=1)")
+            stat = ranking["references"][eval_model][group].get(ref)
+            cells.append(_fmt(stat["kendall_tau_b"], (stat["ci_low"], stat["ci_high"])) if stat else missing)
         lines.append(f"| *{label}* | " + " | ".join(cells) + " |")
     lines.append("| *test prompts* | " + " | ".join(str(ranking["references"][m][g]["n_prompts"]) for m, g in cols) + " |")
     lines.append("")
     notes = ["✗: does not beat the prompt-length baseline (paired bootstrap 95% CI of the gain includes 0)."]
+    if has_tfidf:
+        ngram_max = (ranking.get("settings", {}).get("tfidf_ridge") or {}).get("ngram_max", "?")
+        notes.append("‡: does not beat the TF-IDF + ridge reference (paired bootstrap 95% CI of the gain includes 0); "
+                     f"TF-IDF of word 1–{ngram_max}-grams + ridge on log answer length, fitted on the eval model's "
+                     "train-split prompts, alpha chosen on its val split.")
     if transferred:
         notes.append(f"†: no predictor trained on this model's answers; the {train_models[0]} predictor is shown.")
     notes.append("Noise ceiling: τ_b between two independent samples' lengths, averaged over sample pairs; "
@@ -104,7 +118,34 @@ def render_markdown(ranking: dict) -> str:
                 _fmt(by_eval.get(e, {}).get(OVERALL, {}).get("kendall_tau_b")) for e in eval_models) + " |")
         lines.append("| *prompt length* | " + " | ".join(
             _fmt(ranking["references"][e][OVERALL]["prompt_length"]["kendall_tau_b"]) for e in eval_models) + " |")
+        if has_tfidf:
+            lines.append("| *TF-IDF + ridge* | " + " | ".join(
+                _fmt((ranking["references"][e][OVERALL].get("tfidf_ridge") or {}).get("kendall_tau_b"))
+                for e in eval_models) + " |")
+    lines += _method_difference_lines(ranking)
     return "\n".join(lines) + "\n"
+
+
+def _method_difference_lines(ranking: dict) -> list[str]:
+    """Pairwise minus each other method, all datasets: is the pairwise loss worth it?"""
+    diffs = ranking.get("method_differences") or {}
+    others = list(dict.fromkeys(m for by_eval in diffs.values() for by_group in by_eval.values()
+                                for m in by_group.get(OVERALL, {})))
+    if not others:
+        return []
+    lines = ["", "## Pairwise minus each other method: Δτ_b (paired bootstrap 95% CI, all datasets)", "",
+             "| trained on → evaluated on | " + " | ".join(f"− {METHOD_NAMES.get(m, m)}" for m in others) + " |",
+             "|" + "---|" * (len(others) + 1)]
+    for model, by_eval in diffs.items():
+        for eval_model, by_group in by_eval.items():
+            cells = []
+            for method in others:
+                d = by_group.get(OVERALL, {}).get(method)
+                clear = d is not None and d["ci_low"] is not None and (d["ci_low"] > 0 or d["ci_high"] < 0)
+                cells.append(_fmt(d["diff"], (d["ci_low"], d["ci_high"])) + (" *" if clear else "") if d else "–")
+            lines.append(f"| {model} → {eval_model} | " + " | ".join(cells) + " |")
+    lines += ["", "- Δ > 0: pairwise ranks better. *: the 95% interval excludes 0."]
+    return lines
 
 
 def main(argv: list[str] | None = None) -> int:

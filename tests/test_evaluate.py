@@ -13,6 +13,8 @@ from pipeline.contracts import GENERATIONS, PROMPTS, generations_path, prompts_p
 from pipeline.ranking import metrics as M
 
 DATASETS = ("ds_a", "ds_b", "ds_c")
+ALPHAS = [0.3, 1.0, 3.0, 10.0]
+TFIDF = {"ngram_max": 2, "min_df": 2, "alphas": ALPHAS, "min_train_prompts": 20}
 
 
 def _labels(gens):
@@ -146,7 +148,7 @@ def test_evaluate_core_on_hand_made_scores(tmp_path):
                       "method": "reverse", "score": -oracle}),
     ])
     ptoks = pd.Series(np.random.default_rng(1).integers(5, 50, len(test)).astype(float), index=test["prompt_id"])
-    r = evaluate(prompts, gens, scores, ptoks, delta=0.2, n_boot=100, seed=0, level=0.95)
+    r = evaluate(prompts, gens, scores, ptoks, delta=0.2, n_boot=100, seed=0, level=0.95, tfidf_ridge=TFIDF)
 
     o = r["predictors"]["m4"]["oracle"]["m4"]
     assert o["overall"]["kendall_tau_b"] == pytest.approx(1.0)
@@ -172,6 +174,161 @@ def test_evaluate_core_on_hand_made_scores(tmp_path):
         kendalltau(ptoks.reindex(lab.index), lab["length"]).statistic)
     tm = transfer_matrix(r)["kendall_tau_b"]
     assert tm["oracle"]["m4"]["m4"] == pytest.approx(1.0) and tm["oracle"]["m4"]["m1"] == pytest.approx(expected)
+    # TF-IDF + ridge: m4 has 24 labelled train prompts (no val split: the grid's first alpha), m1 only 16
+    tf = ref["tfidf_ridge"]
+    assert {"kendall_tau_b", "ci_low", "ci_high", "n_prompts", "pair_accuracy", "n_pairs",
+            "n_train_prompts", "alpha"} <= set(tf)
+    assert tf["n_train_prompts"] == 24 and tf["n_val_prompts"] == 0 and tf["alpha"] == ALPHAS[0]
+    assert tf["n_prompts"] == len(test)
+    assert r["references"]["m1"]["overall"]["tfidf_ridge"] is None
+    assert o["overall"]["beats_tfidf_ridge"] is True and rev["beats_tfidf_ridge"] is False
+    assert o["overall"]["gain_over_tfidf_ridge"] == pytest.approx(1.0 - tf["kendall_tau_b"])
+    assert t1["overall"]["gain_over_tfidf_ridge"] is None and t1["overall"]["beats_tfidf_ridge"] is False
+    assert r["method_differences"] == {}  # no pairwise predictor here
+
+
+# ---------------------------------------------------------------- TF-IDF + ridge reference
+
+def _keyword_corpus(n, seed):
+    """Prompts whose answer length is set by a keyword: "essay" long, "list" medium, else short."""
+    rng = np.random.default_rng(seed)
+    fillers = ["please", "the", "topic", "about", "a", "of", "river", "city", "history", "music", "space"]
+    kinds = rng.choice(["essay", "list", "define"], size=n)
+    texts = [f"{kind} " + " ".join(rng.choice(fillers, size=int(rng.integers(3, 9)))) for kind in kinds]
+    base = {"essay": 600.0, "list": 120.0, "define": 25.0}
+    lengths = np.array([base[k] * rng.lognormal(0, 0.3) for k in kinds])
+    return texts, lengths
+
+
+def test_tfidf_ridge_ranks_by_keyword_and_chooses_alpha_on_val():
+    import inspect
+
+    from sklearn.feature_extraction.text import TfidfVectorizer
+    from sklearn.linear_model import Ridge
+
+    from pipeline.evaluate import tfidf_ridge_scores
+
+    train_x, train_y = _keyword_corpus(80, 0)
+    val_x, val_y = _keyword_corpus(30, 1)
+    test_x, test_y = _keyword_corpus(60, 2)
+    scores, alpha, val_tau = tfidf_ridge_scores(train_x, train_y, val_x, val_y, test_x,
+                                                alphas=ALPHAS, ngram_max=2, min_df=2)
+    assert len(scores) == len(test_x)
+    assert M.kendall_tau_b(scores, test_y) > 0.5
+    assert alpha in ALPHAS and val_tau > 0.5
+    # alpha is the grid's best on val (the first on ties), from fits on train alone
+    vec = TfidfVectorizer(ngram_range=(1, 2), min_df=2, sublinear_tf=True, lowercase=True).fit(train_x)
+    val_taus = [M.kendall_tau_b(Ridge(alpha=a).fit(vec.transform(train_x), np.log1p(train_y))
+                                .predict(vec.transform(val_x)), val_y) for a in ALPHAS]
+    assert alpha == ALPHAS[int(np.argmax(val_taus))] and val_tau == pytest.approx(max(val_taus))
+    # test labels cannot come in (no parameter for them), and test texts do not move the fit
+    assert [p for p in inspect.signature(tfidf_ridge_scores).parameters if p.startswith("test")] == ["test_texts"]
+    again, alpha_again, _ = tfidf_ridge_scores(train_x, train_y, val_x, val_y, test_x[:7] + ["essay"],
+                                               alphas=ALPHAS, ngram_max=2, min_df=2)
+    assert alpha_again == alpha
+    np.testing.assert_allclose(again[:7], scores[:7])
+    # no val prompts: the grid's first alpha, val tau_b NaN
+    _, alpha_none, tau_none = tfidf_ridge_scores(train_x, train_y, [], [], test_x, alphas=[3.0, 1.0],
+                                                 ngram_max=2, min_df=2)
+    assert alpha_none == 3.0 and np.isnan(tau_none)
+
+
+def _keyword_project(n_per_dataset=60):
+    """Prompts of 2 datasets, split train/val/test, lengths set by a keyword; `kw` answers all (k=2).
+    Scores: pairwise = the true lengths (perfect), pointwise = noise."""
+    rows, gens = [], []
+    rng = np.random.default_rng(5)
+    for d, ds in enumerate(("ds_a", "ds_b")):
+        texts, lengths = _keyword_corpus(n_per_dataset, 10 + d)
+        for i, (text, length) in enumerate(zip(texts, lengths)):
+            pid = f"{ds}-{i:03d}"
+            rows.append({"prompt_id": pid, "dataset": ds, "split": ("train", "train", "val", "test", "test")[i % 5],
+                         "source_id": str(i), "prompt": text})
+            for s in range(2):
+                gens.append({"prompt_id": pid, "sample": s, "output_tokens": int(length * rng.lognormal(0, 0.1)) + 1,
+                             "reasoning_tokens": 0, "finish_reason": "stop", "prompt_tokens": 10, "text": "x",
+                             "reasoning": ""})
+    prompts, gens = pd.DataFrame(rows), {"kw": pd.DataFrame(gens)}
+    test = prompts[prompts["split"] == "test"]
+    truth = _labels(gens["kw"])["length"].reindex(test["prompt_id"]).to_numpy()
+    noise = np.random.default_rng(6).normal(size=len(test))
+    scores = pd.concat([
+        pd.DataFrame({"prompt_id": test["prompt_id"], "dataset": test["dataset"], "train_model": "kw",
+                      "method": method, "score": score})
+        for method, score in (("pairwise", truth), ("pointwise", noise))])
+    ptoks = pd.Series(test["prompt"].str.len().astype(float).to_numpy(), index=test["prompt_id"])
+    return prompts, gens, scores, ptoks
+
+
+def test_evaluate_tfidf_reference_fits_train_chooses_on_val_and_is_paired(monkeypatch):
+    import pipeline.evaluate as E
+
+    prompts, gens, scores, ptoks = _keyword_project()
+    calls = []
+    real = E.tfidf_ridge_scores
+
+    def spy(train_texts, train_lengths, val_texts, val_lengths, test_texts, **kw):
+        calls.append((list(train_texts), list(val_texts), list(test_texts)))
+        return real(train_texts, train_lengths, val_texts, val_lengths, test_texts, **kw)
+
+    monkeypatch.setattr(E, "tfidf_ridge_scores", spy)
+    r = E.evaluate(prompts, gens, scores, ptoks, delta=0.2, n_boot=200, seed=0, level=0.95, tfidf_ridge=TFIDF)
+    split_of = prompts.set_index("prompt")["split"]
+    (train_texts, val_texts, test_texts), = calls
+    assert set(split_of[train_texts]) == {"train"} and set(split_of[val_texts]) == {"val"}
+    assert set(split_of[test_texts]) == {"test"}
+
+    tf = r["references"]["kw"]["overall"]["tfidf_ridge"]
+    assert tf["n_train_prompts"] == 48 and tf["n_val_prompts"] == 24 and tf["alpha"] in ALPHAS
+    assert tf["kendall_tau_b"] > 0.5 and tf["n_prompts"] == 48
+    assert set(r["references"]["kw"]) == {"overall", "ds_a", "ds_b"}
+    assert all(r["references"]["kw"][g]["tfidf_ridge"]["alpha"] == tf["alpha"] for g in ("ds_a", "ds_b"))
+    pw = r["predictors"]["kw"]["pairwise"]["kw"]["overall"]
+    pt = r["predictors"]["kw"]["pointwise"]["kw"]["overall"]
+    assert pw["beats_tfidf_ridge"] is True and pt["beats_tfidf_ridge"] is False
+    assert pw["tfidf_gain_ci_low"] <= pw["gain_over_tfidf_ridge"] <= pw["tfidf_gain_ci_high"]
+    assert pw["gain_over_tfidf_ridge"] == pytest.approx(pw["kendall_tau_b"] - tf["kendall_tau_b"])
+    # the keys other tools read are all still there
+    assert {"gain_over_prompt_length", "gain_ci_low", "gain_ci_high", "beats_prompt_length"} <= set(pt)
+    # pairwise minus pointwise, paired: the same resamples give the same interval as by hand
+    d = r["method_differences"]["kw"]["kw"]["overall"]["pointwise"]
+    assert set(d) == {"diff", "ci_low", "ci_high"}
+    assert d["diff"] == pytest.approx(pw["kendall_tau_b"] - pt["kendall_tau_b"]) and d["ci_low"] > 0
+    lab = _labels(gens["kw"]).reindex(sorted(prompts.loc[prompts["split"] == "test", "prompt_id"]))
+    idx = M.bootstrap_indices(len(lab), 200, 0)
+    s = scores.set_index(["method", "prompt_id"])["score"]
+    by_hand = M.percentile_ci(M.bootstrap_taus(s["pairwise"].reindex(lab.index), lab["length"], idx)
+                              - M.bootstrap_taus(s["pointwise"].reindex(lab.index), lab["length"], idx))
+    assert (d["ci_low"], d["ci_high"]) == pytest.approx(by_hand)
+    assert set(r["method_differences"]["kw"]["kw"]) == {"overall", "ds_a", "ds_b"}
+    assert r["settings"]["tfidf_ridge"]["alphas"] == ALPHAS
+
+
+def test_report_shows_tfidf_row_marks_and_method_differences():
+    from pipeline.evaluate import _no_nan, evaluate
+    from pipeline.report import render_markdown
+
+    prompts, gens, scores, ptoks = _keyword_project()
+    r = _no_nan(evaluate(prompts, gens, scores, ptoks, delta=0.2, n_boot=100, seed=0, level=0.95,
+                         tfidf_ridge=TFIDF))
+    md = render_markdown(json.loads(json.dumps(r)))  # as read back from ranking.json
+    rows = {line.split(" | ")[0]: line for line in md.splitlines() if line.startswith("| ")}
+    assert "| *TF-IDF + ridge (train split)*" in rows and "| *prompt length (tokens)*" in rows
+    assert "‡" not in rows["| pairwise (PARS)"] and "‡" in rows["| pointwise"]
+    assert "‡: does not beat the TF-IDF + ridge reference" in md
+    assert "| *TF-IDF + ridge*" in rows  # in the transfer table too
+    assert "Pairwise minus each other method" in md and "| kw → kw |" in md and "− pointwise" in md
+    # an eval model without the reference: n/a, and no ‡ for it
+    few = evaluate(prompts, gens, scores, ptoks, delta=0.2, n_boot=50, seed=0, level=0.95,
+                   tfidf_ridge={**TFIDF, "min_train_prompts": 1000})
+    md_few = render_markdown(few)
+    assert "n/a (few train prompts)" in md_few and "‡" not in md_few
+    # a ranking.json from before this reference (no tfidf keys, no method_differences) still renders
+    for group in few["references"]["kw"].values():
+        del group["tfidf_ridge"]
+    del few["method_differences"]
+    old = render_markdown(few)
+    assert "TF-IDF" not in old and "Pairwise minus" not in old and "| pairwise (PARS) |" in old
 
 
 # ---------------------------------------------------------------- the stage end to end
@@ -193,7 +350,8 @@ def project(tmp_path, tiny_bert_config, tokenizer, monkeypatch):
                         method=method, max_length=32, encoder="tiny-random-bert", trained_on={"model": model})
     params = {"train_models": ["m4", "m1"], "methods": ["pairwise", "pointwise"], "eval_models": ["m4", "m1"],
               "delta": 0.2, "bootstrap": {"n": 60, "seed": 42, "level": 0.95}, "batch_size": 8,
-              "baseline_tokenizer": "minilm-l6", "wandb": {"enabled": True, "project": "pars-test", "mode": "offline"}}
+              "baseline_tokenizer": "minilm-l6", "tfidf_ridge": TFIDF,
+              "wandb": {"enabled": True, "project": "pars-test", "mode": "offline"}}
     return tmp_path, params
 
 
@@ -219,6 +377,14 @@ def test_evaluate_stage_writes_metrics_scores_plots_and_wandb(project, capsys):
                 assert cell["ci_low"] <= cell["kendall_tau_b"] <= cell["ci_high"]
     assert ranking["references"]["m4"]["overall"]["noise_ceiling"]["kendall_tau_b"] > 0
     assert ranking["references"]["m1"]["overall"]["prompt_length"]["n_prompts"] == 32
+    # TF-IDF + ridge: m4 has 24 labelled train prompts, m1 16 (< 20): null, and no gain over it
+    assert ranking["references"]["m4"]["overall"]["tfidf_ridge"]["n_train_prompts"] == 24
+    assert ranking["references"]["m1"]["overall"]["tfidf_ridge"] is None
+    for model in ("m4", "m1"):
+        for method in ("pairwise", "pointwise"):
+            assert isinstance(ranking["predictors"][model][method]["m4"]["overall"]["beats_tfidf_ridge"], bool)
+            assert ranking["predictors"][model][method]["m1"]["overall"]["beats_tfidf_ridge"] is False
+    assert set(ranking["method_differences"]["m1"]["m4"]["overall"]["pointwise"]) == {"diff", "ci_low", "ci_high"}
     transfer = json.loads((root / "metrics/transfer.json").read_text())
     assert transfer["kendall_tau_b"]["pairwise"]["m1"]["m4"] == ranking["predictors"]["m1"]["pairwise"]["m4"]["overall"]["kendall_tau_b"]
 
@@ -240,6 +406,15 @@ def test_evaluate_stage_writes_metrics_scores_plots_and_wandb(project, capsys):
     assert report_main(["--ranking", "metrics/ranking.json", "--out", "metrics/report.md"]) == 0
     md = (root / "metrics/report.md").read_text()
     assert "pairwise (PARS)" in md and "noise ceiling" in md and "ds_a · m4" in md and "Cross-model transfer" in md
+    assert "TF-IDF + ridge (train split)" in md and "Pairwise minus each other method" in md
+
+
+def test_evaluate_refuses_missing_tfidf_params(project):
+    from pipeline.evaluate import run
+
+    _, params = project
+    with pytest.raises(KeyError, match="evaluate.tfidf_ridge lacks alphas"):
+        run({**params, "tfidf_ridge": {k: v for k, v in TFIDF.items() if k != "alphas"}})
 
 
 def test_evaluate_refuses_missing_predictor(project):
