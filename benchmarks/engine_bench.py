@@ -40,7 +40,7 @@ SCHEDULER = "pipeline.serving.vllm_scheduler.PARSAsyncScheduler"  # builds the s
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", default="models/base/smollm2", help="served model (HF dir or hub id)")
-    p.add_argument("--checkpoint", default="models/export/pars-smollm2", help="exported PARS checkpoint")
+    p.add_argument("--checkpoint", default="models/export/pars-recorded", help="exported PARS checkpoint")
     p.add_argument("--make-untrained-checkpoint", action="store_true",
                    help="if --checkpoint is missing, write an UNTRAINED MiniLM ranker there (development only)")
     p.add_argument("--prompts", default="data/prompts/prompts.parquet")

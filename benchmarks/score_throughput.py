@@ -30,7 +30,7 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
 import numpy as np
 
-DEFAULT_CHECKPOINT = "models/export/pars-smollm2"
+DEFAULT_CHECKPOINT = "models/export/pars-recorded"
 
 
 def untrained_minilm(out: Path, max_length: int = 128) -> Path:

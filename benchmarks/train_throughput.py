@@ -1,14 +1,30 @@
-"""In-batch versus per-pair pairwise training, side by side, on the default encoder.
+"""Pairwise training configurations of the length ranker, side by side, on one model's pairs.
 
-Both modes train a fresh copy of the same encoder for the same number of steps, each step
-encoding the same number of prompts (in-batch: `batch_size` distinct prompts and every δ-valid
-pair among them; per-pair: `batch_size / 2` rows of train.parquet, both prompts encoded), with the
-same loss, optimiser and schedule. Prints training throughput (pairs/s, prompts encoded/s) and
-the val tau_b / pair accuracy each reaches.
+Every configuration trains a fresh copy of the same encoder on the same data (the same seeded
+subset of at most `--max-train-prompts` train prompts) for the same number of optimiser steps, with
+the same batch size, lr, max_length, head_fraction, loss and schedule, then is validated on the
+whole val split:
 
-    python benchmarks/train_throughput.py --model gpt-4-turbo --steps 40
+- `full`             every layer trains, plain shuffle, in-batch pairs (the pipeline before the
+                     speed features)
+- `full+buckets`     the same, batches of similar prompt length (`length_buckets`)
+- `frozen<k>+buckets` embeddings + the lower k layers frozen (`--frozen-layers`, default 3): their
+                     output is computed once for all train + val prompts (`cache_s`), each step runs
+                     only the top layers; length buckets
+- `per_pair`         the paper's batches: `batch_size / 2` rows of train.parquet per step, both
+                     prompts encoded (the same number of encodings per step), full fine-tuning
 
-Needs data/pairs/<model>/ (`dvc repro pairs@<model>`).
+Prints a markdown table: throughput of the timed training steps (prompts encoded/s, pairs/s; data
+loading and validation excluded), the cache pass, `epoch_s_est` = cache_s + the encodings of one
+epoch / prompts_per_s (an in-batch epoch encodes every train prompt once, a per-pair epoch both
+prompts of every train pair), and the val tau_b / pair accuracy each reaches; then the speed-ups
+relative to `full`.
+
+    python benchmarks/train_throughput.py --model chatgpt --steps 60
+    python benchmarks/train_throughput.py --configs full,frozen3+buckets --json /tmp/train_bench.json
+
+Needs data/pairs/<model>/ (`dvc repro pairs@<model>`). Run it on idle cores: the numbers are
+wall-clock rates.
 """
 
 from __future__ import annotations
@@ -22,8 +38,23 @@ import time
 os.environ.setdefault("WANDB_MODE", "disabled")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
+COLUMNS = ["config", "steps", "prompts_encoded", "pairs", "train_s", "prompts_per_s", "pairs_per_s", "cache_s",
+           "epoch_s_est", "val_tau_b", "val_pair_acc"]
 
-def run_mode(mode: str, args, data, tokenizer) -> dict:
+
+def configurations(args) -> dict[str, dict]:
+    """Name -> settings of every configuration this command line can run (in table order)."""
+    buckets, k = args.length_buckets, args.frozen_layers
+    return {
+        "full": {"pairwise_mode": "in_batch", "frozen_layers": 0, "length_buckets": 0},
+        "full+buckets": {"pairwise_mode": "in_batch", "frozen_layers": 0, "length_buckets": buckets},
+        f"frozen{k}+buckets": {"pairwise_mode": "in_batch", "frozen_layers": k, "length_buckets": buckets},
+        "per_pair": {"pairwise_mode": "per_pair", "frozen_layers": 0, "length_buckets": 0},
+    }
+
+
+def run_config(name: str, cfg: dict, args, data, tokenizer) -> dict:
+    """Train one configuration for `args.steps` steps, validate it, return its table row."""
     import lightning as L
 
     from pipeline.ranking.data import RankingDataModule
@@ -31,13 +62,20 @@ def run_mode(mode: str, args, data, tokenizer) -> dict:
     from pipeline.ranking.model import LengthRanker
 
     L.seed_everything(args.seed, workers=True, verbose=False)
-    batch = args.batch_size if mode == "in_batch" else max(1, args.batch_size // 2)
+    mode, frozen = cfg["pairwise_mode"], cfg["frozen_layers"]
+    batch = args.batch_size if mode == "in_batch" else max(1, args.batch_size // 2)  # per_pair: pairs per step
     dm = RankingDataModule(data, tokenizer, "pairwise", max_length=args.max_length, batch_size=batch,
-                           eval_batch_size=64, pairwise_mode=mode, seed=args.seed)
+                           eval_batch_size=args.eval_batch_size, pairwise_mode=mode,
+                           max_train_prompts=args.max_train_prompts, seed=args.seed,
+                           head_fraction=args.head_fraction, length_buckets=cfg["length_buckets"])
     model = LengthRanker.from_pretrained_encoder(args.encoder)
     prepare_for_training(model, "pairwise", [])
-    model.train()
-    module = RankerModule(model, "pairwise", lr=args.lr, val_pairs=dm.val_pair_idx)
+    cache_s = 0.0
+    if frozen:  # as pipeline/train.py train_one: freeze, then run the frozen part once over all prompts
+        model.freeze_lower(frozen)
+        cache_s = dm.cache_hidden(model, frozen, batch_size=args.eval_batch_size)
+    model.train()  # from_pretrained returns eval mode; Lightning keeps the mode it finds
+    module = RankerModule(model, "pairwise", lr=args.lr, val_pairs=dm.val_pair_idx, frozen_layers=frozen)
     trainer = L.Trainer(max_steps=args.steps, accelerator="cpu", devices=1, precision="32-true",
                         gradient_clip_val=1.0, logger=False, enable_checkpointing=False,
                         limit_val_batches=0, num_sanity_val_steps=0, enable_model_summary=False,
@@ -46,17 +84,23 @@ def run_mode(mode: str, args, data, tokenizer) -> dict:
     val_trainer = L.Trainer(accelerator="cpu", devices=1, logger=False, enable_progress_bar=False,
                             enable_model_summary=False)
     val_trainer.validate(module, datamodule=dm, verbose=False)
-    secs = module.train_seconds
-    return {"mode": mode, "batch": batch, "steps": int(trainer.global_step),
-            "prompts_encoded": module.prompts_encoded, "pairs": module.pairs_seen, "train_s": round(secs, 1),
-            "prompts_per_s": round(module.prompts_encoded / secs, 2), "pairs_per_s": round(module.pairs_seen / secs, 2),
-            "pairs_per_prompt": round(module.pairs_seen / max(1, module.prompts_encoded), 2),  # load-independent
-            "val_tau_b": round(module.last_val["val_tau_b"], 4), "val_pair_acc": round(module.last_val["val_pair_acc"], 4),
-            "n_val_prompts": module.last_val["n_val_prompts"]}
+
+    secs, prompts = module.train_seconds, module.prompts_encoded
+    prompts_per_s = prompts / secs if secs else 0.0
+    # encodings of one epoch: per_pair encodes both prompts of every train pair, in-batch each prompt once
+    epoch_prompts = 2 * len(dm.train_pair_idx) if dm.per_pair else len(dm.train_table)
+    epoch_s = cache_s + epoch_prompts / prompts_per_s if prompts_per_s else float("inf")
+    return {"config": name, **cfg, "batch": batch, "steps": int(trainer.global_step),
+            "prompts_encoded": prompts, "pairs": module.pairs_seen, "train_s": round(secs, 1),
+            "prompts_per_s": round(prompts_per_s, 2), "pairs_per_s": round(module.pairs_seen / secs, 2) if secs else 0.0,
+            "cache_s": round(cache_s, 1), "epoch_s_est": round(epoch_s, 1), "epoch_prompts": epoch_prompts,
+            "val_tau_b": round(module.last_val["val_tau_b"], 4),
+            "val_pair_acc": round(module.last_val["val_pair_acc"], 4), **dm.describe()}
 
 
 def warm_up(args, tokenizer) -> None:
-    """One untimed forward/backward, so the first mode measured does not pay torch's first-call costs."""
+    """One untimed forward/backward, so the first configuration measured does not pay torch's
+    first-call costs."""
     from pipeline.ranking.model import LengthRanker
 
     model = LengthRanker.from_pretrained_encoder(args.encoder)
@@ -65,20 +109,46 @@ def warm_up(args, tokenizer) -> None:
     model(enc["input_ids"], enc["attention_mask"]).sum().backward()
 
 
+def ratios(rows: list[dict], key: str, base: dict, higher_is_better: bool) -> str:
+    """'name 1.8x, ...' of each other row against `base` (>1 = better than base)."""
+    out = []
+    for r in rows:
+        if r is base:
+            continue
+        a, b = (r[key], base[key]) if higher_is_better else (base[key], r[key])
+        out.append(f"{r['config']} {a / b:.2f}x" if b else f"{r['config']} n/a")
+    return ", ".join(out)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--model", default="gpt-4-turbo", help="generation model whose pairs to use")
+    ap.add_argument("--model", default="chatgpt", help="generation model whose pairs to use")
     ap.add_argument("--data", default="data")
     ap.add_argument("--encoder", default="minilm-l6")
-    ap.add_argument("--max-length", type=int, default=64)
-    ap.add_argument("--batch-size", type=int, default=16, help="prompts encoded per step, both modes")
-    ap.add_argument("--steps", type=int, default=40, help="optimiser steps per mode")
-    ap.add_argument("--lr", type=float, default=2e-5)
+    ap.add_argument("--configs", default=None,
+                    help="comma list of configurations to run (default all: full, full+buckets, "
+                         "frozen<k>+buckets, per_pair)")
+    ap.add_argument("--steps", type=int, default=60, help="optimiser steps per configuration")
+    ap.add_argument("--batch-size", type=int, default=32, help="prompts encoded per step, every configuration")
+    ap.add_argument("--eval-batch-size", type=int, default=64, help="validation and cache-pass batch size")
+    ap.add_argument("--lr", type=float, default=1e-4)
+    ap.add_argument("--max-length", type=int, default=128)
+    ap.add_argument("--head-fraction", type=float, default=0.5)
+    ap.add_argument("--frozen-layers", type=int, default=3, help="k of the frozen<k>+buckets configuration")
+    ap.add_argument("--length-buckets", type=int, default=50, help="length_buckets of the +buckets configurations")
+    ap.add_argument("--max-train-prompts", type=int, default=3000,
+                    help="seeded subset of train prompts (bounds the cache pass); 0 = all")
     ap.add_argument("--seed", type=int, default=42)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--json", default=None, help="also write the results here")
-    ap.add_argument("--quiet", action="store_true")
+    ap.add_argument("--quiet", action="store_true", help="no Lightning progress bars")
     args = ap.parse_args(argv)
+
+    available = configurations(args)
+    names = list(available) if not args.configs else [c.strip() for c in args.configs.split(",") if c.strip()]
+    unknown = [n for n in names if n not in available]
+    if unknown:
+        ap.error(f"unknown configuration(s) {unknown}; choose from {list(available)}")
 
     import torch
 
@@ -90,18 +160,29 @@ def main(argv: list[str] | None = None) -> int:
     tokenizer = load_tokenizer(args.encoder)
     warm_up(args, tokenizer)
     t0 = time.perf_counter()
-    rows = [run_mode(mode, args, data, tokenizer) for mode in ("in_batch", "per_pair")]
-    cols = ["mode", "batch", "steps", "prompts_encoded", "pairs", "train_s", "prompts_per_s", "pairs_per_s",
-            "pairs_per_prompt", "val_tau_b", "val_pair_acc"]
+    rows = []
+    for i, name in enumerate(names, 1):
+        print(f"[{i}/{len(names)}] {name}: start {available[name]}", flush=True)
+        t = time.perf_counter()
+        row = run_config(name, available[name], args, data, tokenizer)
+        rows.append(row)
+        print(f"[{i}/{len(names)}] {name}: done in {time.perf_counter() - t:.0f} s, {row['prompts_per_s']} prompts/s, "
+              f"cache {row['cache_s']} s, val tau_b {row['val_tau_b']}", flush=True)
+
+    first = rows[0]
     print(f"\npairwise training on {args.model} pairs, encoder {args.encoder}, max_length {args.max_length}, "
-          f"{args.batch_size} prompts encoded per step, {args.steps} steps, {torch.get_num_threads()} threads "
-          f"(val: {rows[0]['n_val_prompts']} prompts)")
-    print("| " + " | ".join(cols) + " |")
-    print("|" + "---|" * len(cols))
+          f"head_fraction {args.head_fraction}, {args.batch_size} prompts encoded per step, {args.steps} steps, "
+          f"lr {args.lr}, {torch.get_num_threads()} threads (train: {first['n_train_prompts']} prompts; "
+          f"val: {first['n_val_prompts']} prompts, {first['n_val_pairs']} pairs)")
+    print("| " + " | ".join(COLUMNS) + " |")
+    print("|" + "---|" * len(COLUMNS))
     for r in rows:
-        print("| " + " | ".join(str(r[c]) for c in cols) + " |")
-    ratio = rows[0]["pairs_per_s"] / rows[1]["pairs_per_s"] if rows[1]["pairs_per_s"] else float("inf")
-    print(f"in-batch / per-pair pairs per second: {ratio:.1f}x; total {time.perf_counter() - t0:.0f} s")
+        print("| " + " | ".join(str(r[c]) for c in COLUMNS) + " |")
+    if len(rows) > 1:
+        base = next((r for r in rows if r["config"] == "full"), first)
+        print(f"speed-up vs {base['config']}: prompts/s {ratios(rows, 'prompts_per_s', base, True)}; "
+              f"epoch time (epoch_s_est) {ratios(rows, 'epoch_s_est', base, False)}")
+    print(f"total {time.perf_counter() - t0:.0f} s")
     if args.json:
         with open(args.json, "w", encoding="utf-8") as fh:
             json.dump({"args": vars(args), "results": rows}, fh, indent=2)

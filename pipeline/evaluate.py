@@ -381,6 +381,7 @@ def run(params: dict, *, data_root: str | Path = "data", models_root: str | Path
         metrics_dir: str | Path = "metrics", plots_dir: str | Path = "plots/evaluate") -> dict:
     data_root, models_root, metrics_dir = Path(data_root), Path(models_root), Path(metrics_dir)
     predictors = [(m, meth) for m in params["train_models"] for meth in params["methods"]]
+    predictors += [(m, "pairwise") for m in params.get("cross_models") or []]  # cross-model: pairwise only
     missing = [str(predictor_dir(m, meth, models_root)) for m, meth in predictors
                if not predictor_dir(m, meth, models_root).is_dir()]
     if missing:  # fail before any slow work, naming every one

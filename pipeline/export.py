@@ -2,7 +2,8 @@
 
 The trained checkpoint (already in the serving format, written by train through save_checkpoint)
 is copied byte for byte, its hash checked on both sides, and pars.json completed with the export
-name and the predictor's test tau_b on its own model's answers, read from metrics/ranking.json.
+name and the predictor's test tau_b on its own model's answers (a cross-model predictor: on each
+model it was trained on, the lowest as test_tau_b), read from metrics/ranking.json.
 The result loads with `pipeline.serving.Scorer.from_pretrained` alone (torch + transformers; no
 Lightning), which the stage checks before it finishes.
 """
@@ -22,23 +23,38 @@ def export_dir(name: str, root: str | Path = "models/export") -> Path:
     return Path(root) / name
 
 
-def in_domain_metrics(ranking: dict, model: str, method: str, path: str | Path = "metrics/ranking.json") -> dict:
-    """The predictor's test results on its own model's answers (overall and per dataset)."""
-    by_group = ranking.get("predictors", {}).get(model, {}).get(method, {}).get(model)
+def in_domain_metrics(ranking: dict, model: str, method: str, path: str | Path = "metrics/ranking.json",
+                      eval_model: str | None = None) -> dict:
+    """The predictor's test results on `eval_model`'s answers (default: its own model's), overall
+    and per dataset."""
+    eval_model = eval_model or model
+    by_group = ranking.get("predictors", {}).get(model, {}).get(method, {}).get(eval_model)
     if not by_group or "overall" not in by_group:
-        raise ValueError(f"{path} has no test tau_b for {model}/{method} on {model}'s answers "
-                         f"(evaluate needs {model} in evaluate.train_models and evaluate.eval_models, "
-                         f"and {method} in evaluate.methods)")
+        raise ValueError(f"{path} has no test tau_b for {model}/{method} on {eval_model}'s answers "
+                         f"(evaluate needs {model} among its predictors and {eval_model} in evaluate.eval_models)")
     overall = by_group["overall"]
-    refs = ranking.get("references", {}).get(model, {}).get("overall", {})
+    refs = ranking.get("references", {}).get(eval_model, {}).get("overall", {})
     return {
-        "eval_model": model,
+        "eval_model": eval_model,
         "split": "test",
         **{k: overall.get(k) for k in ("kendall_tau_b", "ci_low", "ci_high", "n_prompts", "pair_accuracy")},
         "per_dataset_tau_b": {g: s.get("kendall_tau_b") for g, s in by_group.items() if g != "overall"},
         "prompt_length_tau_b": (refs.get("prompt_length") or {}).get("kendall_tau_b"),
         "noise_ceiling_tau_b": (refs.get("noise_ceiling") or {}).get("kendall_tau_b"),
+        "tfidf_ridge_tau_b": (refs.get("tfidf_ridge") or {}).get("kendall_tau_b"),
     }
+
+
+def export_metrics(ranking: dict, model: str, method: str, members: list[str], path: str | Path) -> tuple[dict, float]:
+    """(test_metrics, test_tau_b) for pars.json. A per-model predictor: its own model's answers. A
+    cross-model predictor (trained on `members`): each member's answers, and test_tau_b is the
+    lowest of them (what serving any of those models can count on)."""
+    if len(members) <= 1:
+        metrics = in_domain_metrics(ranking, model, method, path)
+        return metrics, metrics["kendall_tau_b"]
+    by_model = {m: in_domain_metrics(ranking, model, method, path, eval_model=m) for m in members}
+    taus = [v["kendall_tau_b"] for v in by_model.values() if v["kendall_tau_b"] is not None]
+    return {"by_eval_model": by_model, "summary": "test_tau_b = the lowest over by_eval_model"}, min(taus, default=None)
 
 
 def run(params: dict, *, models_root: str | Path = "models", ranking_path: str | Path = "metrics/ranking.json",
@@ -46,15 +62,16 @@ def run(params: dict, *, models_root: str | Path = "models", ranking_path: str |
     from pipeline.evaluate import predictor_dir
     from pipeline.serving.scorer import Scorer
 
-    name, model, method = params.get("name", "pars-smollm2"), params["model"], params["method"]
+    name, model, method = params["name"], params["model"], params["method"]
     src = predictor_dir(model, method, models_root)
     ranking_path = Path(ranking_path)
     if not ranking_path.is_file():
         raise FileNotFoundError(f"{ranking_path} does not exist (run evaluate first: it gives the test tau_b)")
-    metrics = in_domain_metrics(json.loads(ranking_path.read_text(encoding="utf-8")), model, method, ranking_path)
     source_meta = read_meta(src)  # validates the source (files, version, hash) with a clear message
     trained_on = {"model": model, **(source_meta.get("trained_on") or {})}
-    tau = metrics["kendall_tau_b"]
+    members = list(trained_on.get("members") or [model])
+    metrics, tau = export_metrics(json.loads(ranking_path.read_text(encoding="utf-8")), model, method, members,
+                                ranking_path)
     dst = copy_checkpoint(src, export_dir(name, out_root), name=name, trained_on=trained_on,
                           test_tau_b=None if tau is None or math.isnan(tau) else float(tau),
                           test_metrics=metrics, exported_from=str(src))

@@ -68,12 +68,17 @@ def keep_mask(la, lb, ta, tb, delta: float) -> np.ndarray:
     return (rel >= delta) & (big > 0) & ~shorter_truncated
 
 
-def in_batch_pairs(lengths, truncated, delta: float) -> np.ndarray:
-    """All pairs (i < j) among a batch of prompts that `keep_mask` keeps, as an (m, 2) int array."""
+def in_batch_pairs(lengths, truncated, delta: float, groups=None) -> np.ndarray:
+    """All pairs (i < j) among a batch of prompts that `keep_mask` keeps, as an (m, 2) int array.
+    With `groups` (one id per prompt: the model whose answers gave its label), only prompts of the
+    same group are compared: lengths of different models are not on one scale."""
     n = len(lengths)
     i, j = np.triu_indices(n, k=1)
     lengths, truncated = np.asarray(lengths), np.asarray(truncated)
     keep = keep_mask(lengths[i], lengths[j], truncated[i], truncated[j], delta)
+    if groups is not None:
+        groups = np.asarray(groups)
+        keep &= groups[i] == groups[j]
     return np.stack([i[keep], j[keep]], axis=1).astype(np.int64)
 
 

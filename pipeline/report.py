@@ -67,7 +67,8 @@ def render_markdown(ranking: dict) -> str:
     for method in methods:
         cells = []
         for eval_model, group in cols:
-            source = eval_model if eval_model in train_models else (train_models[0] if train_models else None)
+            per_model = [m for m in train_models if m in ranking["references"]]
+            source = eval_model if eval_model in per_model else (per_model[0] if per_model else None)
             stat = (ranking["predictors"].get(source, {}).get(method, {}).get(eval_model, {}).get(group)
                     if source else None)
             if stat is None:
@@ -79,6 +80,20 @@ def render_markdown(ranking: dict) -> str:
             transferred |= source != eval_model
             cells.append(_fmt(stat["kendall_tau_b"], (stat["ci_low"], stat["ci_high"])) + mark)
         lines.append(f"| {METHOD_NAMES.get(method, method)} | " + " | ".join(cells) + " |")
+    # cross-model predictors (trained on several models' answers, so no eval model of their own)
+    for model in [m for m in train_models if m not in ranking["references"]]:
+        for method, by_eval in ranking["predictors"][model].items():
+            cells = []
+            for eval_model, group in cols:
+                stat = by_eval.get(eval_model, {}).get(group)
+                if stat is None:
+                    cells.append("–")
+                    continue
+                mark = "" if stat["beats_prompt_length"] else " ✗"
+                if ranking["references"][eval_model][group].get("tfidf_ridge") and not stat.get("beats_tfidf_ridge"):
+                    mark += " ‡"
+                cells.append(_fmt(stat["kendall_tau_b"], (stat["ci_low"], stat["ci_high"])) + mark)
+            lines.append(f"| cross-model {METHOD_NAMES.get(method, method)}: `{model}` | " + " | ".join(cells) + " |")
     has_tfidf = any(ranking["references"][m][g].get("tfidf_ridge") for m, g in cols)
     refs = [("noise_ceiling", "noise ceiling (sample vs sample)", "n/a (k=1)"),
             ("prompt_length", "prompt length (tokens)", "–")]
@@ -99,7 +114,8 @@ def render_markdown(ranking: dict) -> str:
                      f"TF-IDF of word 1–{ngram_max}-grams + ridge on log answer length, fitted on the eval model's "
                      "train-split prompts, alpha chosen on its val split.")
     if transferred:
-        notes.append(f"†: no predictor trained on this model's answers; the {train_models[0]} predictor is shown.")
+        first = next(m for m in train_models if m in ranking["references"])
+        notes.append(f"†: no predictor trained on this model's answers alone; the {first} predictor is shown.")
     notes.append("Noise ceiling: τ_b between two independent samples' lengths, averaged over sample pairs; "
                  "predictors are scored against the mean of all samples, so they can exceed it.")
     settings = ranking.get("settings", {})

@@ -81,7 +81,7 @@ def main(argv: list[str] | None = None) -> int:
 
     parser = argparse.ArgumentParser(prog="pars score", description=__doc__.split("\n")[0])
     parser.add_argument("input", help="JSONL or parquet file of prompts")
-    parser.add_argument("--checkpoint", required=True, help="exported checkpoint dir (e.g. models/export/pars-smollm2)")
+    parser.add_argument("--checkpoint", required=True, help="exported checkpoint dir (e.g. models/export/pars-recorded)")
     parser.add_argument("-o", "--output", help="write .jsonl or .parquet here (default: JSONL to stdout)")
     parser.add_argument("--field", default="prompt", help="the prompt's field/column (default: %(default)s)")
     parser.add_argument("--id-field", help=f"id to carry to the output (default: the first of {ID_FIELDS} present)")

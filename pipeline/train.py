@@ -27,7 +27,8 @@ DEFAULTS: dict[str, Any] = {
     "encoder": "minilm-l6", "max_length": 64, "epochs": 3, "batch_size": 16, "eval_batch_size": 64,
     "lr": 2e-5, "weight_decay": 0.01, "warmup_fraction": 0.1, "grad_clip": 1.0, "margin": 1.0,
     "pairwise_mode": "in_batch", "max_train_prompts": None, "seed": 42, "dropout": 0.1,
-    "num_workers": 0, "torch_threads": 2,
+    "num_workers": 0, "torch_threads": 2, "frozen_layers": 0, "head_fraction": 1.0, "length_buckets": 0,
+    "patience": None, "cross_models": {},
     "lightning": {"accelerator": "cpu", "devices": 1, "num_nodes": 1, "precision": "32-true", "strategy": "auto"},
     "wandb": {"project": "pars", "entity": None, "dir": "."},
 }
@@ -98,27 +99,45 @@ def train_one(model_name: str, method: str, params: dict[str, Any], *, data_root
     torch.set_num_threads(int(cfg["torch_threads"]))
     L.seed_everything(int(cfg["seed"]), workers=True, verbose=False)
 
-    data = RankingData.load(model_name, data_root)
+    cross = cfg["cross_models"] or {}
+    if model_name in cross:  # a cross-model set: the union of several models' labels and pairs
+        data = RankingData.load_union(model_name, list(cross[model_name]), data_root)
+    else:
+        data = RankingData.load(model_name, data_root)
     tokenizer = load_tokenizer(cfg["encoder"])
+    head_fraction, frozen = float(cfg["head_fraction"]), int(cfg["frozen_layers"])
     dm = RankingDataModule(data, tokenizer, method, max_length=int(cfg["max_length"]),
                            batch_size=int(cfg["batch_size"]), eval_batch_size=int(cfg["eval_batch_size"]),
                            pairwise_mode=cfg["pairwise_mode"], max_train_prompts=cfg["max_train_prompts"],
-                           seed=int(cfg["seed"]), num_workers=int(cfg["num_workers"]))
+                           seed=int(cfg["seed"]), num_workers=int(cfg["num_workers"]),
+                           head_fraction=head_fraction, length_buckets=int(cfg["length_buckets"]))
     model = LengthRanker.from_pretrained_encoder(cfg["encoder"], dropout=float(cfg["dropout"]))
     prepare_for_training(model, method, dm.train_table.lengths)
+    cache_seconds = 0.0
+    if frozen:
+        model.freeze_lower(frozen)
+        cache_seconds = dm.cache_hidden(model, frozen, batch_size=int(cfg["eval_batch_size"]))
+        print(f"train {model_name}/{method}: frozen embeddings + {frozen} layers run once over "
+              f"{len(dm.train_table) + len(dm.val_table)} prompts in {cache_seconds:.0f} s", flush=True)
     model.train()  # from_pretrained returns eval mode (dropout off) and Lightning keeps the mode it finds
     module = RankerModule(model, method, lr=float(cfg["lr"]), weight_decay=float(cfg["weight_decay"]),
                           warmup_fraction=float(cfg["warmup_fraction"]), margin=float(cfg["margin"]),
-                          val_pairs=dm.val_pair_idx)
+                          val_pairs=dm.val_pair_idx, frozen_layers=frozen,
+                          val_groups=dm.val_table.groups if len(data.members) > 1 else None)
 
     logger = make_logger(model_name, method, cfg, data.datasets, dm.describe() | {"delta": data.delta})
     best = BestWeights()
+    callbacks = [best]
+    if cfg["patience"]:
+        from lightning.pytorch.callbacks import EarlyStopping
+
+        callbacks.append(EarlyStopping(monitor="val/tau_b", mode="max", patience=int(cfg["patience"])))
     lt = cfg["lightning"]
     trainer = L.Trainer(
         max_epochs=int(cfg["epochs"]), accelerator=lt["accelerator"], devices=lt["devices"],
         num_nodes=int(lt["num_nodes"]), precision=lt["precision"], strategy=lt["strategy"],
         gradient_clip_val=float(cfg["grad_clip"]), logger=logger if logger is not None else False,
-        callbacks=[best], enable_checkpointing=False,  # BestWeights keeps the best epoch; export below
+        callbacks=callbacks, enable_checkpointing=False,  # BestWeights keeps the best epoch; export below
         num_sanity_val_steps=0, log_every_n_steps=5, enable_model_summary=False,
     )
     trainer.fit(module, datamodule=dm)
@@ -139,19 +158,21 @@ def train_one(model_name: str, method: str, params: dict[str, Any], *, data_root
             "val_tau_b": best.best_val["val_tau_b"], "val_pair_acc": best.best_val["val_pair_acc"],
             "best_epoch": best.best_epoch, "epochs": int(cfg["epochs"]), "delta": data.delta,
             "pairwise_mode": cfg["pairwise_mode"] if method == "pairwise" else None,
-            "n_val_prompts": len(dm.val_table),
+            "n_val_prompts": len(dm.val_table), "members": list(data.members),
         }
         save_checkpoint(model, tokenizer, out, method=method, max_length=int(cfg["max_length"]),
-                        encoder=str(cfg["encoder"]), trained_on=trained_on,
+                        encoder=str(cfg["encoder"]), trained_on=trained_on, head_fraction=head_fraction,
                         extra={"training": {k: cfg[k] for k in ("lr", "weight_decay", "warmup_fraction", "batch_size",
-                                                                 "grad_clip", "margin", "seed", "dropout")}})
+                                                                 "grad_clip", "margin", "seed", "dropout",
+                                                                 "frozen_layers", "length_buckets")}})
         result = {
             "model": model_name, "method": method,
             "val_tau_b": best.best_val["val_tau_b"], "val_pair_acc": best.best_val["val_pair_acc"],
             "best_epoch": best.best_epoch, "epochs_run": len(best.history),
             **dm.describe(),
             "pairs_seen": module.pairs_seen, "prompts_encoded": module.prompts_encoded,
-            "train_seconds": round(train_wall, 2),
+            "train_seconds": round(train_wall, 2), "frozen_cache_seconds": round(cache_seconds, 2),
+            "frozen_layers": frozen, "head_fraction": head_fraction, "members": list(data.members),
             "prompts_per_s": round(module.prompts_encoded / train_wall, 3) if train_wall else None,
             "pairs_per_s": round(module.pairs_seen / train_wall, 3) if train_wall and method == "pairwise" else None,
             "stage_wall_s": round(time.perf_counter() - t_start, 2),

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from pipeline.ranking.checkpoint import META, WEIGHTS, CheckpointError, sha256_file
+from pipeline.export import export_metrics
 
 RANKING = {
     "predictors": {"m": {"pairwise": {"m": {
@@ -61,8 +62,11 @@ def test_export_is_self_describing_and_scores_like_the_trained_model(trained):
 
 
 def test_export_refuses_corrupt_source_and_missing_metrics(trained):
-    with pytest.raises(ValueError, match="no test tau_b for m/listwise"):
+    with pytest.raises(CheckpointError, match="listwise does not exist"):
         _export(trained, method="listwise")
+    ranking = json.loads((trained / "metrics/ranking.json").read_text())
+    with pytest.raises(ValueError, match="no test tau_b for m/pairwise"):
+        export_metrics({"predictors": {}, "references": ranking["references"]}, "m", "pairwise", ["m"], "ranking.json")
     weights = trained / "models/m/pairwise" / WEIGHTS
     weights.write_bytes(weights.read_bytes()[:-4] + b"\0\0\0\0")
     with pytest.raises(CheckpointError, match="does not match"):
@@ -71,3 +75,13 @@ def test_export_refuses_corrupt_source_and_missing_metrics(trained):
     (trained / "metrics/ranking.json").unlink()
     with pytest.raises(FileNotFoundError, match="run evaluate first"):
         _export(trained)
+
+
+def test_cross_model_export_metrics_take_the_lowest_member():
+    stat = {"kendall_tau_b": 0.5, "ci_low": 0.4, "ci_high": 0.6, "n_prompts": 10, "pair_accuracy": 0.7}
+    ranking = {"predictors": {"both": {"pairwise": {"a": {"overall": stat},
+                                                    "b": {"overall": {**stat, "kendall_tau_b": 0.3}}}}},
+               "references": {"a": {"overall": {}}, "b": {"overall": {}}}}
+    metrics, tau = export_metrics(ranking, "both", "pairwise", ["a", "b"], "ranking.json")
+    assert tau == 0.3 and set(metrics["by_eval_model"]) == {"a", "b"}
+    assert metrics["by_eval_model"]["a"]["kendall_tau_b"] == 0.5

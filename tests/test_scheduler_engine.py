@@ -18,7 +18,7 @@ pytest.importorskip("vllm")
 pytestmark = pytest.mark.engine
 
 SCHEDULER = "pipeline.serving.vllm_scheduler.PARSAsyncScheduler"
-EXPORT = Path("models/export/pars-smollm2")
+EXPORT = Path("models/export/pars-recorded")
 
 
 @pytest.fixture(scope="module")

@@ -159,3 +159,109 @@ def test_packaged_minilm_trains_one_short_epoch(toy_root, monkeypatch):
     ckpt = toy_root / "minilm" / "models" / "toy" / "pairwise"
     assert Scorer.from_pretrained(ckpt).meta["encoder"] == "minilm-l6"
     assert -1.0 <= res["val_tau_b"] <= 1.0
+
+
+def test_split_forward_equals_full_forward(tiny_ranker):
+    """Training with cached frozen layers computes exactly what serving's full forward computes."""
+    tiny_ranker.eval()
+    torch.manual_seed(1)
+    ids = torch.randint(1000, 2000, (3, 9))
+    mask = torch.ones_like(ids)
+    mask[1, 6:] = 0  # padding must be masked the same way in both paths
+    mask[2, 3:] = 0
+    with torch.no_grad():
+        full = tiny_ranker(input_ids=ids, attention_mask=mask)
+        for k in range(tiny_ranker.num_layers + 1):
+            split = tiny_ranker.score_from(tiny_ranker.hidden_after(ids, mask, k), mask, k)
+            assert torch.allclose(split, full, atol=1e-5), k
+    with pytest.raises(ValueError, match="frozen_layers must be in 0..2"):
+        tiny_ranker.freeze_lower(3)
+
+
+def test_encode_prompts_keeps_head_and_tail(tokenizer):
+    from pipeline.ranking.model import encode_prompts
+
+    text = " ".join(str(i) for i in range(300))
+    both = tokenizer.convert_ids_to_tokens(encode_prompts(tokenizer, [text], 12, 0.5)[0])
+    assert both == ["[CLS]", "0", "1", "2", "3", "4", "295", "296", "297", "298", "299", "[SEP]"]
+    # head_fraction 1.0 is the tokenizer's own right truncation; short prompts are untouched
+    assert encode_prompts(tokenizer, [text], 12, 1.0)[0] == tokenizer(text, truncation=True, max_length=12)["input_ids"]
+    assert encode_prompts(tokenizer, ["two words"], 12, 0.5)[0] == tokenizer("two words")["input_ids"]
+    tail = tokenizer.convert_ids_to_tokens(encode_prompts(tokenizer, [text], 6, 0.0)[0])
+    assert tail == ["[CLS]", "296", "297", "298", "299", "[SEP]"]
+    with pytest.raises(ValueError, match="head_fraction"):
+        encode_prompts(tokenizer, [text], 12, 1.5)
+
+
+def test_length_bucket_batches_cover_every_prompt_once_and_pad_less():
+    from pipeline.ranking.data import LengthBucketBatches
+
+    sizes = np.random.default_rng(0).integers(5, 128, 1000)
+    sampler = LengthBucketBatches(sizes, batch_size=32, bucket=10, seed=3)
+    batches = list(sampler)
+    assert len(batches) == len(sampler) == 32
+    assert sorted(i for b in batches for i in b) == list(range(1000))
+    padded = sum(len(b) * sizes[b].max() for b in batches)
+    rand = np.random.default_rng(1).permutation(1000)
+    padded_random = sum(32 * sizes[rand[i:i + 32]].max() for i in range(0, 1000, 32))
+    assert padded < 0.75 * padded_random
+    sampler.set_epoch(1)
+    assert list(sampler) != batches  # a new order each epoch
+
+
+def test_frozen_layers_cache_trains_the_top_and_serves_the_same(toy_root, tiny_encoder_dir, monkeypatch):
+    """frozen_layers=1: the lower layer is run once and cached; only the top layer and head move;
+    the exported checkpoint scores val prompts exactly as validation did on the cached path."""
+    monkeypatch.setenv("WANDB_MODE", "disabled")
+    import pandas as pd
+    from safetensors.torch import load_file
+    from transformers import AutoModel
+
+    from pipeline.ranking.lightning import kendall_tau_b
+    from pipeline.serving.scorer import Scorer
+
+    res = run(toy_root, tiny_encoder_dir, "pairwise", "frozen", frozen_layers=1, length_buckets=2,
+              head_fraction=0.5, lr=5e-3)
+    assert res["val_tau_b"] > 0.4 and res["frozen_layers"] == 1 and res["frozen_cache_seconds"] >= 0
+    ckpt = toy_root / "frozen" / "models" / "toy" / "pairwise"
+    weights = load_file(str(ckpt / "model.safetensors"))
+    original = AutoModel.from_pretrained(tiny_encoder_dir).state_dict()
+    for name in ("embeddings.word_embeddings.weight", "encoder.layer.0.attention.self.query.weight"):
+        assert torch.equal(weights[f"encoder.{name}"], original[name]), name
+    assert not torch.equal(weights["encoder.encoder.layer.1.attention.self.query.weight"],
+                           original["encoder.layer.1.attention.self.query.weight"])
+    scorer = Scorer.from_pretrained(ckpt)
+    assert scorer.head_fraction == 0.5
+    labels = pd.read_parquet(toy_root / "data" / "pairs" / "toy" / "labels.parquet")
+    prompts = pd.read_parquet(toy_root / "data" / "prompts" / "prompts.parquet").set_index("prompt_id")
+    val = labels[labels["split"] == "val"].sort_values("prompt_id")
+    scores = scorer.score(prompts.loc[val["prompt_id"], "prompt"].tolist())
+    assert kendall_tau_b(scores, val["length"]) == pytest.approx(res["val_tau_b"], abs=1e-6)
+
+
+def test_cross_model_set_trains_on_the_union_without_mixing_models(tmp_path, tiny_encoder_dir, monkeypatch):
+    """Two models answer the same prompts on length scales 10x apart: the cross-model predictor
+    sees both models' prompts, compares prompts only within a model, and ranks both."""
+    monkeypatch.setenv("WANDB_MODE", "disabled")
+    from pipeline.contracts import GENERATIONS, generations_path, write_table
+    from pipeline.pairs import in_batch_pairs
+    from pipeline.train import train_one
+    from test_pairs import make_tables
+
+    data = tmp_path / "data"
+    write_dataset(data, model="small", n_train=40, n_val=16)
+    _, gens = make_tables(n_train=40, n_val=16, seed=1)
+    write_table(gens.assign(output_tokens=gens["output_tokens"] * 10), generations_path("big", data), GENERATIONS)
+    params = write_params(tmp_path / "params.yaml", partners=4)
+    for model in ("small", "big"):
+        assert pairs_main(["--model", model, "--params", str(params), "--data", str(data),
+                           "--metrics", str(tmp_path / "metrics" / "pairs")]) == 0
+    # one short prompt of the long-answer model outlasts every answer of the other: never compared
+    assert in_batch_pairs(np.array([40.0, 400.0, 50.0]), np.zeros(3, bool), 0.2, groups=[0, 1, 0]).tolist() == [[0, 2]]
+    res = train_one("both", "pairwise", params_for(tiny_encoder_dir, cross_models={"both": ["small", "big"]}, lr=5e-3),
+                    data_root=data, models_root=tmp_path / "models", metrics_dir=tmp_path / "m", plots_dir=tmp_path / "p")
+    assert res["members"] == ["small", "big"] and res["n_train_prompts"] == 80
+    assert res["val_tau_b"] > 0.4
+    with pytest.raises(ValueError, match="listwise"):
+        train_one("both", "listwise", params_for(tiny_encoder_dir, cross_models={"both": ["small", "big"]}),
+                  data_root=data, models_root=tmp_path / "models", metrics_dir=tmp_path / "m", plots_dir=tmp_path / "p")

@@ -3,7 +3,7 @@
     model.safetensors   encoder + head weights (the LengthRanker state dict)
     config.json         the encoder's Hugging Face config
     tokenizer files     whatever the tokenizer's save_pretrained writes
-    pars.json           format version, method, score direction, max length, encoder,
+    pars.json           format version, method, score direction, max length, head fraction, encoder,
                         training data, test tau_b, sha256 of model.safetensors
 """
 
@@ -33,7 +33,7 @@ def sha256_file(path: str | Path) -> str:
 
 
 def save_checkpoint(model, tokenizer, out_dir: str | Path, *, method: str, max_length: int,
-                    encoder: str, trained_on: dict[str, Any] | None = None,
+                    encoder: str, trained_on: dict[str, Any] | None = None, head_fraction: float = 1.0,
                     test_tau_b: float | None = None, extra: dict[str, Any] | None = None) -> Path:
     """Write `model` (a LengthRanker) and its tokenizer as a serving checkpoint."""
     from safetensors.torch import save_file
@@ -49,6 +49,9 @@ def save_checkpoint(model, tokenizer, out_dir: str | Path, *, method: str, max_l
         "method": method,
         "score_direction": "higher_is_longer",
         "max_length": int(max_length),
+        # a prompt longer than max_length keeps this share of its tokens from the start, the rest
+        # from the end (pipeline.ranking.model.encode_prompts); absent in older checkpoints = 1.0
+        "head_fraction": float(head_fraction),
         "encoder": encoder,
         "trained_on": trained_on or {},
         "test_tau_b": test_tau_b,

@@ -10,6 +10,12 @@ index (n,) the prompts' rows in their table (validation gathers scores by it).
   prompt encoded once.
 - per-pair pairwise (the paper's batches): a batch is `batch_size` rows of train.parquet, both
   prompts of each pair encoded (2 * batch_size encodings).
+
+With `frozen_layers` k > 0 the embeddings and the first k encoder layers are frozen: their output
+for every prompt is computed once (`RankingDataModule.cache_hidden`) and batches carry `hidden`
+(n, T, d) instead of input_ids, so each step runs only the top layers and the head. A cross-model
+training set is the union of several models' labels; each prompt row carries a `group` (the model)
+and in-batch pairs never compare two groups.
 """
 
 from __future__ import annotations
@@ -23,7 +29,7 @@ import lightning as L
 import numpy as np
 import pandas as pd
 import torch
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import DataLoader, Dataset, Sampler
 
 from pipeline.contracts import PAIRS, PROMPTS, pairs_dir, prompts_path, read_table
 from pipeline.pairs import LABELS, in_batch_pairs, labels_path
@@ -39,15 +45,21 @@ class PromptTable:
     input_ids: list[list[int]]
     lengths: np.ndarray  # float64 label lengths
     truncated: np.ndarray  # bool
+    groups: np.ndarray | None = None  # int group (model) per row in a cross-model set, else None
+    hidden: list[torch.Tensor] | None = None  # cached frozen-encoder output per row, (tokens, d)
 
     def __len__(self) -> int:
         return len(self.ids)
 
     @classmethod
-    def build(cls, labels: pd.DataFrame, texts: dict[str, str], tokenizer, max_length: int) -> "PromptTable":
+    def build(cls, labels: pd.DataFrame, texts: dict[str, str], tokenizer, max_length: int,
+              head_fraction: float = 1.0) -> "PromptTable":
+        from pipeline.ranking.model import encode_prompts
+
         ids = labels["prompt_id"].to_numpy()
-        enc = tokenizer([texts[p] for p in ids], truncation=True, max_length=max_length)["input_ids"]
-        return cls(ids, list(enc), labels["length"].to_numpy(np.float64), labels["truncated"].to_numpy(bool))
+        enc = encode_prompts(tokenizer, [texts[p] for p in ids], max_length, head_fraction)
+        groups = labels["group"].to_numpy(np.int64) if "group" in labels else None
+        return cls(ids, enc, labels["length"].to_numpy(np.float64), labels["truncated"].to_numpy(bool), groups)
 
     def position(self) -> dict[str, int]:
         return {p: i for i, p in enumerate(self.ids)}
@@ -64,6 +76,7 @@ class RankingData:
     texts: dict[str, str]
     datasets: list[str]
     delta: float
+    members: tuple[str, ...] = ()  # the generation models of a cross-model set (group i = members[i])
 
     @classmethod
     def load(cls, model: str, data_root: str | Path = "data") -> "RankingData":
@@ -86,7 +99,31 @@ class RankingData:
         train_ids = set(labels.loc[labels["split"] == "train", "prompt_id"])
         datasets = sorted(used.loc[used["prompt_id"].isin(train_ids), "dataset"].unique().tolist())
         return cls(model, labels, train_pairs, val_pairs, dict(zip(used["prompt_id"], used["prompt"])),
-                   datasets, float(meta["delta"]))
+                   datasets, float(meta["delta"]), (model,))
+
+    @classmethod
+    def load_union(cls, name: str, models: Sequence[str], data_root: str | Path = "data") -> "RankingData":
+        """The cross-model training set `name`: the labels and pairs of every model in `models`.
+        A prompt answered by two models is two rows (ids become "<model>/<prompt_id>")."""
+        if not models:
+            raise ValueError(f"cross-model set {name!r} names no models")
+        parts = [cls.load(m, data_root) for m in models]
+        deltas = {p.delta for p in parts}
+        if len(deltas) > 1:
+            raise ValueError(f"cross-model set {name!r}: the pairs of {list(models)} used different deltas {sorted(deltas)}")
+
+        def key(model: str, ids: pd.Series) -> pd.Series:
+            return model + "/" + ids.astype(str)
+
+        labels, train, val, texts = [], [], [], {}
+        for g, part in enumerate(parts):
+            labels.append(part.labels.assign(prompt_id=key(part.model, part.labels["prompt_id"]), group=g))
+            for frame, out in ((part.train_pairs, train), (part.val_pairs, val)):
+                out.append(frame.assign(a=key(part.model, frame["a"]), b=key(part.model, frame["b"])))
+            texts.update({f"{part.model}/{pid}": text for pid, text in part.texts.items()})
+        datasets = sorted({d for p in parts for d in p.datasets})
+        return cls(name, pd.concat(labels, ignore_index=True), pd.concat(train, ignore_index=True),
+                   pd.concat(val, ignore_index=True), texts, datasets, deltas.pop(), tuple(models))
 
 
 class _Rows(Dataset):
@@ -100,6 +137,46 @@ class _Rows(Dataset):
 
     def __getitem__(self, i: int) -> int:
         return i
+
+
+def _pad_hidden(rows: Sequence[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Cached hidden states (tokens_i, d) -> (n, T, d) zero-padded, and the attention mask."""
+    width = max(h.shape[0] for h in rows)
+    out = torch.zeros((len(rows), width, rows[0].shape[1]), dtype=rows[0].dtype)
+    mask = torch.zeros((len(rows), width), dtype=torch.long)
+    for r, h in enumerate(rows):
+        out[r, : h.shape[0]] = h
+        mask[r, : h.shape[0]] = 1
+    return out, mask
+
+
+class LengthBucketBatches(Sampler):
+    """Batches of prompts of similar token length: each epoch shuffles, cuts the order into
+    chunks of `bucket` batches, sorts each chunk by length, cuts it into batches and shuffles the
+    batches. Batches stay random in content but are padded far less (measured in
+    benchmarks/train_throughput.py)."""
+
+    def __init__(self, sizes: Sequence[int], batch_size: int, bucket: int = 50, seed: int = 42):
+        self.sizes, self.batch_size, self.bucket, self.seed = np.asarray(sizes), int(batch_size), int(bucket), int(seed)
+        self.epoch = 0
+
+    def set_epoch(self, epoch: int) -> None:  # Lightning calls it each epoch
+        self.epoch = int(epoch)
+
+    def __len__(self) -> int:
+        return -(-len(self.sizes) // self.batch_size)
+
+    def __iter__(self):
+        rng = np.random.default_rng([self.seed, self.epoch])
+        order = rng.permutation(len(self.sizes))
+        chunk = self.batch_size * self.bucket
+        batches = []
+        for start in range(0, len(order), chunk):
+            part = order[start : start + chunk]
+            part = part[np.argsort(self.sizes[part], kind="stable")]
+            batches += [part[i : i + self.batch_size].tolist() for i in range(0, len(part), self.batch_size)]
+        for b in rng.permutation(len(batches)):
+            yield batches[b]
 
 
 def _pad(seqs: Sequence[Sequence[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -120,14 +197,18 @@ class PromptCollate:
 
     def __call__(self, rows: list[int]) -> dict[str, torch.Tensor]:
         rows_arr = np.asarray(rows, dtype=np.int64)
-        ids, mask = _pad([self.table.input_ids[r] for r in rows], self.pad_id)
         lengths = self.table.lengths[rows_arr]
         if self.delta is None:
             pairs = np.zeros((0, 2), dtype=np.int64)
         else:
-            pairs = in_batch_pairs(lengths, self.table.truncated[rows_arr], self.delta)
-        return {"input_ids": ids, "attention_mask": mask, "lengths": torch.as_tensor(lengths),
-                "pairs": torch.as_tensor(pairs), "index": torch.as_tensor(rows_arr)}
+            groups = None if self.table.groups is None else self.table.groups[rows_arr]
+            pairs = in_batch_pairs(lengths, self.table.truncated[rows_arr], self.delta, groups)
+        batch = {"lengths": torch.as_tensor(lengths), "pairs": torch.as_tensor(pairs), "index": torch.as_tensor(rows_arr)}
+        if self.table.hidden is not None:
+            batch["hidden"], batch["attention_mask"] = _pad_hidden([self.table.hidden[r] for r in rows])
+        else:
+            batch["input_ids"], batch["attention_mask"] = _pad([self.table.input_ids[r] for r in rows], self.pad_id)
+        return batch
 
 
 class PairCollate:
@@ -161,7 +242,8 @@ class RankingDataModule(L.LightningDataModule):
 
     def __init__(self, data: RankingData, tokenizer, method: str, *, max_length: int = 64,
                  batch_size: int = 16, eval_batch_size: int = 64, pairwise_mode: str = "in_batch",
-                 max_train_prompts: int | None = None, seed: int = 42, num_workers: int = 0):
+                 max_train_prompts: int | None = None, seed: int = 42, num_workers: int = 0,
+                 head_fraction: float = 1.0, length_buckets: int = 0):
         super().__init__()
         if method not in ("pairwise", "pointwise", "listwise"):
             raise ValueError(f"unknown method {method!r}; expected pairwise, pointwise or listwise")
@@ -171,6 +253,10 @@ class RankingDataModule(L.LightningDataModule):
         self.max_length, self.batch_size, self.eval_batch_size = max_length, batch_size, eval_batch_size
         self.pairwise_mode, self.num_workers = pairwise_mode, num_workers
         self.per_pair = method == "pairwise" and pairwise_mode == "per_pair"
+        self.seed, self.length_buckets = seed, int(length_buckets)
+        if len(data.members) > 1 and method == "listwise":
+            raise ValueError(f"{data.model}: listwise ranks a batch as one list, which mixes models' length "
+                             f"scales in a cross-model set; train it with pairwise or pointwise")
 
         labels = data.labels
         train_labels = labels[labels["split"] == "train"].sort_values("prompt_id")
@@ -190,8 +276,8 @@ class RankingDataModule(L.LightningDataModule):
         if len(train_labels) < 2 or len(val_labels) < 2:
             raise ValueError(f"model {data.model}: {len(train_labels)} train and {len(val_labels)} val prompts "
                              f"have labels; at least 2 of each are needed")
-        self.train_table = PromptTable.build(train_labels, data.texts, tokenizer, max_length)
-        self.val_table = PromptTable.build(val_labels, data.texts, tokenizer, max_length)
+        self.train_table = PromptTable.build(train_labels, data.texts, tokenizer, max_length, head_fraction)
+        self.val_table = PromptTable.build(val_labels, data.texts, tokenizer, max_length, head_fraction)
         self.train_pair_idx = pair_indices(train_pairs, self.train_table, "train.parquet")
         self.val_pair_idx = pair_indices(data.val_pairs, self.val_table, "val.parquet")
         if self.per_pair and len(self.train_pair_idx) == 0:
@@ -208,17 +294,52 @@ class RankingDataModule(L.LightningDataModule):
         return {"n_train_prompts": self.n_train_prompts, "n_train_pairs_file": int(len(self.train_pair_idx)),
                 "n_val_prompts": len(self.val_table), "n_val_pairs": int(len(self.val_pair_idx))}
 
+    def cache_hidden(self, model, n_layers: int, batch_size: int = 64) -> float:
+        """Run the frozen lower encoder once over every train and val prompt (eval mode, no grad,
+        length-sorted batches) and keep its output; returns the seconds it took."""
+        import time
+
+        from tqdm.auto import tqdm
+
+        if self.per_pair:
+            raise ValueError("train.frozen_layers > 0 needs in-batch batches (pairwise_mode in_batch)")
+        t0, was_training = time.perf_counter(), model.training
+        model.eval()
+        with torch.inference_mode():
+            for name, table in (("train", self.train_table), ("val", self.val_table)):
+                order = np.argsort([len(x) for x in table.input_ids], kind="stable")
+                hidden: list[torch.Tensor | None] = [None] * len(table)
+                for start in tqdm(range(0, len(order), batch_size), desc=f"frozen encoder ({name})", unit="batch",
+                                  leave=False):
+                    rows = order[start : start + batch_size]
+                    ids, mask = _pad([table.input_ids[r] for r in rows], self.pad_id)
+                    out = model.hidden_after(ids, mask, n_layers)
+                    for k, r in enumerate(rows):
+                        hidden[r] = out[k, : len(table.input_ids[r])].clone()
+                table.hidden = hidden
+        model.train(was_training)
+        return time.perf_counter() - t0
+
     def _loader(self, dataset, collate, shuffle: bool, batch_size: int) -> DataLoader:
         return DataLoader(dataset, batch_size=batch_size, shuffle=shuffle, collate_fn=collate,
                           num_workers=self.num_workers, persistent_workers=self.num_workers > 0)
+
+    def _single_process(self) -> bool:
+        trainer = getattr(self, "trainer", None)
+        return trainer is None or int(trainer.world_size) == 1
 
     def train_dataloader(self) -> DataLoader:
         if self.per_pair:
             collate = PairCollate(self.train_table, self.train_pair_idx[:, 0], self.train_pair_idx[:, 1], self.pad_id)
             return self._loader(_Rows(len(self.train_pair_idx)), collate, True, self.batch_size)
         delta = self.data.delta if self.method == "pairwise" else None
-        return self._loader(_Rows(len(self.train_table)), PromptCollate(self.train_table, self.pad_id, delta),
-                            True, self.batch_size)
+        collate = PromptCollate(self.train_table, self.pad_id, delta)
+        if self.length_buckets > 1 and self._single_process():  # under DDP Lightning shards a plain shuffle
+            sampler = LengthBucketBatches([len(x) for x in self.train_table.input_ids], self.batch_size,
+                                          self.length_buckets, self.seed)
+            return DataLoader(_Rows(len(self.train_table)), batch_sampler=sampler, collate_fn=collate,
+                              num_workers=self.num_workers, persistent_workers=self.num_workers > 0)
+        return self._loader(_Rows(len(self.train_table)), collate, True, self.batch_size)
 
     def val_dataloader(self) -> DataLoader:
         return self._loader(_Rows(len(self.val_table)), PromptCollate(self.val_table, self.pad_id), False,

@@ -57,15 +57,21 @@ class RankerModule(L.LightningModule):
     """Holds the plain LengthRanker; `method` picks the loss; logs val tau_b and pair accuracy."""
 
     def __init__(self, model: torch.nn.Module, method: str, *, lr: float = 2e-5, weight_decay: float = 0.01,
-                 warmup_fraction: float = 0.1, margin: float = 1.0, val_pairs: np.ndarray | None = None):
+                 warmup_fraction: float = 0.1, margin: float = 1.0, val_pairs: np.ndarray | None = None,
+                 frozen_layers: int = 0, val_groups: np.ndarray | None = None):
         super().__init__()
         if method not in LOSSES:
             raise ValueError(f"unknown method {method!r}; expected one of {sorted(LOSSES)}")
         self.model = model
         self.method = method
         self.loss_fn = partial(LOSSES[method], margin=margin) if method == "pairwise" else LOSSES[method]
-        self.save_hyperparameters(ignore=["model", "val_pairs"])
+        self.save_hyperparameters(ignore=["model", "val_pairs", "val_groups"])
         self.val_pairs = np.zeros((0, 2), np.int64) if val_pairs is None else np.asarray(val_pairs, np.int64)
+        # batches carry the cached output of the frozen layers ("hidden") when frozen_layers > 0
+        self.frozen_layers = int(frozen_layers)
+        # cross-model sets: val tau_b is the mean of each model's own tau_b (lengths of different
+        # models are not on one scale)
+        self.val_groups = None if val_groups is None else np.asarray(val_groups, np.int64)
         self._val_parts: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = []
         self.last_val: dict[str, float] = {}
         # Throughput counters (training steps only; validation and data loading excluded).
@@ -85,10 +91,15 @@ class RankerModule(L.LightningModule):
     def on_train_batch_start(self, batch: Any, batch_idx: int) -> None:
         self._t0 = time.perf_counter()
 
+    def batch_scores(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        if "hidden" in batch:
+            return self.model.score_from(batch["hidden"], batch["attention_mask"], self.frozen_layers).float()
+        return self(batch["input_ids"], batch["attention_mask"]).float()
+
     def training_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> torch.Tensor:
-        scores = self(batch["input_ids"], batch["attention_mask"]).float()
+        scores = self.batch_scores(batch)
         loss = self.loss_fn(scores, batch["lengths"].to(scores.dtype), batch["pairs"])
-        n, m = int(batch["input_ids"].shape[0]), int(batch["pairs"].shape[0])
+        n, m = int(batch["attention_mask"].shape[0]), int(batch["pairs"].shape[0])
         self.prompts_encoded += n
         self.pairs_seen += m if self.method == "pairwise" else 0
         self._epoch_loss[0] += float(loss.detach()) * n
@@ -128,7 +139,7 @@ class RankerModule(L.LightningModule):
         self._val_parts = []
 
     def validation_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> None:
-        scores = self(batch["input_ids"], batch["attention_mask"]).float()
+        scores = self.batch_scores(batch)
         self._val_parts.append((batch["index"], scores.detach(), batch["lengths"].to(scores.device)))
 
     def on_validation_epoch_end(self) -> None:
@@ -145,11 +156,20 @@ class RankerModule(L.LightningModule):
         s_full, l_full = np.zeros(n), np.zeros(n)
         s_full[idx], l_full[idx] = scores, lengths
         seen = np.unique(idx)
-        tau = kendall_tau_b(s_full[seen], l_full[seen])
+        if self.val_groups is None:
+            tau = kendall_tau_b(s_full[seen], l_full[seen])
+        else:
+            g = self.val_groups[seen]
+            tau = float(np.mean([kendall_tau_b(s_full[seen][g == k], l_full[seen][g == k]) for k in np.unique(g)]))
         ok = np.isin(self.val_pairs, seen).all(axis=1) if len(self.val_pairs) else np.zeros(0, bool)
         acc = pair_accuracy(s_full, l_full, self.val_pairs[ok])
         self.last_val = {"val_tau_b": tau, "val_pair_acc": acc, "n_val_prompts": int(len(seen))}
         # Every rank holds the same gathered values, so no sync_dist reduction is needed.
+        if self.trainer.is_global_zero and not self.trainer.sanity_checking:
+            # one line per epoch: Lightning's bar is not drawn when the output is not a terminal (dvc repro)
+            rate = self.prompts_encoded / self.train_seconds if self.train_seconds else 0.0
+            print(f"epoch {self.current_epoch}: val tau_b {tau:.4f}, pair acc {acc:.4f} "
+                  f"({self.prompts_encoded} prompts trained, {rate:.1f} prompts/s)", flush=True)
         self.log("val/tau_b", tau, prog_bar=True)
         if np.isfinite(acc):
             self.log("val/pair_acc", acc, prog_bar=True)

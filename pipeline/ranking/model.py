@@ -40,8 +40,76 @@ class LengthRanker(nn.Module):
         cls_vector = out.last_hidden_state[:, 0]
         return self.head(self.dropout(cls_vector)).squeeze(-1)
 
+    # -- the same network in two halves: training with a frozen, cached lower encoder --------
+    def _layers(self) -> nn.ModuleList:
+        layers = getattr(getattr(self.encoder, "encoder", None), "layer", None)
+        if not isinstance(layers, nn.ModuleList) or not hasattr(self.encoder, "embeddings"):
+            raise ValueError(f"{type(self.encoder).__name__} is not a BERT-style encoder (embeddings + "
+                             f"encoder.layer): train.frozen_layers must be 0 for it")
+        return layers
+
+    @property
+    def num_layers(self) -> int:
+        return len(self._layers())
+
+    def freeze_lower(self, n_layers: int) -> None:
+        """Embeddings and the first `n_layers` transformer layers take no gradient (their output is
+        computed once by `hidden_after` and cached by the trainer)."""
+        layers = self._layers()
+        if not 0 <= n_layers <= len(layers):
+            raise ValueError(f"train.frozen_layers must be in 0..{len(layers)}, got {n_layers}")
+        if n_layers:
+            self.encoder.embeddings.requires_grad_(False)
+            for layer in layers[:n_layers]:
+                layer.requires_grad_(False)
+
+    def hidden_after(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, n_layers: int) -> torch.Tensor:
+        """Hidden states after the embeddings and the first `n_layers` layers."""
+        hidden = self.encoder.embeddings(input_ids=input_ids)
+        return self._run_layers(hidden, attention_mask, 0, n_layers)
+
+    def score_from(self, hidden: torch.Tensor, attention_mask: torch.Tensor, start_layer: int) -> torch.Tensor:
+        """Scores from the hidden states after layer `start_layer`: the rest of `forward`.
+        score_from(hidden_after(x, m, k), m, k) == forward(x, m) (tested)."""
+        hidden = self._run_layers(hidden, attention_mask, start_layer, self.num_layers)
+        return self.head(self.dropout(hidden[:, 0])).squeeze(-1)
+
+    def _run_layers(self, hidden: torch.Tensor, attention_mask: torch.Tensor, start: int, stop: int) -> torch.Tensor:
+        # additive mask (batch, 1, 1, keys): 0 where attended, the dtype's minimum on padding
+        additive = (1.0 - attention_mask[:, None, None, :].to(hidden.dtype)) * torch.finfo(hidden.dtype).min
+        for layer in self._layers()[start:stop]:
+            out = layer(hidden, attention_mask=additive)
+            hidden = out[0] if isinstance(out, tuple) else out
+        return hidden
+
 
 def load_tokenizer(name_or_path: str | os.PathLike):
     from transformers import AutoTokenizer
 
     return AutoTokenizer.from_pretrained(resolve_encoder(str(name_or_path)) if not Path(name_or_path).exists() else str(name_or_path))
+
+
+def encode_prompts(tokenizer, texts, max_length: int, head_fraction: float = 1.0) -> list[list[int]]:
+    """Token ids (special tokens included) of at most `max_length` per prompt.
+
+    A longer prompt keeps its first round(head_fraction * body) tokens and its last ones, body being
+    max_length minus the special tokens: long chat prompts often paste a document first and put the
+    instruction at the end. head_fraction 1.0 is plain right truncation. Training, evaluation and
+    serving all encode through here (the checkpoint records head_fraction)."""
+    if not 0.0 <= float(head_fraction) <= 1.0:
+        raise ValueError(f"head_fraction must be in [0, 1], got {head_fraction}")
+    # where the tokenizer puts its special tokens ([CLS] ... [SEP] for BERT), from a probe
+    probe, bare = tokenizer("a")["input_ids"], tokenizer("a", add_special_tokens=False)["input_ids"]
+    n_pre = next(i for i in range(len(probe)) if probe[i : i + len(bare)] == bare)
+    n_post = len(probe) - n_pre - len(bare)
+    body = int(max_length) - n_pre - n_post
+    if body < 1:
+        raise ValueError(f"max_length {max_length} leaves no room for prompt tokens")
+    head = int(round(body * float(head_fraction)))
+    out = []
+    for ids in tokenizer(list(texts), truncation=False, verbose=False)["input_ids"]:
+        if len(ids) > int(max_length):
+            inner = ids[n_pre : len(ids) - n_post]
+            ids = ids[:n_pre] + inner[:head] + inner[len(inner) - (body - head) :] + ids[len(ids) - n_post :]
+        out.append(list(ids))
+    return out

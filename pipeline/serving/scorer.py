@@ -24,6 +24,7 @@ class Scorer:
         self.device = device
         self.batch_size = int(batch_size)
         self.max_length = int(meta["max_length"])
+        self.head_fraction = float(meta.get("head_fraction", 1.0))
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
 
     @classmethod
@@ -44,6 +45,9 @@ class Scorer:
             )
         if not isinstance(meta.get("max_length"), int) or meta["max_length"] < 2:
             raise CheckpointError(f"checkpoint {path}: max_length {meta.get('max_length')!r} is not a length")
+        head = meta.get("head_fraction", 1.0)
+        if isinstance(head, bool) or not isinstance(head, (int, float)) or not 0.0 <= head <= 1.0:
+            raise CheckpointError(f"checkpoint {path}: head_fraction {head!r} is not a number in [0, 1]")
         try:
             config = AutoConfig.from_pretrained(path)
             tokenizer = AutoTokenizer.from_pretrained(path)
@@ -56,7 +60,7 @@ class Scorer:
     def score(self, texts: Sequence[str], batch_size: int | None = None, progress: bool = False) -> np.ndarray:
         """Scores in input order, computed under inference mode.
 
-        Prompts are tokenized once (truncated to max_length, as in training), then batched in
+        Prompts are tokenized once (cut to max_length head + tail, as in training), then batched in
         order of token length so each batch is padded only to its own longest prompt: on mixed
         lengths this does much less padded work than batching in input order."""
         import torch
@@ -68,7 +72,9 @@ class Scorer:
             if not isinstance(text, str):
                 raise TypeError(f"score: item {i} is {type(text).__name__}, not str")
         batch_size = int(batch_size or self.batch_size)
-        ids = self.tokenizer(texts, truncation=True, max_length=self.max_length)["input_ids"]
+        from pipeline.ranking.model import encode_prompts
+
+        ids = encode_prompts(self.tokenizer, texts, self.max_length, self.head_fraction)
         order = np.argsort([len(x) for x in ids], kind="stable")
         out = np.empty(len(texts), dtype=np.float32)
         starts = range(0, len(texts), batch_size)
