@@ -1,4 +1,4 @@
-"""The data contracts between stages (see ../shared/DESIGN.md), in one place.
+"""The data contracts between stages, in one place (the stages are described in README.md).
 
 Every stage writes its tables through `write_table` (schema checked, written atomically)
 and reads them through `read_table` (schema checked, with a clear error naming the file).

@@ -1,4 +1,4 @@
-"""Offline sources: prompts (and answers) shipped inside PyPI packages (../shared/ASSETS.md)."""
+"""Offline sources: prompts (and answers) shipped inside PyPI packages; each source names its package."""
 
 from __future__ import annotations
 
