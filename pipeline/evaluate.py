@@ -367,7 +367,9 @@ def log_wandb(ranking: dict, params: dict) -> None:
 
     rows = ranking_rows(ranking)
     mode = os.environ.get("WANDB_MODE", cfg.get("mode", "offline"))
+    # dir given explicitly: wandb otherwise keeps the directory of an earlier run in this process
     run = wandb.init(project=cfg.get("project", "pars"), job_type="evaluate", mode=mode,
+                     dir=os.environ.get("WANDB_DIR") or ".",
                      config={k: v for k, v in params.items() if k != "wandb"})
     try:
         run.log({"ranking": wandb.Table(dataframe=rows)})

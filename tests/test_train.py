@@ -265,3 +265,15 @@ def test_cross_model_set_trains_on_the_union_without_mixing_models(tmp_path, tin
     with pytest.raises(ValueError, match="listwise"):
         train_one("both", "listwise", params_for(tiny_encoder_dir, cross_models={"both": ["small", "big"]}),
                   data_root=data, models_root=tmp_path / "models", metrics_dir=tmp_path / "m", plots_dir=tmp_path / "p")
+
+
+def test_length_bucket_batches_keep_groups_apart():
+    from pipeline.ranking.data import LengthBucketBatches
+
+    rng = np.random.default_rng(0)
+    groups = np.repeat([0, 1, 2], [500, 40, 30])
+    sampler = LengthBucketBatches(rng.integers(5, 128, len(groups)), batch_size=32, bucket=4, seed=0, groups=groups)
+    batches = list(sampler)
+    assert len(batches) == len(sampler) == 16 + 2 + 1
+    assert sorted(i for b in batches for i in b) == list(range(len(groups)))
+    assert all(len(set(groups[b])) == 1 for b in batches)  # every in-batch pair is comparable

@@ -154,27 +154,33 @@ class LengthBucketBatches(Sampler):
     """Batches of prompts of similar token length: each epoch shuffles, cuts the order into
     chunks of `bucket` batches, sorts each chunk by length, cuts it into batches and shuffles the
     batches. Batches stay random in content but are padded far less (measured in
-    benchmarks/train_throughput.py)."""
+    benchmarks/train_throughput.py). With `groups` (a cross-model set) every batch holds prompts of
+    one group, so each in-batch pair is comparable; otherwise a small model's prompts would rarely
+    meet a partner of their own model in a batch dominated by the largest one."""
 
-    def __init__(self, sizes: Sequence[int], batch_size: int, bucket: int = 50, seed: int = 42):
+    def __init__(self, sizes: Sequence[int], batch_size: int, bucket: int = 50, seed: int = 42,
+                 groups: Sequence[int] | None = None):
         self.sizes, self.batch_size, self.bucket, self.seed = np.asarray(sizes), int(batch_size), int(bucket), int(seed)
+        self.groups = np.zeros(len(self.sizes), np.int64) if groups is None else np.asarray(groups)
         self.epoch = 0
 
     def set_epoch(self, epoch: int) -> None:  # Lightning calls it each epoch
         self.epoch = int(epoch)
 
     def __len__(self) -> int:
-        return -(-len(self.sizes) // self.batch_size)
+        return sum(-(-int(n) // self.batch_size) for n in np.unique(self.groups, return_counts=True)[1])
 
     def __iter__(self):
         rng = np.random.default_rng([self.seed, self.epoch])
         order = rng.permutation(len(self.sizes))
         chunk = self.batch_size * self.bucket
         batches = []
-        for start in range(0, len(order), chunk):
-            part = order[start : start + chunk]
-            part = part[np.argsort(self.sizes[part], kind="stable")]
-            batches += [part[i : i + self.batch_size].tolist() for i in range(0, len(part), self.batch_size)]
+        for group in np.unique(self.groups):
+            mine = order[self.groups[order] == group]
+            for start in range(0, len(mine), chunk):
+                part = mine[start : start + chunk]
+                part = part[np.argsort(self.sizes[part], kind="stable")]
+                batches += [part[i : i + self.batch_size].tolist() for i in range(0, len(part), self.batch_size)]
         for b in rng.permutation(len(batches)):
             yield batches[b]
 
@@ -336,7 +342,7 @@ class RankingDataModule(L.LightningDataModule):
         collate = PromptCollate(self.train_table, self.pad_id, delta)
         if self.length_buckets > 1 and self._single_process():  # under DDP Lightning shards a plain shuffle
             sampler = LengthBucketBatches([len(x) for x in self.train_table.input_ids], self.batch_size,
-                                          self.length_buckets, self.seed)
+                                          self.length_buckets, self.seed, self.train_table.groups)
             return DataLoader(_Rows(len(self.train_table)), batch_sampler=sampler, collate_fn=collate,
                               num_workers=self.num_workers, persistent_workers=self.num_workers > 0)
         return self._loader(_Rows(len(self.train_table)), collate, True, self.batch_size)
