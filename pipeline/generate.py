@@ -2,8 +2,9 @@
 
 Resumable and lossless: each prompt's k answers are appended to `cache.jsonl` (one line per
 prompt, flushed and fsynced) the moment they finish, keyed by (backend identity: model and
-sampling settings, prompt text). A killed run started again skips what is cached, and a line
-half-written at the kill is cut off, so no sample is lost or duplicated. `generations.parquet`
+sampling settings, prompt text). A killed run started again skips what is cached; a line
+half-written at the kill, or any other damaged line, is skipped and set aside (`cache.jsonl.damaged`)
+while every valid line, before or after it, is kept, so no sample is lost or duplicated. `generations.parquet`
 is then rebuilt whole from the cache for the prompts selected now.
 """
 
@@ -35,20 +36,39 @@ class GenerationCache:
             self._load()
 
     def _load(self) -> None:
-        good_end = 0
+        """Keep every valid line. A damaged one (a line torn by a kill, bytes that are not a JSON
+        entry) is skipped and counted, never the valid lines after it: the file is rewritten
+        without it (atomically) and the damaged bytes are kept in `<cache>.damaged`."""
+        damaged: list[tuple[int, bytes]] = []
+        good: list[bytes] = []
         with self.path.open("rb") as fh:
-            for raw in fh:
-                if not raw.endswith(b"\n"):
-                    break  # a line cut by a kill: drop it below
-                try:
-                    entry = json.loads(raw)
-                except (json.JSONDecodeError, UnicodeDecodeError):
-                    break
+            for lineno, raw in enumerate(fh, start=1):
+                entry = None
+                if raw.endswith(b"\n"):
+                    try:
+                        entry = json.loads(raw)
+                    except (json.JSONDecodeError, UnicodeDecodeError):
+                        entry = None
+                if not (isinstance(entry, dict) and isinstance(entry.get("key"), str)
+                        and isinstance(entry.get("samples"), list)):
+                    damaged.append((lineno, raw))
+                    continue
                 self.entries[entry["key"]] = entry
-                good_end += len(raw)
-        if good_end != self.path.stat().st_size:
-            with self.path.open("r+b") as fh:
-                fh.truncate(good_end)
+                good.append(raw)
+        if not damaged:
+            return
+        with open(f"{self.path}.damaged", "ab") as fh:
+            for _, raw in damaged:
+                fh.write(raw if raw.endswith(b"\n") else raw + b"\n")
+        tmp = self.path.with_name(self.path.name + ".tmp")
+        with tmp.open("wb") as fh:
+            fh.writelines(good)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, self.path)
+        lines = ", ".join(str(n) for n, _ in damaged[:10]) + (" …" if len(damaged) > 10 else "")
+        print(f"generate: {self.path}: skipped {len(damaged)} damaged line(s) (line {lines}); kept "
+              f"{len(good)} valid entries; the damaged bytes are in {self.path}.damaged", flush=True)
 
     def add(self, key: str, prompt_id: str, samples: list[Sample]) -> None:
         entry = {"key": key, "prompt_id": prompt_id, "samples": [s.to_dict() for s in samples]}

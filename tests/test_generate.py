@@ -40,6 +40,25 @@ def test_cache_survives_a_line_cut_by_a_kill(tmp_path):
     assert len(lines) == 3 and all(json.loads(line) for line in lines)  # no torn line, no duplicate
 
 
+def test_cache_keeps_every_valid_line_around_a_damaged_one(tmp_path, capsys):
+    """A damaged line in the middle (not just a torn tail) costs that line only: the valid lines
+    after it are kept, the damage is reported and its bytes set aside."""
+    path = tmp_path / "cache.jsonl"
+    cache = GenerationCache(path)
+    for i in range(6):
+        cache.add(f"k{i}", f"p{i}", [_sample(i + 1)])
+    lines = path.read_bytes().splitlines(keepends=True)
+    lines[2] = b'{"key": "k2", "prompt_id": "p2", "sam\x00ples": [}\n'  # corrupted in place
+    lines.insert(4, b"[1, 2, 3]\n")  # valid JSON, not an entry
+    path.write_bytes(b"".join(lines))
+    reopened = GenerationCache(path)
+    assert set(reopened.entries) == {"k0", "k1", "k3", "k4", "k5"}
+    assert "skipped 2 damaged line(s) (line 3, 5)" in capsys.readouterr().out
+    assert len(path.read_text().splitlines()) == 5  # the file now holds only valid entries
+    assert len((tmp_path / "cache.jsonl.damaged").read_bytes().splitlines()) == 2
+    assert set(GenerationCache(path).entries) == set(reopened.entries)  # and reopens cleanly
+
+
 def test_cache_key_changes_with_sampling_settings():
     ident = {"model": "m", "temperature": 0.7, "k": 4}
     assert cache_key(ident, "p") == cache_key(dict(ident), "p")
