@@ -75,6 +75,17 @@ def read_prompts(path: str | Path, field: str = "prompt") -> list[dict]:
     raise ValueError(f"{path}: unknown input format {path.suffix!r} (expected .jsonl or .parquet)")
 
 
+def _positive_int(text: str) -> int:
+    """argparse type: a batch size of 0 or less would score nothing (or garbage) silently."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
 def main(argv: list[str] | None = None) -> int:
     from pipeline.ranking.checkpoint import CheckpointError
     from pipeline.serving.scorer import Scorer
@@ -85,7 +96,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("-o", "--output", help="write .jsonl or .parquet here (default: JSONL to stdout)")
     parser.add_argument("--field", default="prompt", help="the prompt's field/column (default: %(default)s)")
     parser.add_argument("--id-field", help=f"id to carry to the output (default: the first of {ID_FIELDS} present)")
-    parser.add_argument("--batch-size", type=int, default=32)
+    parser.add_argument("--batch-size", type=_positive_int, default=32)
     args = parser.parse_args(argv)
 
     records = read_prompts(args.input, args.field)  # input errors before the (slower) model load

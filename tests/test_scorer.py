@@ -156,3 +156,16 @@ def test_packaged_minilm_checkpoint_round_trip(tmp_path, tokenizer):
         enc = tokenizer(TEXTS, padding=True, truncation=True, max_length=128, return_tensors="pt")
         direct = model(input_ids=enc["input_ids"], attention_mask=enc["attention_mask"]).numpy()
     np.testing.assert_allclose(got, direct, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("value", ["0", "-1", "two"])
+def test_pars_score_refuses_a_batch_size_below_one(tiny_checkpoint, tmp_path, capsys, value):
+    from pipeline.score import main
+
+    src = tmp_path / "in.jsonl"
+    src.write_text('{"prompt": "fine"}\n')
+    with pytest.raises(SystemExit) as exc:
+        main(["--checkpoint", str(tiny_checkpoint), str(src), "--batch-size", value])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert "--batch-size" in err and "Traceback" not in err
