@@ -56,6 +56,17 @@ def _columns(ranking: dict) -> list[tuple[str, str]]:
     return cols
 
 
+def _cell(stat: dict | None, refs: dict, transferred: bool = False) -> str:
+    """One predictor's τ_b with its interval and marks: † transferred, ✗ not above prompt length,
+    ‡ not above TF-IDF + ridge (when that reference exists)."""
+    if stat is None:
+        return "–"
+    mark = ("†" if transferred else "") + ("" if stat["beats_prompt_length"] else " ✗")
+    if refs.get("tfidf_ridge") and not stat.get("beats_tfidf_ridge"):
+        mark += " ‡"
+    return _fmt(stat["kendall_tau_b"], (stat["ci_low"], stat["ci_high"])) + mark
+
+
 def render_markdown(ranking: dict) -> str:
     cols = _columns(ranking)
     train_models = list(ranking["predictors"])
@@ -63,36 +74,22 @@ def render_markdown(ranking: dict) -> str:
     header = "| method | " + " | ".join(f"{g} · {m}" for m, g in cols) + " |"
     lines = ["## Kendall τ_b of predicted rank vs. true answer length (test split, 95% bootstrap CI)", "",
              header, "|" + "---|" * (len(cols) + 1)]
+    per_model = [m for m in train_models if m in ranking["references"]]  # the others are cross-model
     transferred = False
     for method in methods:
         cells = []
         for eval_model, group in cols:
-            per_model = [m for m in train_models if m in ranking["references"]]
             source = eval_model if eval_model in per_model else (per_model[0] if per_model else None)
             stat = (ranking["predictors"].get(source, {}).get(method, {}).get(eval_model, {}).get(group)
                     if source else None)
-            if stat is None:
-                cells.append("–")
-                continue
-            mark = ("" if source == eval_model else "†") + ("" if stat["beats_prompt_length"] else " ✗")
-            if ranking["references"][eval_model][group].get("tfidf_ridge") and not stat.get("beats_tfidf_ridge"):
-                mark += " ‡"
-            transferred |= source != eval_model
-            cells.append(_fmt(stat["kendall_tau_b"], (stat["ci_low"], stat["ci_high"])) + mark)
+            transferred |= stat is not None and source != eval_model
+            cells.append(_cell(stat, ranking["references"][eval_model][group], transferred=source != eval_model))
         lines.append(f"| {METHOD_NAMES.get(method, method)} | " + " | ".join(cells) + " |")
     # cross-model predictors (trained on several models' answers, so no eval model of their own)
-    for model in [m for m in train_models if m not in ranking["references"]]:
+    for model in [m for m in train_models if m not in per_model]:
         for method, by_eval in ranking["predictors"][model].items():
-            cells = []
-            for eval_model, group in cols:
-                stat = by_eval.get(eval_model, {}).get(group)
-                if stat is None:
-                    cells.append("–")
-                    continue
-                mark = "" if stat["beats_prompt_length"] else " ✗"
-                if ranking["references"][eval_model][group].get("tfidf_ridge") and not stat.get("beats_tfidf_ridge"):
-                    mark += " ‡"
-                cells.append(_fmt(stat["kendall_tau_b"], (stat["ci_low"], stat["ci_high"])) + mark)
+            cells = [_cell(by_eval.get(eval_model, {}).get(group), ranking["references"][eval_model][group])
+                     for eval_model, group in cols]
             lines.append(f"| cross-model {METHOD_NAMES.get(method, method)}: `{model}` | " + " | ".join(cells) + " |")
     has_tfidf = any(ranking["references"][m][g].get("tfidf_ridge") for m, g in cols)
     refs = [("noise_ceiling", "noise ceiling (sample vs sample)", "n/a (k=1)"),
@@ -114,8 +111,7 @@ def render_markdown(ranking: dict) -> str:
                      f"TF-IDF of word 1–{ngram_max}-grams + ridge on log answer length, fitted on the eval model's "
                      "train-split prompts, alpha chosen on its val split.")
     if transferred:
-        first = next(m for m in train_models if m in ranking["references"])
-        notes.append(f"†: no predictor trained on this model's answers alone; the {first} predictor is shown.")
+        notes.append(f"†: no predictor trained on this model's answers alone; the {per_model[0]} predictor is shown.")
     notes.append("Noise ceiling: τ_b between two independent samples' lengths, averaged over sample pairs; "
                  "predictors are scored against the mean of all samples, so they can exceed it.")
     settings = ranking.get("settings", {})
