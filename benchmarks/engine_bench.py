@@ -130,12 +130,11 @@ def load_workload(args, tokenizer):
 
 def workload_tau(checkpoint: Path, workload: list[dict]) -> float:
     """Kendall tau_b of the checkpoint's scores against the lengths served: how much order PARS has."""
-    from scipy.stats import kendalltau
-
+    from pipeline.ranking.metrics import kendall_tau_b
     from pipeline.serving.scorer import Scorer
 
     scores = Scorer.from_pretrained(checkpoint).score([r["prompt"] for r in workload])
-    return float(kendalltau(scores, [r["length"] for r in workload]).statistic)
+    return kendall_tau_b(scores, [r["length"] for r in workload])
 
 
 def run_policy(policy: str, args, checkpoint: Path, workload: list[dict]) -> dict:
@@ -269,9 +268,8 @@ def main(argv=None) -> int:
     if args.model == "models/base/smollm2" and not (Path(args.model) / "model.safetensors").is_file():
         args.model = str(packaged_smollm2())
     checkpoint = ensure_checkpoint(args)
-    from transformers import AutoTokenizer
-
     import vllm
+    from transformers import AutoTokenizer
 
     from pipeline.ranking.checkpoint import read_meta
 

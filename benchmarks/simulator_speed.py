@@ -44,8 +44,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"numba: {HAVE_NUMBA}; compile/warm-up {time.perf_counter() - t:.1f} s")
 
     cases = [
-        ("poisson %.2f mu, fcfs" % args.load, poisson(args.requests, args.load * cap.mu, rng), "fcfs"),
-        ("poisson %.2f mu, oracle" % args.load, poisson(args.requests, args.load * cap.mu, rng), "oracle"),
+        (f"poisson {args.load:.2f} mu, fcfs", poisson(args.requests, args.load * cap.mu, rng), "fcfs"),
+        (f"poisson {args.load:.2f} mu, oracle", poisson(args.requests, args.load * cap.mu, rng), "oracle"),
         ("burst, fcfs", burst(args.requests), "fcfs"),
     ]
     for name, arrival, policy in cases:

@@ -49,6 +49,28 @@ PAIRS = pa.schema(
     ]
 )
 
+# one row per labelled prompt (the pairs stage; rules in pipeline.ranking.labels)
+LABELS = pa.schema(
+    [
+        ("prompt_id", pa.string()),
+        ("split", pa.string()),
+        ("length", pa.float64()),  # mean output_tokens over samples (a lower bound if truncated)
+        ("truncated", pa.bool_()),  # some sample hit max_tokens
+        ("n_samples", pa.int32()),
+    ]
+)
+
+# Scores of every predictor on every test prompt (the evaluate stage; read by simulate and benchmarks)
+SCORES = pa.schema(
+    [
+        ("prompt_id", pa.string()),
+        ("dataset", pa.string()),
+        ("train_model", pa.string()),  # the predictor: trained on this model's (or set's) answers
+        ("method", pa.string()),
+        ("score", pa.float32()),  # higher = longer answer predicted
+    ]
+)
+
 SPLITS = ("train", "val", "test")
 FINISH_REASONS = ("stop", "length")
 
@@ -122,3 +144,17 @@ def generations_meta_path(model: str, root: str | Path = "data") -> Path:
 
 def pairs_dir(model: str, root: str | Path = "data") -> Path:
     return Path(root) / "pairs" / model
+
+
+def scores_path(root: str | Path = "data") -> Path:
+    """The evaluate stage's test-split scores of every predictor (SCORES)."""
+    return Path(root) / "scores" / "scores.parquet"
+
+
+def predictor_dir(model: str, method: str, root: str | Path = "models") -> Path:
+    """A trained predictor's checkpoint directory (the train stage's out)."""
+    return Path(root) / model / method
+
+
+def labels_path(model: str, root: str | Path = "data") -> Path:
+    return pairs_dir(model, root) / "labels.parquet"

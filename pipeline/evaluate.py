@@ -28,35 +28,25 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
-import pyarrow as pa
 
-from pipeline.contracts import GENERATIONS, PROMPTS, generations_path, prompts_path, read_table, write_json, write_table
-from pipeline.pairs import prompt_labels
+from pipeline.contracts import (
+    GENERATIONS,
+    PROMPTS,
+    SCORES,
+    generations_path,
+    predictor_dir,
+    prompts_path,
+    read_table,
+    scores_path,
+    write_json,
+    write_table,
+)
 from pipeline.params import load_params
 from pipeline.ranking import metrics as M
-from pipeline.report import OVERALL, ranking_rows
-
-# Scores of every predictor on every test prompt (read by the simulator and the engine benchmark).
-SCORES = pa.schema(
-    [
-        ("prompt_id", pa.string()),
-        ("dataset", pa.string()),
-        ("train_model", pa.string()),
-        ("method", pa.string()),
-        ("score", pa.float32()),  # higher = longer answer predicted
-    ]
-)
-
+from pipeline.ranking.labels import prompt_labels
+from pipeline.ranking.report_tables import OVERALL, ranking_rows, render_markdown
 
 PAIRWISE = "pairwise"  # method_differences compares every other method against this one
-
-
-def scores_path(root: str | Path = "data") -> Path:
-    return Path(root) / "scores" / "scores.parquet"
-
-
-def predictor_dir(model: str, method: str, root: str | Path = "models") -> Path:
-    return Path(root) / model / method
 
 
 def prompt_token_counts(texts: list[str], tokenizer_name: str) -> np.ndarray:
@@ -94,7 +84,7 @@ def _tau_block(scores: pd.Series, lab: pd.DataFrame, idx: np.ndarray, level: flo
     lengths = lab["length"].to_numpy()
     boot = M.bootstrap_taus(s, lengths, idx)
     low, high = M.percentile_ci(boot, level)
-    acc, n_pairs = M.pair_accuracy(s, lengths, lab["truncated"].to_numpy(), delta=delta)
+    acc, n_pairs = M.delta_pair_accuracy(s, lengths, lab["truncated"].to_numpy(), delta=delta)
     return {"kendall_tau_b": M.kendall_tau_b(s, lengths), "ci_low": low, "ci_high": high,
             "n_prompts": int(len(lab)), "pair_accuracy": acc, "n_pairs": n_pairs}, boot
 
@@ -434,7 +424,6 @@ def main(argv: list[str] | None = None) -> int:
         params["wandb"] = {**(params.get("wandb") or {}), "enabled": False}
     ranking = run(params, data_root=args.data, models_root=args.models, metrics_dir=args.metrics,
                   plots_dir=args.plots)
-    from pipeline.report import render_markdown
 
     print(render_markdown(ranking))
     return 0

@@ -59,7 +59,7 @@ def export_metrics(ranking: dict, model: str, method: str, members: list[str], p
 
 def run(params: dict, *, models_root: str | Path = "models", ranking_path: str | Path = "metrics/ranking.json",
         out_root: str | Path = "models/export") -> Path:
-    from pipeline.evaluate import predictor_dir
+    from pipeline.contracts import predictor_dir
     from pipeline.serving.scorer import Scorer
 
     name, model, method = params["name"], params["model"], params["method"]

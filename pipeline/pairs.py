@@ -25,14 +25,14 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
-import pyarrow as pa
 
 from pipeline.contracts import (
-    FINISH_REASONS,
     GENERATIONS,
+    LABELS,
     PAIRS,
     PROMPTS,
     generations_path,
+    labels_path,
     pairs_dir,
     prompts_path,
     read_table,
@@ -40,70 +40,9 @@ from pipeline.contracts import (
     write_table,
 )
 from pipeline.params import load_params
+from pipeline.ranking.labels import keep_mask, prompt_labels
 
-LABELS = pa.schema(
-    [
-        ("prompt_id", pa.string()),
-        ("split", pa.string()),
-        ("length", pa.float64()),  # mean output_tokens over samples (a lower bound if truncated)
-        ("truncated", pa.bool_()),  # some sample hit max_tokens
-        ("n_samples", pa.int32()),
-    ]
-)
 PAIR_SPLITS = ("train", "val")
-
-
-def labels_path(model: str, root: str | Path = "data") -> Path:
-    return pairs_dir(model, root) / "labels.parquet"
-
-
-def keep_mask(la, lb, ta, tb, delta: float) -> np.ndarray:
-    """The pair filter, vectorised: δ test on the labels plus the truncation rule (module doc)."""
-    la, lb = np.asarray(la, dtype=np.float64), np.asarray(lb, dtype=np.float64)
-    ta, tb = np.asarray(ta, dtype=bool), np.asarray(tb, dtype=bool)
-    big = np.maximum(la, lb)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        rel = np.where(big > 0, np.abs(la - lb) / np.where(big > 0, big, 1.0), 0.0)
-    shorter_truncated = np.where(la < lb, ta, tb)
-    return (rel >= delta) & (big > 0) & ~shorter_truncated
-
-
-def in_batch_pairs(lengths, truncated, delta: float, groups=None) -> np.ndarray:
-    """All pairs (i < j) among a batch of prompts that `keep_mask` keeps, as an (m, 2) int array.
-    With `groups` (one id per prompt: the model whose answers gave its label), only prompts of the
-    same group are compared: lengths of different models are not on one scale."""
-    n = len(lengths)
-    i, j = np.triu_indices(n, k=1)
-    lengths, truncated = np.asarray(lengths), np.asarray(truncated)
-    keep = keep_mask(lengths[i], lengths[j], truncated[i], truncated[j], delta)
-    if groups is not None:
-        groups = np.asarray(groups)
-        keep &= groups[i] == groups[j]
-    return np.stack([i[keep], j[keep]], axis=1).astype(np.int64)
-
-
-def prompt_labels(generations: pd.DataFrame, where: str = "generations") -> pd.DataFrame:
-    """Per prompt: mean output_tokens, whether any sample was truncated, number of samples."""
-    if generations.empty:
-        raise ValueError(f"{where} has no rows: no answers to take lengths from")
-    tokens = generations["output_tokens"]
-    if tokens.isna().any():
-        raise ValueError(f"{where}: {int(tokens.isna().sum())} row(s) have no output_tokens")
-    if (tokens < 0).any():
-        raise ValueError(f"{where}: negative output_tokens in {int((tokens < 0).sum())} row(s)")
-    bad = sorted(set(generations["finish_reason"].dropna()) - set(FINISH_REASONS))
-    if bad or generations["finish_reason"].isna().any():
-        raise ValueError(f"{where}: finish_reason must be one of {FINISH_REASONS}, found {bad or [None]}")
-    dup = generations.duplicated(["prompt_id", "sample"])
-    if dup.any():
-        raise ValueError(f"{where}: {int(dup.sum())} duplicate (prompt_id, sample) row(s)")
-    g = generations.assign(truncated=generations["finish_reason"].eq("length"))
-    out = g.groupby("prompt_id", sort=True).agg(
-        length=("output_tokens", "mean"), truncated=("truncated", "any"), n_samples=("sample", "size"))
-    out = out.reset_index()
-    out["length"] = out["length"].astype(np.float64)
-    out["n_samples"] = out["n_samples"].astype(np.int32)
-    return out
 
 
 def sample_pairs(labels: pd.DataFrame, partners: int, max_tries_factor: int, delta: float,
@@ -224,7 +163,7 @@ def main(argv: list[str]) -> int:
         shutil.rmtree(out)
     for split, df in pairs.items():
         write_table(df, out / f"{split}.parquet", PAIRS)
-    write_table(labels, out / "labels.parquet", LABELS)
+    write_table(labels, labels_path(args.model, args.data), LABELS)
     # train forms in-batch pairs with the same δ: it reads it here rather than from another section
     write_json({k: metrics[k] for k in ("model", "delta", "partners")} |
                {"max_tries_factor": int(params.get("max_tries_factor", 10)), "seed": int(params.get("seed", 42))},

@@ -8,6 +8,7 @@ from typing import Any
 
 import yaml
 
+
 def load_params(section: str, path: str | Path | None = None) -> dict[str, Any]:
     """Return the `section` of the params file (default `params.yaml`, or $PARS_PARAMS)."""
     path = Path(path or os.environ.get("PARS_PARAMS", "params.yaml"))

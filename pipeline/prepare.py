@@ -34,7 +34,7 @@ def normalise(text: str) -> str:
 def prompt_id(dataset: str, text: str) -> str:
     """Stable id: whitespace differences and case do not make a new prompt."""
     key = _WS.sub(" ", normalise(text)).lower()
-    return hashlib.sha256(f"{dataset}\x00{key}".encode("utf-8")).hexdigest()[:16]
+    return hashlib.sha256(f"{dataset}\x00{key}".encode()).hexdigest()[:16]
 
 
 def assign_split(pid: str, fractions: dict[str, float]) -> str:

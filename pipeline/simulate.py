@@ -1,16 +1,20 @@
 """`pars simulate`: replay this project's test prompts through the KV-bound serving simulator and
-compare queue policies (FCFS, PARS, pointwise, listwise, oracle SJF, random).
+compare queue policies (FCFS, PARS, pointwise, listwise, oracle SJF, random), workload by workload.
 
-Requests are the test-split prompts of `simulate.model` with their real prompt lengths and real
-answer lengths: each request takes ONE sampled answer of its prompt (drawn at random, seeded),
-never the mean over samples that the predictors were scored against, so the oracle knows the
-true length and the predictors do not. There are far fewer test prompts (~50 for smollm2) than a
-2,000-request burst, so scenarios resample the test prompts with replacement; each copy draws
-its own answer sample. Learned policies rank by the evaluate stage's scores
-(data/scores/scores.parquet, predictors trained on `simulate.score_model`); without that file
-only fcfs, oracle and random run, and the output says so.
+A workload (params `simulate.workloads`) is the test-split prompts of one generation model with
+their real prompt and answer lengths: each request takes ONE sampled answer of its prompt (drawn at
+random, seeded), never the mean over samples that the predictors were scored against, so the oracle
+knows the true length and the predictors do not. A burst takes distinct prompts when the workload
+has enough (ShareGPT/ChatGPT: 3,000+ test prompts); otherwise (SmolLM2: ~60) it resamples them
+with replacement, each copy drawing its own answer sample. Learned policies rank by the evaluate
+stage's scores (data/scores/scores.parquet) of the predictors named in the workload's `score_model`;
+a missing score file or predictor skips that policy, and the output says so.
 
-Writes metrics/simulation.json (per scenario, one object per policy) and plots/simulation_*.png.
+`quality_curve` adds, for one workload's burst, the serving speedup of scores with a known ranking
+quality: log(true length) plus Gaussian noise of each given sigma, and the tau_b that noise gives.
+
+Writes metrics/simulation.json (`workloads.<name>.scenarios.<scenario>.<policy>`) and
+plots/simulation/*.png.
 """
 
 from __future__ import annotations
@@ -25,18 +29,20 @@ import pandas as pd
 from pipeline.contracts import GENERATIONS, PROMPTS, generations_path, prompts_path, read_table, write_json
 from pipeline.params import load_params
 from pipeline.queueing import theory as th
-from pipeline.queueing.policies import SCORE_METHODS, policy_key
+from pipeline.queueing.policies import POLICIES, SCORE_METHODS, policy_key
+from pipeline.ranking.metrics import kendall_tau_b
 
 METRICS = Path("metrics/simulation.json")
-PLOT_CDF = Path("plots/simulation_latency_cdf.png")
-PLOT_SPEEDUP = Path("plots/simulation_speedup_vs_load.png")
-PLOT_QUEUE = Path("plots/simulation_burst_queue.png")
-ORDER = ("fcfs", "pars", "pointwise", "listwise", "oracle", "random")
+PLOTS = Path("plots/simulation")
+ORDER = POLICIES
 
 
-def load_requests(model: str, score_model: str, data_root: str | Path = "data",
+def load_requests(model: str, score_model: str | dict[str, str], data_root: str | Path = "data",
                   scores_file: str | Path | None = None) -> tuple[pd.DataFrame, pd.DataFrame, list[str]]:
-    """Test prompts with their answer samples, and a (prompt_id x method) score table.
+    """Test prompts with their answer samples, and a (prompt_id x policy) score table.
+
+    `score_model` names the predictors: one train model for every learned policy, or a mapping
+    policy -> train model (e.g. pars from the cross-model export, pointwise from a per-model one).
 
     Returns (samples: prompt_id, sample, s, o), (scores: prompt_id -> one column per policy),
     and notes on what is missing."""
@@ -53,7 +59,7 @@ def load_requests(model: str, score_model: str, data_root: str | Path = "data",
     if truncated > 0:
         notes.append(f"{truncated:.1%} of answers were cut at max_tokens: their length is a lower bound")
 
-    from pipeline.evaluate import SCORES, scores_path
+    from pipeline.contracts import SCORES, scores_path
 
     path = Path(scores_file) if scores_file else scores_path(data_root)
     scores = pd.DataFrame(index=pd.Index(sorted(samples.prompt_id.unique()), name="prompt_id"))
@@ -61,12 +67,16 @@ def load_requests(model: str, score_model: str, data_root: str | Path = "data",
         notes.append(f"{path} not found (evaluate stage): learned policies pars/pointwise/listwise skipped")
         return samples, scores, notes
     sc = read_table(path, SCORES)
-    sc = sc[sc.train_model == score_model]
     for policy, method in SCORE_METHODS.items():
-        col = sc[sc.method == method].drop_duplicates("prompt_id").set_index("prompt_id")["score"]
+        train_model = score_model.get(policy) if isinstance(score_model, dict) else score_model
+        if train_model is None:
+            notes.append(f"no score_model for policy {policy}: skipped")
+            continue
+        mine = sc[(sc.train_model == train_model) & (sc.method == method)]
+        col = mine.drop_duplicates("prompt_id").set_index("prompt_id")["score"]
         missing = scores.index.difference(col.index)
         if col.empty:
-            notes.append(f"{path} has no {method} scores for train_model={score_model}: policy {policy} skipped")
+            notes.append(f"{path} has no {method} scores for train_model={train_model}: policy {policy} skipped")
         elif len(missing):
             notes.append(f"{method} scores miss {len(missing)} test prompts: policy {policy} skipped")
         else:
@@ -86,9 +96,10 @@ def read_trace(path: str | Path) -> np.ndarray:
 
 
 def draw(samples: pd.DataFrame, n: int, rng: np.random.Generator) -> pd.DataFrame:
-    """n requests: a test prompt uniformly at random, then one of its answer samples."""
+    """n requests: distinct test prompts when there are at least n (else drawn with replacement),
+    each with one of its answer samples at random."""
     prompts = np.array(sorted(samples.prompt_id.unique()))
-    pick = rng.choice(prompts, size=n, replace=True)
+    pick = rng.choice(prompts, size=n, replace=n > len(prompts))
     by_prompt = {pid: grp.index.to_numpy() for pid, grp in samples.groupby("prompt_id")}
     rows = np.array([rng.choice(by_prompt[p]) for p in pick])
     return samples.loc[rows].reset_index(drop=True)
@@ -110,7 +121,7 @@ def run_policies(req: pd.DataFrame, arrival: np.ndarray, scores: pd.DataFrame, p
 def summarise(results: dict[str, Any]) -> dict[str, dict[str, float]]:
     table = {p: r.summary() for p, r in results.items()}
     base, orac = table["fcfs"], table.get("oracle")
-    for p, row in table.items():
+    for row in table.values():
         for stat in ("mean", "p90"):
             k = f"{stat}_per_token_latency"
             row[f"speedup_{stat}_over_fcfs"] = base[k] / row[k]
@@ -119,12 +130,34 @@ def summarise(results: dict[str, Any]) -> dict[str, dict[str, float]]:
     return table
 
 
-def plots(burst_results: dict[str, Any], sweep: dict[float, dict], name: str) -> None:
+def quality_curve(req: pd.DataFrame, arrival: np.ndarray, cfg, noise: list[float], seed: int) -> list[dict]:
+    """Serving speedup of scores of known ranking quality: log(1 + true length) + N(0, sigma^2).
+
+    One point per sigma: the tau_b of those scores against the true lengths (the project's tau_b),
+    and the burst's mean and p90 per-token latency speedup over FCFS. sigma 0 is the oracle."""
+    from pipeline.queueing.simulator import simulate
+
+    s, o = req.s.to_numpy(), req.o.to_numpy()
+    fcfs = simulate(arrival, s, o, key=policy_key("fcfs", arrival, o), config=cfg).summary()
+    rng = np.random.default_rng(seed)
+    points = []
+    for sigma in noise:
+        scores = np.log1p(o) + rng.normal(0.0, float(sigma), size=o.size)
+        row = simulate(arrival, s, o, key=scores, config=cfg).summary()
+        points.append({"noise_sigma": float(sigma), "kendall_tau_b": kendall_tau_b(scores, o),
+                       "speedup_mean_over_fcfs": fcfs["mean_per_token_latency"] / row["mean_per_token_latency"],
+                       "speedup_p90_over_fcfs": fcfs["p90_per_token_latency"] / row["p90_per_token_latency"]})
+    return points
+
+
+def plots(name: str, burst_results: dict[str, Any], sweep: dict[float, dict], curve: list[dict] | None,
+          measured: dict[str, dict] | None) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    PLOTS.mkdir(parents=True, exist_ok=True)
     fig, ax = plt.subplots(figsize=(6, 4))
     for p in ORDER:
         if p in burst_results:
@@ -133,11 +166,10 @@ def plots(burst_results: dict[str, Any], sweep: dict[float, dict], name: str) ->
     ax.set_xscale("log")
     ax.set_xlabel("per-token latency (s/token)")
     ax.set_ylabel("fraction of requests")
-    ax.set_title(f"{name}: per-token latency CDF")
+    ax.set_title(f"{name}: per-token latency CDF, burst")
     ax.legend()
     fig.tight_layout()
-    PLOT_CDF.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(PLOT_CDF, dpi=120)
+    fig.savefig(PLOTS / f"{name}_latency_cdf.png", dpi=120)
     plt.close(fig)
 
     fig, ax = plt.subplots(1, 2, figsize=(10, 3.6))
@@ -152,7 +184,7 @@ def plots(burst_results: dict[str, Any], sweep: dict[float, dict], name: str) ->
         a.set_xlabel("time (s)")
         a.legend(fontsize=7)
     fig.tight_layout()
-    fig.savefig(PLOT_QUEUE, dpi=120)
+    fig.savefig(PLOTS / f"{name}_burst_queue.png", dpi=120)
     plt.close(fig)
 
     if sweep:
@@ -164,26 +196,43 @@ def plots(burst_results: dict[str, Any], sweep: dict[float, dict], name: str) ->
         ax.axhline(1.0, color="grey", ls=":")
         ax.set_xlabel("load (arrival rate / capacity)")
         ax.set_ylabel("mean per-token latency speedup over FCFS")
-        ax.set_title("Poisson arrivals: speedup vs load")
+        ax.set_title(f"{name}: Poisson arrivals, speedup vs load")
         ax.legend()
         fig.tight_layout()
-        fig.savefig(PLOT_SPEEDUP, dpi=120)
+        fig.savefig(PLOTS / f"{name}_speedup_vs_load.png", dpi=120)
+        plt.close(fig)
+
+    if curve:
+        fig, ax = plt.subplots(figsize=(6, 4))
+        tau = [c["kendall_tau_b"] for c in curve]
+        ax.plot(tau, [c["speedup_mean_over_fcfs"] for c in curve], "o-", label="mean, noisy true length")
+        ax.plot(tau, [c["speedup_p90_over_fcfs"] for c in curve], "s--", label="p90, noisy true length")
+        for policy, row in (measured or {}).items():
+            ax.plot([row["kendall_tau_b"]], [row["speedup_mean_over_fcfs"]], "k*", ms=10)
+            ax.annotate(policy, (row["kendall_tau_b"], row["speedup_mean_over_fcfs"]),
+                        textcoords="offset points", xytext=(5, -10), fontsize=8)
+        ax.axhline(1.0, color="grey", ls=":")
+        ax.set_xlabel("Kendall tau_b of the scores (burst requests)")
+        ax.set_ylabel("per-token latency speedup over FCFS")
+        ax.set_title(f"{name}: what ranking quality buys (burst)")
+        ax.legend(fontsize=8)
+        fig.tight_layout()
+        fig.savefig(PLOTS / f"{name}_speedup_vs_tau.png", dpi=120)
         plt.close(fig)
 
 
-def run(p: dict[str, Any], data_root: str | Path = "data") -> dict[str, Any]:
+def run_workload(name: str, w: dict[str, Any], p: dict[str, Any], cfg, data_root: str | Path) -> dict[str, Any]:
     from tqdm import tqdm
 
-    from pipeline.queueing.simulator import EngineConfig, burst, poisson, trace
+    from pipeline.queueing.simulator import burst, poisson, trace
 
-    cfg = EngineConfig.from_dict(p["engine"])
-    seed = int(p.get("seed", 0))
-    samples, scores, notes = load_requests(p["model"], p["score_model"], data_root)
+    seed = int(p["seed"])
+    samples, scores, notes = load_requests(w["model"], w["score_model"], data_root)
     policies = [x for x in p["policies"] if x not in SCORE_METHODS or x in scores.columns]
     if "fcfs" not in policies:
         policies.insert(0, "fcfs")
     n_prompts = samples.prompt_id.nunique()
-    wl = th.Workload.empirical(p["model"], samples.s.to_numpy(), samples.o.to_numpy())
+    wl = th.Workload.empirical(w["model"], samples.s.to_numpy(), samples.o.to_numpy())
     cap = th.capacity(wl, cfg.M, cfg.chunk, float(cfg.step_time(0)))
     if cfg.step_c1 > 0:
         notes.append("mu for the load scale uses the step time of an empty step (c0); loads are approximate")
@@ -192,49 +241,75 @@ def run(p: dict[str, Any], data_root: str | Path = "data") -> dict[str, Any]:
     capacity_rate = min(cap.mu, slots)
     binding = "KV memory (mu)" if cap.mu <= slots else f"max_num_seqs={cfg.max_num_seqs} (batch slots)"
     notes.append(f"capacity {capacity_rate:.3f} req/s, bound by {binding}; mu = {cap.mu:.3f}, slot rate = {slots:.3f}")
-
     for note in notes:
-        print(f"note: {note}")
+        print(f"{name}: note: {note}")
+
     n = int(p["burst"])
     rng = np.random.default_rng(seed)
     req = draw(samples, n, rng)
     scen: dict[str, Any] = {}
-    print(f"burst of {n} requests from {n_prompts} test prompts ({len(samples)} answers), policies {policies}")
-    burst_res = run_policies(req, burst(n), scores, policies, cfg, seed)
-    scen[f"burst_{n}"] = summarise(burst_res)
+    print(f"{name}: burst of {n} requests from {n_prompts} test prompts ({len(samples)} answers), "
+          f"policies {policies}")
+    arrival = burst(n)
+    burst_res = run_policies(req, arrival, scores, policies, cfg, seed)
+    table = summarise(burst_res)
+    o = req.o.to_numpy()
+    for policy in policies:  # the ranking quality each policy had on these very requests
+        key = policy_key(policy, arrival, o, scores[policy].reindex(req.prompt_id).to_numpy()
+                         if policy in SCORE_METHODS else None, rng=np.random.default_rng(seed))
+        table[policy]["kendall_tau_b"] = kendall_tau_b(key, o) if policy != "fcfs" else 0.0
+    scen[f"burst_{n}"] = table
+    curve = None
+    if name == (p.get("quality_curve") or {}).get("workload"):
+        curve = quality_curve(req, arrival, cfg, list(p["quality_curve"]["noise_sigma"]), seed)
 
     sweep = {}
-    for load in tqdm([float(x) for x in p["poisson_loads"]], desc="poisson loads", unit="load"):
+    for load in tqdm([float(x) for x in p["poisson_loads"]], desc=f"{name}: poisson loads", unit="load"):
         m = int(p["poisson_requests"])
-        req = draw(samples, m, rng)
-        arrival = poisson(m, load * capacity_rate, rng)
-        table = summarise(run_policies(req, arrival, scores, policies, cfg, seed))
+        sub = draw(samples, m, rng)
+        table = summarise(run_policies(sub, poisson(m, load * capacity_rate, rng), scores, policies, cfg, seed))
         scen[f"poisson_{load:g}"] = table
         sweep[load] = table
     if p.get("trace"):
         # a recorded arrival trace: one arrival time (seconds) per line, or a parquet/CSV column `arrival`
         times = read_trace(p["trace"])
-        req = draw(samples, times.size, rng)
-        scen["trace"] = summarise(run_policies(req, trace(times), scores, policies, cfg, seed))
-    plots(burst_res, sweep, f"burst of {n}")
-
+        sub = draw(samples, times.size, rng)
+        scen["trace"] = summarise(run_policies(sub, trace(times), scores, policies, cfg, seed))
+    measured = {x: scen[f"burst_{n}"][x] for x in policies if x in SCORE_METHODS}
+    plots(name, burst_res, sweep, curve, measured)
     out = {
-        "model": p["model"], "score_model": p["score_model"], "test_prompts": int(n_prompts),
+        "model": w["model"], "score_model": w["score_model"], "test_prompts": int(n_prompts),
         "answers": int(len(samples)), "policies": policies, "notes": notes,
-        "resampled": f"{n_prompts} test prompts resampled with replacement; each request one real answer sample",
-        "engine": {k: (v if np.isfinite(v) else None) if isinstance(v, float) else v
-                   for k, v in cfg.__dict__.items()},
+        "resampled": n > n_prompts,
+        "requests": (f"{n_prompts} test prompts resampled with replacement; each request one real answer sample"
+                     if n > n_prompts else f"{n} distinct test prompts; each request one real answer sample"),
         "mu_theory": cap.mu, "delta": cap.delta, "slot_rate": slots, "capacity_rate": capacity_rate,
         "load_unit": f"Poisson loads are fractions of capacity_rate (bound by {binding})",
         "scenarios": scen,
     }
+    if curve is not None:
+        out["quality_curve"] = curve
+    return out
+
+
+def run(p: dict[str, Any], data_root: str | Path = "data") -> dict[str, Any]:
+    from pipeline.queueing.simulator import EngineConfig
+
+    cfg = EngineConfig.from_dict(p["engine"])
+    if PLOTS.exists():  # the stage rewrites its outs whole
+        for old in PLOTS.glob("*.png"):
+            old.unlink()
+    workloads = {name: run_workload(name, w, p, cfg, data_root) for name, w in p["workloads"].items()}
+    out = {"engine": {k: (v if np.isfinite(v) else None) if isinstance(v, float) else v
+                      for k, v in cfg.__dict__.items()},
+           "workloads": workloads}
     write_json(out, METRICS)
     return out
 
 
-def print_table(out: dict[str, Any], scenario: str) -> None:
-    rows = out["scenarios"][scenario]
-    print(f"\n{scenario}: per-token latency (s/token)")
+def print_table(name: str, w: dict[str, Any], scenario: str) -> None:
+    rows = w["scenarios"][scenario]
+    print(f"\n{name} · {scenario}: per-token latency (s/token)")
     print(f"{'policy':10s} {'mean':>9s} {'p90':>9s} {'speedup':>8s} {'p90 spd':>8s} {'vs oracle':>9s}")
     for p in ORDER:
         if p in rows:
@@ -248,16 +323,24 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="pars simulate", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--data-root", default="data")
-    ap.add_argument("--model", help="override simulate.model")
+    ap.add_argument("--workload", action="append",
+                    help="run only this workload of simulate.workloads (repeatable)")
     ap.add_argument("--trace", help="also replay this arrival trace (seconds; text, CSV or parquet column `arrival`)")
     args = ap.parse_args(argv)
     p = load_params("simulate")
-    if args.model:
-        p = {**p, "model": args.model}
+    if args.workload:
+        unknown = sorted(set(args.workload) - set(p["workloads"]))
+        if unknown:
+            ap.error(f"--workload {unknown[0]!r} is not in simulate.workloads {sorted(p['workloads'])}")
+        p = {**p, "workloads": {k: v for k, v in p["workloads"].items() if k in args.workload}}
     if args.trace:
         p = {**p, "trace": args.trace}
     out = run(p, args.data_root)
-    for scenario in out["scenarios"]:
-        print_table(out, scenario)
-    print(f"\nwrote {METRICS}, {PLOT_CDF}, {PLOT_SPEEDUP}, {PLOT_QUEUE}")
+    for name, w in out["workloads"].items():
+        for scenario in w["scenarios"]:
+            print_table(name, w, scenario)
+        for point in w.get("quality_curve", []):
+            print(f"{name}: tau_b {point['kendall_tau_b']:.2f} -> mean {point['speedup_mean_over_fcfs']:.2f}x, "
+                  f"p90 {point['speedup_p90_over_fcfs']:.2f}x over FCFS")
+    print(f"\nwrote {METRICS}, {PLOTS}/*.png")
     return 0

@@ -18,7 +18,7 @@ TFIDF = {"ngram_max": 2, "min_df": 2, "alphas": ALPHAS, "min_train_prompts": 20}
 
 
 def _labels(gens):
-    from pipeline.pairs import prompt_labels
+    from pipeline.ranking.labels import prompt_labels
 
     return prompt_labels(gens).set_index("prompt_id")
 
@@ -66,19 +66,19 @@ def test_matrix_bootstrap_equals_scipy_on_every_resample():
 
 def test_pair_accuracy_delta_filter_truncation_and_ties():
     lengths = [100, 110, 200, 50]  # (100, 110) differs by 9% < delta: not a pair
-    acc, n = M.pair_accuracy([1, 2, 3, 0], lengths, delta=0.2)
+    acc, n = M.delta_pair_accuracy([1, 2, 3, 0], lengths, delta=0.2)
     assert (acc, n) == (1.0, 5)
-    acc, n = M.pair_accuracy([0, 2, 3, 1], lengths, delta=0.2)  # 100 vs 50 misordered
+    acc, n = M.delta_pair_accuracy([0, 2, 3, 1], lengths, delta=0.2)  # 100 vs 50 misordered
     assert (acc, n) == (pytest.approx(4 / 5), 5)
     # the 50-token answer is a lower bound: every pair where it is the shorter side is dropped
-    acc, n = M.pair_accuracy([0, 2, 3, 1], lengths, [False, False, False, True], delta=0.2)
+    acc, n = M.delta_pair_accuracy([0, 2, 3, 1], lengths, [False, False, False, True], delta=0.2)
     assert (acc, n) == (1.0, 2)
     # a truncated *longer* side keeps its pairs (its true length is only longer)
-    _, n = M.pair_accuracy([0, 2, 3, 1], lengths, [False, False, True, False], delta=0.2)
+    _, n = M.delta_pair_accuracy([0, 2, 3, 1], lengths, [False, False, True, False], delta=0.2)
     assert n == 5
-    acc, _ = M.pair_accuracy([1, 1, 1, 1], lengths, delta=0.2)  # equal scores count one half
+    acc, _ = M.delta_pair_accuracy([1, 1, 1, 1], lengths, delta=0.2)  # equal scores count one half
     assert acc == 0.5
-    assert M.pair_accuracy([1, 2], [10, 10], delta=0.2) == (pytest.approx(np.nan, nan_ok=True), 0)
+    assert M.delta_pair_accuracy([1, 2], [10, 10], delta=0.2) == (pytest.approx(np.nan, nan_ok=True), 0)
 
 
 def test_noise_ceiling():
@@ -306,7 +306,7 @@ def test_evaluate_tfidf_reference_fits_train_chooses_on_val_and_is_paired(monkey
 
 def test_report_shows_tfidf_row_marks_and_method_differences():
     from pipeline.evaluate import _no_nan, evaluate
-    from pipeline.report import render_markdown
+    from pipeline.ranking.report_tables import render_markdown
 
     prompts, gens, scores, ptoks = _keyword_project()
     r = _no_nan(evaluate(prompts, gens, scores, ptoks, delta=0.2, n_boot=100, seed=0, level=0.95,
@@ -359,7 +359,7 @@ def test_evaluate_stage_writes_metrics_scores_plots_and_wandb(project, capsys):
     import yaml
 
     from pipeline.cli import main as pars
-    from pipeline.evaluate import SCORES, scores_path
+    from pipeline.contracts import SCORES, scores_path
     from pipeline.report import main as report_main
     from pipeline.serving.scorer import Scorer
 

@@ -7,8 +7,8 @@ import json
 import numpy as np
 import pytest
 
-from pipeline.ranking.checkpoint import META, WEIGHTS, CheckpointError, sha256_file
 from pipeline.export import export_metrics
+from pipeline.ranking.checkpoint import META, WEIGHTS, CheckpointError, sha256_file
 
 RANKING = {
     "predictors": {"m": {"pairwise": {"m": {

@@ -8,8 +8,18 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from pipeline.contracts import GENERATIONS, PAIRS, PROMPTS, generations_path, prompts_path, read_table, write_table
-from pipeline.pairs import LABELS, build_pairs, in_batch_pairs, keep_mask, main, prompt_labels
+from pipeline.contracts import (
+    GENERATIONS,
+    LABELS,
+    PAIRS,
+    PROMPTS,
+    generations_path,
+    prompts_path,
+    read_table,
+    write_table,
+)
+from pipeline.pairs import build_pairs, main
+from pipeline.ranking.labels import in_batch_pairs, keep_mask, prompt_labels
 
 WORDS = {"short": "brief", "long": "essay"}
 

@@ -6,11 +6,10 @@ as vLLM's own scheduler tests do. Everything else is vLLM's code and ours."""
 
 from __future__ import annotations
 
-import json
 import logging
 import math
 import re
-from collections import defaultdict, deque
+from collections import defaultdict
 
 import pytest
 
@@ -19,31 +18,16 @@ hypothesis = pytest.importorskip("hypothesis")
 from hypothesis import HealthCheck, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
-BLOCK = 16
-TOKEN = 7  # a sampled token that is neither EOS nor a stop token
+from pipeline.serving.cpu_harness import BLOCK, FakeEngine  # noqa: E402
 
 
 @pytest.fixture(scope="module")
-def model_dir(tmp_path_factory):
-    """A stand-in model: a tiny llama config.json plus the packaged BERT tokenizer."""
-    from transformers import AutoTokenizer
+def model_config(tmp_path_factory, tokenizer):
+    """A stand-in served model: a tiny llama config.json plus the packaged BERT tokenizer."""
+    from pipeline.serving import cpu_harness
 
-    from pipeline.ranking.model import resolve_encoder
-
-    path = tmp_path_factory.mktemp("tiny-model")
-    config = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 64,
-              "intermediate_size": 128, "num_attention_heads": 2, "num_key_value_heads": 2,
-              "num_hidden_layers": 1, "vocab_size": 30522, "max_position_embeddings": 4096}
-    (path / "config.json").write_text(json.dumps(config))
-    AutoTokenizer.from_pretrained(resolve_encoder("minilm-l6")).save_pretrained(path)
-    return path
-
-
-@pytest.fixture(scope="module")
-def model_config(model_dir):
-    from vllm.config import ModelConfig
-
-    return ModelConfig(model=str(model_dir), dtype="float32", seed=0, max_model_len=4096)
+    return cpu_harness.model_config(cpu_harness.model_dir(tmp_path_factory.mktemp("tiny-model"),
+                                                          tokenizer=tokenizer))
 
 
 @pytest.fixture(scope="module")
@@ -63,101 +47,13 @@ def checkpoint(tmp_path_factory, tokenizer, tiny_bert_config):
 @pytest.fixture(scope="module")
 def make_scheduler(model_config, checkpoint):
     """Build a real scheduler of `cls` with `num_blocks` KV blocks of 16 tokens."""
-    import torch
-    from vllm.config import CacheConfig, SchedulerConfig, VllmConfig
-    from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
-    from vllm.v1.structured_output import StructuredOutputManager
+    from pipeline.serving.cpu_harness import build_scheduler
 
-    def make(cls, *, max_num_seqs=4, num_blocks=1000, async_scheduling=False, pars=None,
-             max_num_batched_tokens=2048):
-        pars = {"checkpoint": str(checkpoint), **(pars or {})}
-        sched_cfg = SchedulerConfig(max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
-                                    max_model_len=4096, enable_chunked_prefill=True,
-                                    is_encoder_decoder=False)
-        vllm_config = VllmConfig(scheduler_config=sched_cfg, model_config=model_config,
-                                 cache_config=CacheConfig(block_size=BLOCK, enable_prefix_caching=False),
-                                 additional_config={"pars": pars})
-        # The CPU platform forces async scheduling off; the AsyncScheduler tests put it back.
-        vllm_config.scheduler_config.async_scheduling = async_scheduling
-        vllm_config.cache_config.num_gpu_blocks = num_blocks
-        kv = KVCacheConfig(num_blocks=num_blocks, kv_cache_tensors=[], kv_cache_groups=[
-            KVCacheGroupSpec(["layer"], FullAttentionSpec(block_size=BLOCK, num_kv_heads=1, head_size=1,
-                                                          dtype=torch.float32))])
-        return cls(vllm_config=vllm_config, kv_cache_config=kv,
-                   structured_output_manager=StructuredOutputManager(vllm_config), block_size=BLOCK,
-                   log_stats=False)
+    def make(cls, *, pars=None, **kwargs):
+        return build_scheduler(cls, model_config, pars={"checkpoint": str(checkpoint), **(pars or {})},
+                               **kwargs)
 
     return make
-
-
-class FakeEngine:
-    """The GPU's stand-in. Mirrors EngineCore.step (sync) or step_with_batch_queue (async: the next
-    step is scheduled before the previous one's output comes back). Time is the step count."""
-
-    def __init__(self, scheduler, async_scheduling: bool = False):
-        self.s = scheduler
-        self.t = 0.0
-        self.async_scheduling = async_scheduling
-        if hasattr(scheduler, "waiting") and hasattr(scheduler.waiting, "clock"):
-            scheduler.waiting.clock = lambda: self.t
-        self.in_flight: deque = deque()
-        self.finished: list[str] = []
-        self.admitted: list[tuple[float, str]] = []  # (step, request id), in admission order
-        self.preempted: list[tuple[float, str]] = []
-        self.arrival: dict[str, float] = {}
-        self._n = 0
-
-    def add(self, rid: str, prompt_len: int, out_len: int, score: float | None = None,
-            prompt_ids: list[int] | None = None):
-        from vllm.sampling_params import SamplingParams
-        from vllm.v1.request import Request
-
-        extra = {"pars_score": score} if score is not None else None
-        params = SamplingParams(max_tokens=out_len, ignore_eos=True, extra_args=extra)
-        # Distinct arrival times (a tiny offset per request) make "oldest" well defined.
-        self._n += 1
-        arrival = self.t + self._n * 1e-6
-        ids = prompt_ids if prompt_ids is not None else [1000 + self._n % 500] * prompt_len
-        self.arrival[rid] = arrival
-        self.s.add_request(Request(request_id=rid, prompt_token_ids=ids, sampling_params=params,
-                                   pooling_params=None, arrival_time=arrival))
-
-    def _process(self, item):
-        from vllm.v1.outputs import ModelRunnerOutput
-
-        out, sampled = item
-        req_ids = list(out.num_scheduled_tokens)
-        mro = ModelRunnerOutput(req_ids=req_ids, req_id_to_index={r: i for i, r in enumerate(req_ids)},
-                                sampled_token_ids=[sampled[r] for r in req_ids])
-        for eco in self.s.update_from_output(out, mro).values():
-            self.finished.extend(o.request_id for o in eco.outputs if o.finish_reason is not None)
-
-    def step(self) -> None:
-        before = {r.request_id for r in self.s.running}
-        out = self.s.schedule()
-        for r in self.s.running:
-            if r.request_id not in before:
-                self.admitted.append((self.t, r.request_id))
-        self.preempted.extend((self.t, rid) for rid in (out.preempted_req_ids or ()))
-        # A request whose prefill completes this step samples one token.
-        sampled = {rid: ([] if self.s.requests[rid].is_prefill_chunk else [TOKEN])
-                   for rid in out.num_scheduled_tokens}
-        self.in_flight.append((out, sampled))
-        # Sync: answer at once. Async: keep one step in flight; drain when nothing new was scheduled.
-        keep = 1 if self.async_scheduling and out.num_scheduled_tokens else 0
-        while len(self.in_flight) > keep:
-            self._process(self.in_flight.popleft())
-        self.t += 1
-
-    def run(self, max_steps: int = 10_000) -> None:
-        for _ in range(max_steps):
-            if not self.s.has_requests() and not self.in_flight:
-                return
-            self.step()
-        raise AssertionError(f"engine did not drain in {max_steps} steps")
-
-    def order(self) -> list[str]:
-        return [rid for _, rid in self.admitted]
 
 
 def _classes():
@@ -200,12 +96,13 @@ def test_vllm_fcfs_baseline_differs(make_scheduler):
 
 
 def test_checkpoint_scores_in_one_batch_at_schedule(make_scheduler, checkpoint, tokenizer):
-    """Token ids are detokenised with the served model's tokenizer and scored together in schedule();
-    add_request only queues. A client-sent score wins over the checkpoint."""
+    """Inline scoring: token ids are detokenised with the served model's tokenizer and scored together
+    in schedule(); add_request only queues. A client-sent score wins over the checkpoint."""
     from pipeline.serving.scorer import Scorer
     from pipeline.serving.vllm_scheduler import PARSScheduler
 
-    sched = make_scheduler(PARSScheduler, max_num_seqs=1)
+    sched = make_scheduler(PARSScheduler, max_num_seqs=1, pars={"scoring": "inline"})
+    assert sched.pars_worker is None
     eng = FakeEngine(sched)
     prompts = ["write a long essay about the history of rome", "say hi", "list three colors",
                "explain quantum computing in detail with examples", "what is two plus two"]
@@ -221,6 +118,47 @@ def test_checkpoint_scores_in_one_batch_at_schedule(make_scheduler, checkpoint, 
     eng.run()
     expected = Scorer.from_pretrained(checkpoint).score(prompts)
     assert eng.order() == [f"p{i}" for i in sorted(range(len(prompts)), key=lambda i: expected[i])] + ["client"]
+
+
+def test_background_scoring_never_waits_and_replaces_requests(make_scheduler, checkpoint, tokenizer):
+    """Background scoring: schedule() returns while the ranker is still busy; arrivals wait at a
+    provisional place (arrival order, behind a low client score, ahead of a high one) and move to
+    their scored place once the worker is done. Every request is scored once and finishes once."""
+    import threading
+
+    from pipeline.serving.scorer import Scorer
+    from pipeline.serving.vllm_scheduler import PARSScheduler
+
+    sched = make_scheduler(PARSScheduler, max_num_seqs=1)
+    assert sched.pars_config.scoring == "background" and sched.pars_worker is not None
+    release = threading.Event()
+    real_score = sched.pars_scorer.score
+
+    def held(texts, **kw):  # the real ranker, held until the test lets it finish
+        assert release.wait(10)
+        return real_score(texts, **kw)
+
+    sched.pars_scorer.score = held
+    eng = FakeEngine(sched)
+    prompts = ["write a long essay about the history of rome", "say hi", "list three colors",
+               "explain quantum computing in detail with examples", "what is two plus two"]
+    eng.add("first", 0, out_len=2, score=-1e9, prompt_ids=tokenizer("go first")["input_ids"])
+    for i, text in enumerate(prompts):
+        eng.add(f"p{i}", 0, out_len=2, prompt_ids=tokenizer(text)["input_ids"])
+    eng.add("last", 0, out_len=2, score=1e9, prompt_ids=tokenizer("go last")["input_ids"])
+    eng.step()  # returns although the ranker is blocked
+    assert sched.pars_unscored() == len(prompts)
+    assert sched.pars_stats["num_provisional"] == len(prompts)
+    waiting = [r.request_id for r in sched.waiting]
+    assert waiting == [f"p{i}" for i in range(len(prompts))] + ["last"]  # provisional: arrival order
+    release.set()
+    assert sched.pars_worker.wait_idle(10)
+    eng.run()
+    expected = Scorer.from_pretrained(checkpoint).score(prompts)
+    assert eng.order() == ["first"] + [f"p{i}" for i in sorted(range(len(prompts)),
+                                                                key=lambda i: expected[i])] + ["last"]
+    assert sched.pars_stats["num_scored"] == len(prompts)
+    assert sorted(eng.finished) == sorted(["first", "last", *(f"p{i}" for i in range(len(prompts)))])
 
 
 # ------------------------------------------------------------------------------- starvation ---
@@ -309,37 +247,68 @@ def test_preempted_request_requeues_by_score(make_scheduler, which):
 
 
 # ----------------------------------------------------------------------------- robustness ---
-def test_scoring_failure_falls_back_to_arrival_order(make_scheduler, tokenizer, caplog):
-    from pipeline.serving.vllm_scheduler import PARSScheduler
+@pytest.mark.parametrize("scoring", ["inline", "background"])
+def test_scoring_failure_keeps_a_provisional_place(make_scheduler, tokenizer, caplog, scoring):
+    """Unscorable requests wait in the middle (arrival order, behind a low client score, ahead of a
+    high one), never ahead of everything; faults are counted, and logged at a bounded rate."""
+    from pipeline.serving.vllm_scheduler import LOGGER_NAME, PARSScheduler
 
-    sched = make_scheduler(PARSScheduler, max_num_seqs=1)
+    sched = make_scheduler(PARSScheduler, max_num_seqs=1, pars={"scoring": scoring})
 
     def broken(texts, batch_size=None):
         raise RuntimeError("ranker exploded")
 
     sched.pars_scorer.score = broken  # a fault in our ranker, not a fake of vLLM
     eng = FakeEngine(sched)
-    from pipeline.serving.vllm_scheduler import LOGGER_NAME
-
     pars_logger = logging.getLogger(LOGGER_NAME)
     pars_logger.addHandler(caplog.handler)  # vLLM's loggers do not propagate to the root logger
     with caplog.at_level(logging.WARNING, logger=LOGGER_NAME):
+        eng.add("blocker", 0, out_len=2, score=-9.0, prompt_ids=tokenizer("runs first")["input_ids"])
+        eng.step()
         for i in range(4):
             eng.add(f"r{i}", 0, out_len=2, prompt_ids=tokenizer(f"prompt number {i}")["input_ids"])
         eng.add("client", 0, out_len=2, score=5.0, prompt_ids=tokenizer("a client-scored prompt")["input_ids"])
+        eng.add("low", 0, out_len=2, score=-1.0, prompt_ids=tokenizer("a low client score")["input_ids"])
         eng.step()
         for i in range(4, 6):
             eng.add(f"r{i}", 0, out_len=2, prompt_ids=tokenizer(f"prompt number {i}")["input_ids"])
+        eng.step()
+        if sched.pars_worker is not None:
+            assert sched.pars_worker.wait_idle(10)
         eng.run()
     pars_logger.removeHandler(caplog.handler)
-    # Unscored requests keep arrival order (ahead of scored ones); the client's score survived.
-    assert eng.order() == [f"r{i}" for i in range(6)] + ["client"]
-    assert sorted(eng.finished) == sorted([f"r{i}" for i in range(6)] + ["client"])
-    assert sched.pars_stats["num_client_scores"] == 1
-    # (the handler may see a record twice, via the logger and via the root: count distinct records)
+    assert eng.order() == ["blocker", "low"] + [f"r{i}" for i in range(6)] + ["client"]
+    assert sorted(eng.finished) == sorted(["blocker", "low", "client", *(f"r{i}" for i in range(6))])
+    assert sched.pars_stats["num_client_scores"] == 3
+    assert sched.pars_stats["num_fallback"] == 6
+    assert sched.pars_stats["num_faults"] >= 1
+    # One report per minute at most (the handler may see a record twice: count distinct records).
     warnings = {id(r) for r in caplog.records if "ranker exploded" in r.getMessage()}
     assert len(warnings) == 1
-    assert sched.pars_stats["num_fallback"] == 6
+
+
+@pytest.mark.parametrize("pars, match", [
+    ({"batch_size": -1}, "batch_size.*integer >= 1"),
+    ({"batch_size": 2.5}, "batch_size.*integer >= 1"),
+    ({"starvation_s": 0}, "starvation_s.*> 0"),
+    ({"starvation_s": "soon"}, "starvation_s.*number"),
+    ({"scoring": "lazy"}, "scoring.*background"),
+    ({"batchsize": 8}, "unknown key.*batchsize"),
+])
+def test_bad_config_stops_startup_with_one_line(make_scheduler, pars, match):
+    from pipeline.serving.vllm_scheduler import PARSConfigError, PARSScheduler
+
+    with pytest.raises(PARSConfigError, match=match) as info:
+        make_scheduler(PARSScheduler, pars=pars)
+    assert "\n" not in str(info.value) and "additional_config['pars']" in str(info.value)
+
+
+def test_bad_config_from_environment_names_the_variable(make_scheduler, monkeypatch):
+    from pipeline.serving.vllm_scheduler import PARSConfigError, PARSScheduler
+
+    monkeypatch.setenv("PARS_BATCH_SIZE", "0")
+    with pytest.raises(PARSConfigError, match="PARS_BATCH_SIZE"):
+        make_scheduler(PARSScheduler)
 
 
 def test_missing_checkpoint_stops_startup(make_scheduler, tmp_path, monkeypatch):

@@ -7,8 +7,8 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import sys
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -72,7 +72,7 @@ def llm(engine_env, smollm2_dir, export_checkpoint):
     with _llvmlite_ffi_hidden():
         engine = LLM(model=str(smollm2_dir), dtype="float32", enforce_eager=True, seed=0, max_num_seqs=1,
                      max_model_len=512, scheduler_cls=SCHEDULER,
-                     additional_config={"pars": {"checkpoint": str(export_checkpoint)}})
+                     additional_config={"pars": {"checkpoint": str(export_checkpoint), "scoring": "inline"}})
     yield engine
     del engine
 

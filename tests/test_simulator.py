@@ -131,8 +131,15 @@ def _synthetic_project(root, with_scores: bool, rng):
     """prompts + k=3 generations per prompt (+ scores correlated with length) under root/data."""
     import pandas as pd
 
-    from pipeline.contracts import GENERATIONS, PROMPTS, generations_path, prompts_path, write_table
-    from pipeline.evaluate import SCORES, scores_path
+    from pipeline.contracts import (
+        GENERATIONS,
+        PROMPTS,
+        SCORES,
+        generations_path,
+        prompts_path,
+        scores_path,
+        write_table,
+    )
 
     n = 40
     ids = [f"p{i:03d}" for i in range(n)]
@@ -162,27 +169,55 @@ def test_simulate_stage_on_synthetic_data(tmp_path, monkeypatch, with_scores):
 
     _synthetic_project(tmp_path, with_scores, np.random.default_rng(5))
     monkeypatch.chdir(tmp_path)
-    params = {"model": "m", "score_model": "m", "policies": ["fcfs", "pars", "pointwise", "listwise", "oracle"],
+    params = {"workloads": {"w": {"model": "m", "score_model": "m"},
+                            "mixed": {"model": "m", "score_model": {"pars": "m", "pointwise": "other"}}},
+              "quality_curve": {"workload": "w", "noise_sigma": [0.0, 0.5, 3.0]},
+              "policies": ["fcfs", "pars", "pointwise", "listwise", "oracle"],
               "burst": 300, "poisson_loads": [0.5, 1.2], "poisson_requests": 300, "seed": 0,
               "engine": {"M": 3000, "chunk": 64, "token_budget": 512, "max_num_seqs": 16, "block_size": 16,
                          "step_c0": 0.01, "step_c1": 0.0, "starvation_s": 120}}
     (tmp_path / "trace.txt").write_text("\n".join(str(x) for x in np.arange(50) * 0.05))
     params["trace"] = str(tmp_path / "trace.txt")
     out = stage.run(params, "data")
-    assert set(out["scenarios"]["trace"]) == set(out["scenarios"]["burst_300"])
+    w = out["workloads"]["w"]
+    assert set(w["scenarios"]["trace"]) == set(w["scenarios"]["burst_300"])
     saved = json.loads((tmp_path / "metrics/simulation.json").read_text())
-    burst = saved["scenarios"]["burst_300"]
+    burst = saved["workloads"]["w"]["scenarios"]["burst_300"]
     expected = {"fcfs", "oracle"} | ({"pars", "pointwise", "listwise"} if with_scores else set())
     assert set(burst) == expected
+    assert w["resampled"] and w["test_prompts"] == 20  # 300 requests from 20 test prompts
     for row in burst.values():
         assert row["mean_per_token_latency"] > 0 and row["p90_per_token_latency"] > 0
     assert burst["oracle"]["speedup_mean_over_fcfs"] > 1.5
+    assert burst["oracle"]["kendall_tau_b"] == pytest.approx(1.0)
     if with_scores:  # informative scores beat FCFS but not the oracle
         assert 1.0 < burst["pars"]["speedup_mean_over_fcfs"] <= burst["oracle"]["speedup_mean_over_fcfs"] * 1.05
+        assert 0.3 < burst["pars"]["kendall_tau_b"] < 1.0
+        # a policy whose named predictor has no scores is skipped, by name
+        mixed = out["workloads"]["mixed"]
+        assert "pars" in mixed["policies"] and "pointwise" not in mixed["policies"]
+        assert any("train_model=other" in note for note in mixed["notes"])
     else:
-        assert any("not found" in note for note in out["notes"])
-    assert (tmp_path / "plots/simulation_latency_cdf.png").is_file()
-    assert (tmp_path / "plots/simulation_speedup_vs_load.png").is_file()
+        assert any("not found" in note for note in w["notes"])
+    # the quality curve: tau falls and the speedup shrinks as the noise grows; sigma 0 is the oracle
+    curve = saved["workloads"]["w"]["quality_curve"]
+    assert [c["noise_sigma"] for c in curve] == [0.0, 0.5, 3.0]
+    assert curve[0]["kendall_tau_b"] > curve[1]["kendall_tau_b"] > curve[2]["kendall_tau_b"]
+    assert curve[0]["speedup_mean_over_fcfs"] > curve[2]["speedup_mean_over_fcfs"]
+    assert "quality_curve" not in saved["workloads"]["mixed"]
+    for name in ("w_latency_cdf", "w_speedup_vs_load", "w_burst_queue", "w_speedup_vs_tau", "mixed_latency_cdf"):
+        assert (tmp_path / f"plots/simulation/{name}.png").is_file()
+
+
+def test_burst_takes_distinct_prompts_when_there_are_enough():
+    import pandas as pd
+
+    from pipeline.simulate import draw
+
+    samples = pd.DataFrame({"prompt_id": [f"p{i}" for i in range(50)], "sample": 0, "s": 10, "o": np.arange(50) + 1})
+    rng = np.random.default_rng(0)
+    assert draw(samples, 50, rng).prompt_id.nunique() == 50
+    assert len(draw(samples, 80, rng)) == 80  # more requests than prompts: resampled
 
 
 def test_simulate_names_missing_inputs(tmp_path, monkeypatch):

@@ -8,9 +8,9 @@ import json
 import numpy as np
 import pytest
 import torch
+from test_pairs import write_dataset, write_params
 
 from pipeline.pairs import main as pairs_main
-from test_pairs import write_dataset, write_params
 
 
 @pytest.fixture(scope="module")
@@ -80,7 +80,7 @@ def test_best_epoch_is_exported_and_scores_match(toy_root, tiny_encoder_dir, mon
     monkeypatch.setenv("WANDB_MODE", "disabled")
     import pandas as pd
 
-    from pipeline.ranking.lightning import kendall_tau_b
+    from pipeline.ranking.metrics import kendall_tau_b
     from pipeline.serving.scorer import Scorer
 
     res = run(toy_root, tiny_encoder_dir, "pairwise", "best", lr=5e-3)
@@ -217,7 +217,7 @@ def test_frozen_layers_cache_trains_the_top_and_serves_the_same(toy_root, tiny_e
     from safetensors.torch import load_file
     from transformers import AutoModel
 
-    from pipeline.ranking.lightning import kendall_tau_b
+    from pipeline.ranking.metrics import kendall_tau_b
     from pipeline.serving.scorer import Scorer
 
     res = run(toy_root, tiny_encoder_dir, "pairwise", "frozen", frozen_layers=1, length_buckets=2,
@@ -243,10 +243,11 @@ def test_cross_model_set_trains_on_the_union_without_mixing_models(tmp_path, tin
     """Two models answer the same prompts on length scales 10x apart: the cross-model predictor
     sees both models' prompts, compares prompts only within a model, and ranks both."""
     monkeypatch.setenv("WANDB_MODE", "disabled")
-    from pipeline.contracts import GENERATIONS, generations_path, write_table
-    from pipeline.pairs import in_batch_pairs
-    from pipeline.train import train_one
     from test_pairs import make_tables
+
+    from pipeline.contracts import GENERATIONS, generations_path, write_table
+    from pipeline.ranking.labels import in_batch_pairs
+    from pipeline.train import train_one
 
     data = tmp_path / "data"
     write_dataset(data, model="small", n_train=40, n_val=16)

@@ -22,7 +22,7 @@ sum exactly when s_hat divides s (tests check both).
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, asdict
+from dataclasses import asdict, dataclass
 from typing import Any
 
 import numpy as np

@@ -6,7 +6,7 @@ lengths (n,) their label lengths, pairs (m, 2) the index pairs the pairwise loss
 index (n,) the prompts' rows in their table (validation gathers scores by it).
 
 - in-batch pairwise, pointwise, listwise: a batch is `batch_size` distinct prompts; for pairwise
-  every pair among them that passes the δ filter (pipeline.pairs.keep_mask) is compared, each
+  every pair among them that passes the δ filter (pipeline.ranking.labels.keep_mask) is compared, each
   prompt encoded once.
 - per-pair pairwise (the paper's batches): a batch is `batch_size` rows of train.parquet, both
   prompts of each pair encoded (2 * batch_size encodings).
@@ -31,8 +31,8 @@ import pandas as pd
 import torch
 from torch.utils.data import DataLoader, Dataset, Sampler
 
-from pipeline.contracts import PAIRS, PROMPTS, pairs_dir, prompts_path, read_table
-from pipeline.pairs import LABELS, in_batch_pairs, labels_path
+from pipeline.contracts import LABELS, PAIRS, PROMPTS, labels_path, pairs_dir, prompts_path, read_table
+from pipeline.ranking.labels import in_batch_pairs
 
 PAIRWISE_MODES = ("in_batch", "per_pair")
 

@@ -17,25 +17,9 @@ import lightning as L
 import numpy as np
 import torch
 from lightning.pytorch.callbacks import Callback
-from scipy.stats import kendalltau
 
 from pipeline.ranking.losses import LOSSES
-
-
-def kendall_tau_b(scores, lengths) -> float:
-    """scipy's tau_b; 0.0 when undefined (constant scores carry no ranking information)."""
-    tau = kendalltau(np.asarray(scores, dtype=np.float64), np.asarray(lengths, dtype=np.float64), variant="b").statistic
-    return float(tau) if np.isfinite(tau) else 0.0
-
-
-def pair_accuracy(scores, lengths, pairs) -> float:
-    """Fraction of pairs (i, j) whose score order matches the length order (score ties count as wrong)."""
-    pairs = np.asarray(pairs, dtype=np.int64).reshape(-1, 2)
-    if len(pairs) == 0:
-        return float("nan")
-    s, lens = np.asarray(scores, np.float64), np.asarray(lengths, np.float64)
-    i, j = pairs[:, 0], pairs[:, 1]
-    return float(np.mean((s[i] - s[j]) * np.sign(lens[i] - lens[j]) > 0))
+from pipeline.ranking.metrics import kendall_tau_b, pair_accuracy
 
 
 def prepare_for_training(model, method: str, train_lengths) -> None:
@@ -160,7 +144,9 @@ class RankerModule(L.LightningModule):
             tau = kendall_tau_b(s_full[seen], l_full[seen])
         else:
             g = self.val_groups[seen]
-            tau = float(np.mean([kendall_tau_b(s_full[seen][g == k], l_full[seen][g == k]) for k in np.unique(g)]))
+            per_group = [kendall_tau_b(s_full[seen][g == k], l_full[seen][g == k]) for k in np.unique(g)]
+            defined = [t for t in per_group if np.isfinite(t)]
+            tau = float(np.mean(defined)) if defined else float("nan")
         ok = np.isin(self.val_pairs, seen).all(axis=1) if len(self.val_pairs) else np.zeros(0, bool)
         acc = pair_accuracy(s_full, l_full, self.val_pairs[ok])
         self.last_val = {"val_tau_b": tau, "val_pair_acc": acc, "n_val_prompts": int(len(seen))}
@@ -191,8 +177,10 @@ class BestWeights(Callback):
             return
         row = {"epoch": int(trainer.current_epoch), "train_loss": pl_module.epoch_train_loss, **pl_module.last_val}
         self.history.append(row)
-        if row["val_tau_b"] > self.best_tau:
-            self.best_tau, self.best_epoch, self.best_val = row["val_tau_b"], row["epoch"], dict(row)
+        # an undefined tau (constant scores: no ranking at all) loses to any defined one
+        tau = row["val_tau_b"] if math.isfinite(row["val_tau_b"]) else -math.inf
+        if self.state is None or tau > self.best_tau:
+            self.best_tau, self.best_epoch, self.best_val = tau, row["epoch"], dict(row)
             self.state = {k: v.detach().cpu().clone() for k, v in pl_module.model.state_dict().items()}
 
     def restore(self, model: torch.nn.Module) -> torch.nn.Module:

@@ -2,7 +2,7 @@
 delta-filtered pairs, and the between-sample noise ceiling.
 
 Plain numpy/scipy/pandas (no torch): evaluate uses them, and so can training's validation.
-Length labels and the pair filter are the pairs stage's (`pipeline.pairs`), not redefined here.
+Length labels and the pair filter are `pipeline.ranking.labels`', not redefined here.
 """
 
 from __future__ import annotations
@@ -88,25 +88,30 @@ def percentile_ci(boot: np.ndarray, level: float = 0.95) -> tuple[float, float]:
     return float(low), float(high)
 
 
-def pair_accuracy(scores, lengths, truncated=None, *, delta: float = 0.2) -> tuple[float, int]:
-    """Fraction of delta-filtered pairs whose scores order them as their lengths do.
-
-    Pairs are every (i, j) the training filter keeps (`pipeline.pairs.keep_mask`: relative length
-    gap >= delta, and not when the shorter side is a truncated lower bound). Equal scores count
-    one half. Returns (accuracy, number of pairs); NaN when there is none."""
-    from pipeline.pairs import in_batch_pairs
-
-    s = np.asarray(scores, dtype=float)
-    l = np.asarray(lengths, dtype=float)
-    t = np.zeros(len(l), dtype=bool) if truncated is None else np.asarray(truncated, dtype=bool)
-    pairs = in_batch_pairs(l, t, delta)
+def pair_accuracy(scores, lengths, pairs) -> float:
+    """Fraction of pairs (i, j) (an (m, 2) index array) whose scores order them as their lengths do.
+    Equal scores count one half; NaN when there is no pair."""
+    pairs = np.asarray(pairs, dtype=np.int64).reshape(-1, 2)
     if len(pairs) == 0:
-        return float("nan"), 0
+        return float("nan")
+    s = np.asarray(scores, dtype=float)
+    lens = np.asarray(lengths, dtype=float)
     i, j = pairs[:, 0], pairs[:, 1]
-    sign_len = np.sign(l[i] - l[j])
+    sign_len = np.sign(lens[i] - lens[j])
     sign_score = np.sign(s[i] - s[j])
-    correct = np.where(sign_score == 0, 0.5, (sign_score == sign_len).astype(float))
-    return float(correct.mean()), int(len(pairs))
+    return float(np.where(sign_score == 0, 0.5, (sign_score == sign_len).astype(float)).mean())
+
+
+def delta_pair_accuracy(scores, lengths, truncated=None, *, delta: float = 0.2) -> tuple[float, int]:
+    """`pair_accuracy` on every pair the training filter keeps (`pipeline.ranking.labels.keep_mask`:
+    relative length gap >= delta, and not when the shorter side is a truncated lower bound).
+    Returns (accuracy, number of pairs)."""
+    from pipeline.ranking.labels import in_batch_pairs
+
+    lens = np.asarray(lengths, dtype=float)
+    t = np.zeros(len(lens), dtype=bool) if truncated is None else np.asarray(truncated, dtype=bool)
+    pairs = in_batch_pairs(lens, t, delta)
+    return pair_accuracy(scores, lens, pairs), int(len(pairs))
 
 
 def sample_length_matrix(generations: pd.DataFrame, prompt_ids) -> np.ndarray:

@@ -8,38 +8,43 @@ Plug it into an unmodified vLLM with `--scheduler-cls` (or `LLM(scheduler_cls=..
 
 Both share `PARSSchedulerMixin`; nothing in vLLM is forked or patched. The behaviour:
 
-- new requests are scored together, in one batch, at the start of `schedule()` (never in
-  `add_request`, which runs on the engine loop for every arrival); a score the client sent in
-  `SamplingParams.extra_args["pars_score"]` (OpenAI API: `vllm_xargs`) wins over the checkpoint;
 - the waiting queue is ordered by ascending score (higher score = longer predicted answer); a request
   that has waited longer than the starvation threshold goes first, oldest first;
+- a score the client sent in `SamplingParams.extra_args["pars_score"]` (OpenAI API: `vllm_xargs`)
+  wins over the checkpoint and is used at once;
+- other arrivals are scored off the engine's critical path (`scoring: background`, the default): at
+  the next `schedule()` they get a provisional score (the mean of the scores seen so far, so they wait
+  in the middle of the queue, in arrival order) and go to a scoring thread; each later `schedule()`
+  takes the scores that are ready (it never waits) and re-places those requests. `scoring: inline`
+  scores every arrival in one batch at the start of the next `schedule()` instead;
 - a preempted request re-enters the queue by its score; the preemption victim is the running request
   with the highest score;
-- a missing or corrupt checkpoint stops start-up (`CheckpointError`); a scoring failure at run time
-  falls back to arrival order for the affected requests and logs one warning.
+- a bad setting or a missing or corrupt checkpoint stops start-up (`PARSConfigError`,
+  `CheckpointError`); a scoring fault at run time leaves the affected requests at their provisional
+  place, is counted in `pars_stats["num_faults"]` and logged at most once a minute.
 
-Configuration: `additional_config={"pars": {...}}` (`--additional-config '{"pars": {...}}'`), else the
-environment (`PARS_CHECKPOINT`, `PARS_STARVATION_S`, `PARS_BATCH_SIZE`, `PARS_DEVICE`), else defaults.
-This module imports vLLM; the rest of `pipeline` never imports it.
+Configuration (`pipeline.serving.pars_config`): `additional_config={"pars": {...}}`
+(`--additional-config '{"pars": {...}}'`), else the environment (`PARS_CHECKPOINT`,
+`PARS_STARVATION_S`, `PARS_BATCH_SIZE`, `PARS_DEVICE`, `PARS_SCORING`, ...), else defaults.
+This module imports vLLM; the rest of `pipeline` never imports it (but `pars_queue`, which
+subclasses vLLM's RequestQueue).
 """
 
 from __future__ import annotations
 
-import heapq
 import itertools
 import math
 import os
 import time
-from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass
+from collections.abc import Callable
 from typing import Any
 
 import vllm
 from vllm.logger import init_logger
 from vllm.v1.core.sched.async_scheduler import AsyncScheduler
-from vllm.v1.core.sched.request_queue import RequestQueue, SchedulingPolicy
+from vllm.v1.core.sched.request_queue import SchedulingPolicy
 from vllm.v1.core.sched.scheduler import Scheduler
-from vllm.v1.request import Request
+from vllm.v1.request import Request, RequestStatus
 
 # A child of vLLM's logger: same handler, format and VLLM_LOGGING_LEVEL as the engine's own lines
 # (a plain module logger would have its INFO lines dropped, vLLM's logger does not propagate).
@@ -78,172 +83,10 @@ def check_vllm_version(version: str | None = None) -> None:
 
 check_vllm_version()
 
-CLIENT_SCORE_KEY = "pars_score"
-FALLBACK_SCORE = -math.inf  # unscorable requests go first among the unstarved, in arrival order
-
-
-@dataclass
-class PARSConfig:
-    checkpoint: str | None = None
-    starvation_s: float = 120.0
-    batch_size: int = 32
-    device: str = "cpu"
-    score_key: str = CLIENT_SCORE_KEY
-
-    @classmethod
-    def from_vllm_config(cls, vllm_config) -> "PARSConfig":
-        """`additional_config["pars"]` wins over PARS_* environment variables, which win over defaults."""
-        extra = getattr(vllm_config, "additional_config", None) or {}
-        section = extra.get("pars", {}) if isinstance(extra, dict) else {}
-        if not isinstance(section, dict):
-            raise ValueError(f"additional_config['pars'] must be a JSON object, got {section!r}")
-        env = os.environ
-
-        def pick(key: str, env_key: str, default):
-            if key in section and section[key] is not None:
-                return section[key]
-            return env.get(env_key) or default
-
-        return cls(
-            checkpoint=pick("checkpoint", "PARS_CHECKPOINT", None),
-            starvation_s=float(pick("starvation_s", "PARS_STARVATION_S", 120.0)),
-            batch_size=int(pick("batch_size", "PARS_BATCH_SIZE", 32)),
-            device=str(pick("device", "PARS_DEVICE", "cpu")),
-            score_key=str(pick("score_key", "PARS_SCORE_KEY", CLIENT_SCORE_KEY)),
-        )
-
-
-class _Entry:
-    """One queued request; shared by both heaps so removal is O(1) (lazy deletion)."""
-
-    __slots__ = ("key", "arrival", "seq", "request", "alive")
-
-    def __init__(self, key, arrival: float, seq: int, request: Request):
-        self.key, self.arrival, self.seq, self.request, self.alive = key, arrival, seq, request, True
-
-
-class PARSRequestQueue(RequestQueue):
-    """The waiting queue: ascending score, with starvation promotion.
-
-    Two heaps over the same entries: by (score, arrival) and by arrival. Each peek/pop is
-    O(log n) amortised; nothing is re-sorted per step. Requests added before they have a score sit in
-    `pending` (in arrival order) until `flush()` scores them all in one batch."""
-
-    def __init__(self, score_fn: Callable[[list[Request]], None], starvation_s: float,
-                 clock: Callable[[], float] = time.time):
-        self._score_fn = score_fn  # sets request.pars_key on every request it is given
-        self.starvation_s = starvation_s
-        self.clock = clock  # Request.arrival_time is wall-clock time.time()
-        self.now = clock()  # fixed per schedule() so peek and pop always agree
-        self._pending: list[Request] = []
-        self._by_score: list[tuple] = []
-        self._by_age: list[tuple] = []
-        self._entries: dict[Request, _Entry] = {}
-        self._seq = itertools.count()
-        self._dead = 0
-
-    # -- scoring and the clock --------------------------------------------------------------
-    def flush(self) -> None:
-        """Score every pending request in one batch and push it; refresh the step's clock."""
-        self.now = self.clock()
-        if self._pending:
-            pending, self._pending = self._pending, []
-            self._score_fn(pending)
-            for request in pending:
-                self._push(request)
-
-    def _push(self, request: Request) -> None:
-        if request in self._entries:  # already queued: keep one entry (never lose or duplicate)
-            return
-        if not hasattr(request, "pars_key"):
-            self._score_fn([request])
-        entry = _Entry(request.pars_key, request.arrival_time, next(self._seq), request)
-        self._entries[request] = entry
-        heapq.heappush(self._by_score, (entry.key, entry.arrival, entry.seq, entry))
-        heapq.heappush(self._by_age, (entry.arrival, entry.seq, entry))
-
-    # -- RequestQueue -------------------------------------------------------------------------
-    def add_request(self, request: Request) -> None:
-        if hasattr(request, "pars_key"):
-            self._push(request)  # a request seen before (e.g. resumed) keeps its score
-        else:
-            self._pending.append(request)
-
-    def prepend_request(self, request: Request) -> None:
-        # Preempted or skipped requests re-enter by their score, not at the front.
-        self._push(request)
-
-    def prepend_requests(self, requests: Iterable[Request]) -> None:
-        for request in requests:
-            self._push(request)
-
-    def _select(self) -> tuple[_Entry, bool]:
-        """The next request, and whether it was chosen because it starved."""
-        if self._pending:  # safety net: schedule() flushes first, so this is normally empty
-            self.flush()
-        age, score = self._by_age, self._by_score
-        while age and not age[0][2].alive:
-            heapq.heappop(age)
-        if age and self.now - age[0][0] > self.starvation_s:
-            return age[0][2], True
-        while score and not score[0][3].alive:
-            heapq.heappop(score)
-        if not score:
-            raise IndexError("peek from an empty PARS queue")
-        return score[0][3], False
-
-    def peek_request(self) -> Request:
-        return self._select()[0].request
-
-    def pop_request(self) -> Request:
-        entry, starved = self._select()
-        self._kill(entry)
-        if starved:
-            # A starved request keeps its place once running: it sorts first in `running`, so it is
-            # the last preemption victim, not the first (its score is likely the highest). Its age
-            # alone orders it if it ever waits again.
-            entry.request.pars_key = (entry.request.priority, FALLBACK_SCORE)
-        return entry.request
-
-    def _kill(self, entry: _Entry) -> None:
-        entry.alive = False
-        del self._entries[entry.request]
-        self._dead += 1
-        # Compact when dead entries dominate, so the heaps stay O(live).
-        if self._dead > 64 and self._dead > 2 * len(self._entries):
-            self._by_score = [e for e in self._by_score if e[3].alive]
-            self._by_age = [e for e in self._by_age if e[2].alive]
-            heapq.heapify(self._by_score)
-            heapq.heapify(self._by_age)
-            self._dead = 0
-
-    def remove_request(self, request: Request) -> None:
-        self.remove_requests((request,))
-
-    def remove_requests(self, requests: Iterable[Request]) -> None:
-        gone = set(requests)
-        if self._pending:
-            self._pending = [r for r in self._pending if r not in gone]
-        for request in gone:
-            entry = self._entries.get(request)
-            if entry is not None:
-                self._kill(entry)
-
-    def __bool__(self) -> bool:
-        return bool(self._entries) or bool(self._pending)
-
-    def __len__(self) -> int:
-        return len(self._entries) + len(self._pending)
-
-    def __iter__(self) -> Iterator[Request]:
-        """Service order as of now (a sorted copy; for inspection, not the hot path)."""
-        starved = sorted((e for e in self._entries.values() if self.now - e.arrival > self.starvation_s),
-                         key=lambda e: (e.arrival, e.seq))
-        rest = sorted((e for e in self._entries.values() if self.now - e.arrival <= self.starvation_s),
-                      key=lambda e: (e.key, e.arrival, e.seq))
-        yield from (e.request for e in starved)
-        yield from (e.request for e in rest)
-        yield from self._pending
+# After the guard: these modules build on vLLM's classes.
+from pipeline.serving.pars_config import CLIENT_SCORE_KEY, PARSConfig, PARSConfigError  # noqa: E402
+from pipeline.serving.pars_queue import FIRST_SCORE, PARSRequestQueue  # noqa: E402
+from pipeline.serving.scoring_worker import ScoredBatch, ScoringWorker  # noqa: E402
 
 
 def _strip_chat_template(tokenizer) -> Callable[[str], str]:
@@ -274,8 +117,8 @@ class PARSSchedulerMixin:
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
-        vllm_config = self.vllm_config
-        self.pars_config = cfg = PARSConfig.from_vllm_config(vllm_config)
+        # Every setting is validated before anything loads: a bad one is one PARSConfigError line.
+        self.pars_config = cfg = PARSConfig.from_vllm_config(self.vllm_config)
         if not cfg.checkpoint:
             from pipeline.ranking.checkpoint import CheckpointError
 
@@ -296,14 +139,22 @@ class PARSSchedulerMixin:
         # vLLM's FCFS path preempts self.running[-1]; keeping `running` sorted by score makes that
         # the highest-scored request without touching vLLM's preemption code.
         self.policy = SchedulingPolicy.FCFS
-        self.waiting = PARSRequestQueue(self._pars_score_requests, cfg.starvation_s)
+        self.waiting = PARSRequestQueue(self._pars_key_arrivals, cfg.starvation_s)
         self._pars_running_dirty = False
-        self._pars_warned = False
-        self.pars_stats = {"num_scored": 0, "num_client_scores": 0, "num_fallback": 0,
-                           "score_s": 0.0, "overhead_s": 0.0, "schedule_s": 0.0, "num_batches": 0}
+        # Scores seen so far; their mean is where a not-yet-scored request waits (the middle of the
+        # queue: neither ahead of every scored request nor behind them all).
+        self._pars_score_sum, self._pars_score_count = 0.0, 0
+        self._pars_faults_unlogged, self._pars_last_fault_log = 0, -math.inf
+        self.pars_worker = (ScoringWorker(self._pars_score_batch, cfg.batch_size)
+                            if cfg.scoring == "background" else None)
+        self.pars_stats = {"num_scored": 0, "num_client_scores": 0, "num_fallback": 0, "num_faults": 0,
+                           "num_provisional": 0, "num_batches": 0, "score_s": 0.0, "overhead_s": 0.0,
+                           "schedule_s": 0.0, "num_schedule_calls": 0, "max_overhead_s": 0.0,
+                           "last_overhead_s": 0.0}
         logger.info("PARS scheduler: checkpoint %s (%s, test tau_b %s), starvation %.1f s, batch %d, "
-                    "device %s", cfg.checkpoint, self.pars_scorer.meta.get("method"),
-                    self.pars_scorer.meta.get("test_tau_b"), cfg.starvation_s, cfg.batch_size, cfg.device)
+                    "device %s, %s scoring", cfg.checkpoint, self.pars_scorer.meta.get("method"),
+                    self.pars_scorer.meta.get("test_tau_b"), cfg.starvation_s, cfg.batch_size,
+                    cfg.device, cfg.scoring)
 
     def _pars_load_tokenizer(self):
         """The served model's tokenizer, to turn the engine's token ids back into text."""
@@ -342,60 +193,103 @@ class PARSSchedulerMixin:
             return inner
         return self.pars_tokenizer.decode(token_ids, skip_special_tokens=True)
 
-    def _pars_warn_once(self, message: str, *args) -> None:
-        if not self._pars_warned:
-            self._pars_warned = True
-            logger.warning("PARS scheduler: " + message + "; affected requests are served in "
-                           "arrival order (warned once)", *args)
+    def _pars_fault(self, message: str, *args) -> None:
+        """Count a scoring fault; log at most once per fault_log_interval_s (with the count)."""
+        self.pars_stats["num_faults"] += 1
+        self._pars_faults_unlogged += 1
+        now = time.monotonic()
+        if now - self._pars_last_fault_log >= self.pars_config.fault_log_interval_s:
+            logger.warning("PARS scheduler: " + message + " (%d fault(s) since the last report, %d in all); "
+                           "unscored requests wait in the middle of the queue", *args,
+                           self._pars_faults_unlogged, self.pars_stats["num_faults"])
+            self._pars_last_fault_log, self._pars_faults_unlogged = now, 0
 
-    def _pars_score_requests(self, requests: list[Request]) -> None:
-        """Give every request a sort key: client score, else one batched checkpoint scoring pass,
-        else (any failure) the fallback that keeps arrival order. Never raises."""
-        start = time.perf_counter()
-        scores: list[float | None] = [None] * len(requests)
-        try:
-            self._pars_fill_scores(requests, scores)
-        except Exception as exc:  # the engine must keep running whatever the ranker does
-            self._pars_warn_once("scoring %d prompts failed (%r)", len(requests), exc)
-        for request, score in zip(requests, scores):
-            if score is None:
-                self.pars_stats["num_fallback"] += 1
-                score = FALLBACK_SCORE
-            request.pars_score = score
-            # User priority (0 unless policy=priority) stays the first key.
-            request.pars_key = (request.priority, score)
-        self.pars_stats["score_s"] += time.perf_counter() - start
+    def _pars_provisional_score(self) -> float:
+        return self._pars_score_sum / self._pars_score_count if self._pars_score_count else 0.0
 
-    def _pars_fill_scores(self, requests: list[Request], scores: list[float | None]) -> None:
-        to_score: list[int] = []
-        texts: list[str] = []
-        for i, request in enumerate(requests):
-            scores[i] = self._pars_client_score(request)
-            if scores[i] is not None:
+    def _pars_key_arrivals(self, requests: list[Request]) -> None:
+        """The waiting queue's score_fn: give every arrival a key now. A client score is final; the
+        others are scored at once (inline) or get a provisional key and go to the worker."""
+        provisional = self._pars_provisional_score()
+        to_score = []
+        for request in requests:
+            score = self._pars_client_score(request)
+            if score is not None:
                 self.pars_stats["num_client_scores"] += 1
+                request.pars_score = score
+                request.pars_key = (request.priority, score)
                 continue
+            request.pars_score = None
+            request.pars_key = (request.priority, provisional)
             if self.pars_tokenizer is None or request.prompt_token_ids is None:
-                continue  # nothing to score from (prompt embeddings, no tokenizer): fallback
+                self.pars_stats["num_fallback"] += 1  # nothing to score from: stays provisional
+                continue
+            to_score.append(request)
+        if not to_score:
+            return
+        self.pars_stats["num_provisional"] += len(to_score)
+        if self.pars_worker is not None:
+            for request in to_score:
+                self.pars_worker.submit(request)
+            return
+        start = time.perf_counter()
+        try:
+            scores, error = self._pars_score_batch(to_score), None
+        except Exception as exc:
+            scores, error = [None] * len(to_score), exc
+        self._pars_apply(ScoredBatch(to_score, scores, error, time.perf_counter() - start))
+
+    def _pars_score_batch(self, requests: list[Request]) -> list[float | None]:
+        """Checkpoint scores for requests (None where a prompt cannot be decoded or scores NaN).
+        Runs on the worker thread in background mode: reads requests, writes nothing shared."""
+        texts, where = [], []
+        for i, request in enumerate(requests):
             try:
                 texts.append(self._pars_prompt_text(request.prompt_token_ids))
-                to_score.append(i)
-            except Exception as exc:  # one undecodable prompt must not cost the others their score
-                self._pars_warn_once("detokenising request %s failed (%r)", request.request_id, exc)
-        if not texts:
-            return
-        values = self.pars_scorer.score(texts)  # the one batched forward pass for this step
-        if len(values) != len(texts):
-            raise ValueError(f"scorer returned {len(values)} scores for {len(texts)} prompts")
-        for i, value in zip(to_score, values):
-            value = float(value)
-            scores[i] = value if math.isfinite(value) else None
-        self.pars_stats["num_scored"] += len(texts)
-        self.pars_stats["num_batches"] += 1
+                where.append(i)
+            except Exception:  # one undecodable prompt must not cost the others their score
+                continue
+        scores: list[float | None] = [None] * len(requests)
+        if texts:
+            values = self.pars_scorer.score(texts)
+            if len(values) != len(texts):
+                raise ValueError(f"scorer returned {len(values)} scores for {len(texts)} prompts")
+            for i, value in zip(where, values):
+                value = float(value)
+                scores[i] = value if math.isfinite(value) else None
+        return scores
+
+    def _pars_apply(self, batch: ScoredBatch) -> None:
+        """Main thread: record a finished batch and move each request to its real place."""
+        stats = self.pars_stats
+        stats["score_s"] += batch.seconds
+        stats["num_batches"] += 1
+        if batch.error is not None:
+            self._pars_fault("scoring %d prompts failed (%r)", len(batch.items), batch.error)
+        elif any(score is None for score in batch.scores):
+            self._pars_fault("%d of %d prompts could not be scored",
+                             sum(score is None for score in batch.scores), len(batch.items))
+        for request, score in zip(batch.items, batch.scores):
+            if score is None:
+                stats["num_fallback"] += 1
+                continue
+            stats["num_scored"] += 1
+            self._pars_score_sum += score
+            self._pars_score_count += 1
+            request.pars_score = score
+            if getattr(request, "pars_starved", False):
+                continue  # promoted for waiting too long: keeps its place at the front
+            request.pars_key = (request.priority, score)
+            if not self.waiting.rekey(request) and request.status == RequestStatus.RUNNING:
+                self._pars_running_dirty = True  # admitted on its provisional key: re-sort running
 
     # -- the scheduling step -----------------------------------------------------------------------
     def schedule(self, *args, **kwargs):
         start = time.perf_counter()
-        self.waiting.flush()  # one batched scoring pass for everything that arrived since last step
+        if self.pars_worker is not None:
+            for batch in self.pars_worker.take():  # never waits: only what is already scored
+                self._pars_apply(batch)
+        self.waiting.flush()  # key every arrival since the last step
         if self._pars_running_dirty:
             # Ascending score: the highest-scored request is last, so vLLM preempts it first, and
             # shorter requests get the token budget first. Only re-sorted after admissions, and
@@ -407,14 +301,26 @@ class PARSSchedulerMixin:
         if output.scheduled_new_reqs or output.scheduled_cached_reqs.resumed_req_ids:
             self._pars_running_dirty = True  # admissions were appended at the end of `running`
         end = time.perf_counter()
-        self.pars_stats["overhead_s"] += mid - start
-        self.pars_stats["schedule_s"] += end - start
+        stats = self.pars_stats
+        stats["last_overhead_s"] = mid - start
+        stats["overhead_s"] += mid - start
+        stats["max_overhead_s"] = max(stats["max_overhead_s"], mid - start)
+        stats["schedule_s"] += end - start
+        stats["num_schedule_calls"] += 1
         return output
 
+    def shutdown(self) -> None:
+        if self.pars_worker is not None:
+            self.pars_worker.close()
+        super().shutdown()
+
+    def pars_unscored(self) -> int:
+        """Requests handed to the worker and not yet scored (0 in inline mode)."""
+        return self.pars_worker.backlog if self.pars_worker is not None else 0
 
 def _running_key(request: Request):
     key = getattr(request, "pars_key", None)
-    return key if key is not None else (request.priority, FALLBACK_SCORE)
+    return key if key is not None else (request.priority, FIRST_SCORE)
 
 
 class PARSScheduler(PARSSchedulerMixin, Scheduler):
@@ -443,5 +349,5 @@ def scheduler_stats(scheduler: Any) -> dict[str, Any]:
     return dict(getattr(scheduler, "pars_stats", {}))
 
 
-__all__ = ["PARSAsyncScheduler", "PARSConfig", "PARSRequestQueue", "PARSScheduler",
-           "PARSSchedulerMixin", "TESTED_VLLM_SPEC", "check_vllm_version", "scheduler_stats"]
+__all__ = ["CLIENT_SCORE_KEY", "PARSAsyncScheduler", "PARSConfig", "PARSConfigError", "PARSRequestQueue",
+           "PARSScheduler", "PARSSchedulerMixin", "TESTED_VLLM_SPEC", "check_vllm_version", "scheduler_stats"]

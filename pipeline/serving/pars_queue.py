@@ -1,0 +1,165 @@
+"""The PARS waiting queue: ascending score, with starvation promotion.
+
+A drop-in for vLLM's `RequestQueue` (the FCFS deque or the priority heap). Entries live in two heaps,
+by (key, arrival) and by arrival, with lazy deletion; peek/pop are O(log n) amortised and nothing is
+re-sorted per step. A request's key is `(priority, score)`; the scheduler sets it (`request.pars_key`)
+through the `score_fn` given here, and may change it later with `rekey()` (a background score that
+arrived after the request was queued with a provisional key).
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import math
+import time
+from collections.abc import Callable, Iterable, Iterator
+
+from vllm.v1.core.sched.request_queue import RequestQueue
+from vllm.v1.request import Request
+
+# A starved request, once running, sorts first in `running` (the last preemption victim).
+FIRST_SCORE = -math.inf
+
+
+class _Entry:
+    """One queued request; shared by both heaps so removal is O(1) (lazy deletion)."""
+
+    __slots__ = ("key", "arrival", "seq", "request", "alive")
+
+    def __init__(self, key, arrival: float, seq: int, request: Request):
+        self.key, self.arrival, self.seq, self.request, self.alive = key, arrival, seq, request, True
+
+
+class PARSRequestQueue(RequestQueue):
+    """The waiting queue: ascending score, with starvation promotion.
+
+    Two heaps over the same entries: by (score, arrival) and by arrival. Each peek/pop is
+    O(log n) amortised; nothing is re-sorted per step. Requests added before they have a key sit in
+    `pending` (in arrival order) until `flush()` hands them to `score_fn` together."""
+
+    def __init__(self, score_fn: Callable[[list[Request]], None], starvation_s: float,
+                 clock: Callable[[], float] = time.time):
+        self._score_fn = score_fn  # sets request.pars_key on every request it is given
+        self.starvation_s = starvation_s
+        self.clock = clock  # Request.arrival_time is wall-clock time.time()
+        self.now = clock()  # fixed per schedule() so peek and pop always agree
+        self._pending: list[Request] = []
+        self._by_score: list[tuple] = []
+        self._by_age: list[tuple] = []
+        self._entries: dict[Request, _Entry] = {}
+        self._seq = itertools.count()
+        self._dead = 0
+
+    # -- scoring and the clock --------------------------------------------------------------
+    def flush(self) -> None:
+        """Give every pending request its key (one `score_fn` call) and push it; refresh the clock."""
+        self.now = self.clock()
+        if self._pending:
+            pending, self._pending = self._pending, []
+            self._score_fn(pending)
+            for request in pending:
+                self._push(request)
+
+    def rekey(self, request: Request) -> bool:
+        """Re-place a queued request after its `pars_key` changed; False when it is not queued."""
+        entry = self._entries.get(request)
+        if entry is None:
+            return False
+        self._kill(entry)
+        self._push(request)
+        return True
+
+    def _push(self, request: Request) -> None:
+        if request in self._entries:  # already queued: keep one entry (never lose or duplicate)
+            return
+        if not hasattr(request, "pars_key"):
+            self._score_fn([request])
+        entry = _Entry(request.pars_key, request.arrival_time, next(self._seq), request)
+        self._entries[request] = entry
+        heapq.heappush(self._by_score, (entry.key, entry.arrival, entry.seq, entry))
+        heapq.heappush(self._by_age, (entry.arrival, entry.seq, entry))
+
+    # -- RequestQueue -------------------------------------------------------------------------
+    def add_request(self, request: Request) -> None:
+        if hasattr(request, "pars_key"):
+            self._push(request)  # a request seen before (e.g. resumed) keeps its score
+        else:
+            self._pending.append(request)
+
+    def prepend_request(self, request: Request) -> None:
+        # Preempted or skipped requests re-enter by their score, not at the front.
+        self._push(request)
+
+    def prepend_requests(self, requests: Iterable[Request]) -> None:
+        for request in requests:
+            self._push(request)
+
+    def _select(self) -> tuple[_Entry, bool]:
+        """The next request, and whether it was chosen because it starved."""
+        if self._pending:  # safety net: schedule() flushes first, so this is normally empty
+            self.flush()
+        age, score = self._by_age, self._by_score
+        while age and not age[0][2].alive:
+            heapq.heappop(age)
+        if age and self.now - age[0][0] > self.starvation_s:
+            return age[0][2], True
+        while score and not score[0][3].alive:
+            heapq.heappop(score)
+        if not score:
+            raise IndexError("peek from an empty PARS queue")
+        return score[0][3], False
+
+    def peek_request(self) -> Request:
+        return self._select()[0].request
+
+    def pop_request(self) -> Request:
+        entry, starved = self._select()
+        self._kill(entry)
+        if starved:
+            # A starved request keeps its place once running: it sorts first in `running`, so it is
+            # the last preemption victim, not the first (its score is likely the highest). Its age
+            # alone orders it if it ever waits again.
+            entry.request.pars_key = (entry.request.priority, FIRST_SCORE)
+            entry.request.pars_starved = True  # a score arriving later must not undo this
+        return entry.request
+
+    def _kill(self, entry: _Entry) -> None:
+        entry.alive = False
+        del self._entries[entry.request]
+        self._dead += 1
+        # Compact when dead entries dominate, so the heaps stay O(live).
+        if self._dead > 64 and self._dead > 2 * len(self._entries):
+            self._by_score = [e for e in self._by_score if e[3].alive]
+            self._by_age = [e for e in self._by_age if e[2].alive]
+            heapq.heapify(self._by_score)
+            heapq.heapify(self._by_age)
+            self._dead = 0
+
+    def remove_request(self, request: Request) -> None:
+        self.remove_requests((request,))
+
+    def remove_requests(self, requests: Iterable[Request]) -> None:
+        gone = set(requests)
+        if self._pending:
+            self._pending = [r for r in self._pending if r not in gone]
+        for request in gone:
+            entry = self._entries.get(request)
+            if entry is not None:
+                self._kill(entry)
+
+    def __bool__(self) -> bool:
+        return bool(self._entries) or bool(self._pending)
+
+    def __len__(self) -> int:
+        return len(self._entries) + len(self._pending)
+
+    def __iter__(self) -> Iterator[Request]:
+        """Service order as of now (a sorted copy; for inspection, not the hot path)."""
+        starved = sorted((e for e in self._entries.values() if self.now - e.arrival > self.starvation_s),
+                         key=lambda e: (e.arrival, e.seq))
+        rest = sorted((e for e in self._entries.values() if self.now - e.arrival <= self.starvation_s),
+                      key=lambda e: (e.key, e.arrival, e.seq))
+        yield from (e.request for e in starved)
+        yield from (e.request for e in rest)
+        yield from self._pending

@@ -1,0 +1,109 @@
+"""Score prompts on a background thread, so the engine's schedule() never waits on the ranker.
+
+The scheduler hands over work with `submit()` (O(1)) and collects finished results with `take()`
+(non-blocking). The worker batches whatever has queued up, up to `batch_size`, in arrival order.
+A batch that fails is reported as failed (its error travels with the results); the thread never dies.
+Torch and the Rust tokenizer release the GIL for their heavy parts, so the engine keeps stepping.
+No vLLM import.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+_STOP = object()
+
+# score_batch(items) -> one float (or None: nothing to score from) per item, in order
+ScoreBatch = Callable[[Sequence[Any]], Sequence[float | None]]
+
+
+@dataclass
+class ScoredBatch:
+    items: list[Any]
+    scores: list[float | None]  # all None when the batch failed
+    error: BaseException | None
+    seconds: float
+
+
+class ScoringWorker:
+    def __init__(self, score_batch: ScoreBatch, batch_size: int, name: str = "pars-scorer"):
+        if batch_size < 1:
+            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+        self._score_batch = score_batch
+        self._batch_size = int(batch_size)
+        self._inbox: queue.SimpleQueue = queue.SimpleQueue()
+        self._done: deque[ScoredBatch] = deque()  # append/popleft are atomic: no lock needed
+        self._submitted = 0
+        self._finished = 0  # items, updated by the worker thread only
+        self._idle = threading.Event()
+        self._idle.set()
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+        self._thread.start()
+
+    def submit(self, item: Any) -> None:
+        self._submitted += 1
+        self._idle.clear()
+        self._inbox.put(item)
+
+    def take(self) -> list[ScoredBatch]:
+        """Every batch finished since the last call (never blocks)."""
+        out = []
+        while self._done:
+            out.append(self._done.popleft())
+        return out
+
+    @property
+    def backlog(self) -> int:
+        """Items submitted and not yet scored."""
+        return self._submitted - self._finished
+
+    def wait_idle(self, timeout: float | None = None) -> bool:
+        """Block until everything submitted so far is scored (tests and benchmarks only)."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while self.backlog:
+            left = None if deadline is None else deadline - time.monotonic()
+            if left is not None and left <= 0:
+                return False
+            self._idle.wait(left if left is not None else 0.05)
+            if self.backlog:
+                time.sleep(0.001)
+        return True
+
+    def close(self) -> None:
+        """Stop the thread after the work already submitted (idempotent)."""
+        if self._thread.is_alive():
+            self._inbox.put(_STOP)
+
+    def _run(self) -> None:
+        while True:
+            batch = [self._inbox.get()]
+            while len(batch) < self._batch_size and batch[-1] is not _STOP:
+                try:
+                    batch.append(self._inbox.get_nowait())
+                except queue.Empty:
+                    break
+            stop = batch[-1] is _STOP
+            if stop:
+                batch.pop()
+                if not batch:
+                    return
+            start = time.perf_counter()
+            try:
+                scores = list(self._score_batch(batch))
+                if len(scores) != len(batch):
+                    raise ValueError(f"scorer returned {len(scores)} scores for {len(batch)} prompts")
+                error = None
+            except Exception as exc:  # reported to the scheduler; the worker keeps serving
+                scores, error = [None] * len(batch), exc
+            self._done.append(ScoredBatch(batch, scores, error, time.perf_counter() - start))
+            self._finished += len(batch)
+            if self._finished == self._submitted:
+                self._idle.set()
+            if stop:
+                return
