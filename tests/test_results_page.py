@@ -1,0 +1,33 @@
+"""The serving half of the results page (`pars report`): tables from the metrics files' shapes."""
+
+from __future__ import annotations
+
+
+def _row(mean, p90, **extra):
+    return {"mean_per_token_latency": mean, "p90_per_token_latency": p90, **extra}
+
+
+def test_render_serving_tables_and_missing_files():
+    from pipeline.serving.results import render_serving
+
+    burst = {"fcfs": _row(0.4, 0.9, speedup_mean_over_fcfs=1.0, speedup_p90_over_fcfs=1.0, kendall_tau_b=0.0),
+             "pars": _row(0.1, 0.3, speedup_mean_over_fcfs=4.0, speedup_p90_over_fcfs=3.0, kendall_tau_b=0.42,
+                          gap_mean_to_oracle=0.25),
+             "oracle": _row(0.08, 0.2, speedup_mean_over_fcfs=5.0, speedup_p90_over_fcfs=4.5, kendall_tau_b=1.0,
+                            gap_mean_to_oracle=0.0)}
+    sim = {"engine": {"M": 1000, "chunk": 64}, "workloads": {"chatgpt": {
+        "requests": "2000 distinct test prompts", "score_model": {"pars": "recorded"},
+        "scenarios": {"burst_2000": burst, "poisson_0.8": {p: dict(r) for p, r in burst.items()}},
+        "quality_curve": [{"noise_sigma": 0.0, "kendall_tau_b": 1.0, "speedup_mean_over_fcfs": 5.0,
+                           "speedup_p90_over_fcfs": 4.5}]}}}
+    bench = {"fcfs": {"mean_per_token_latency": 0.2, "p90_per_token_latency": 0.5, "mean_ttft": 9.0,
+                      "throughput_rps": 1.0},
+             "pars": {"mean_per_token_latency": 0.1, "p90_per_token_latency": 0.2, "mean_ttft": 4.0,
+                      "throughput_rps": 1.0, "overhead_fraction": 0.0012, "scoring_fraction": 0.02},
+             "setup": {"num_prompts": 200, "max_num_seqs": 8}}
+    text = render_serving({"simulation": sim, "engine_bench": bench, "scheduler_overhead": None, "capacity": None})
+    assert "### chatgpt: burst of 2000" in text
+    assert "| pars | 0.420 | 0.1000 | 0.3000 | 4.00× | 3.00× | +25 % |" in text
+    assert "| 1.00 | 5.00× | 4.50× |" in text  # the quality curve
+    assert "| pars | 0.1000 | 0.2000 | 4.00 | 1.000 | 2.00× | 0.120 % | 2.0 % |" in text
+    assert "no `metrics/scheduler_overhead.json` yet" in text and "no `metrics/capacity.json` yet" in text
