@@ -30,9 +30,6 @@ PLOT_SWEEP = Path("plots/capacity_mu_vs_lambda.png")
 PLOT_QUEUE = Path("plots/capacity_queue.png")
 PLOT_ENGINE = Path("plots/capacity_engine.png")
 
-DEFAULTS = {"M": 131_000, "chunk": 512, "step_time": 0.04, "margin": 0.1}
-
-
 def lengths_workload(path: str | Path, name: str | None = None) -> th.Workload:
     """An empirical (s, o) sample from a generations table (every sample of every prompt)."""
     df = read_table(path, GENERATIONS)
@@ -293,20 +290,24 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--prompt", help="prompt lengths, e.g. uniform:10:1600 (with --answer)")
     ap.add_argument("--answer", help="answer lengths, e.g. uniform:10:1600 (with --prompt)")
     ap.add_argument("--lengths", help="a generations parquet: its (prompt_tokens, output_tokens) sample")
-    ap.add_argument("--M", type=int, help=f"KV cache tokens (default {DEFAULTS['M']:,})")
-    ap.add_argument("--chunk", type=int, help=f"prefill chunk size (default {DEFAULTS['chunk']})")
-    ap.add_argument("--step-time", type=float, help=f"b_bar, seconds per step (default {DEFAULTS['step_time']})")
+    # unset flags take the params file's capacity section (document 003's A100 setting)
+    ap.add_argument("--M", type=int, help="KV cache tokens (default: capacity.M)")
+    ap.add_argument("--chunk", type=int, help="prefill chunk size (default: capacity.chunk)")
+    ap.add_argument("--step-time", type=float, help="b_bar, seconds per step (default: capacity.step_time)")
     ap.add_argument("--engine-fit", help="take M, chunk and b_bar from an engine_step_fit.py JSON")
-    ap.add_argument("--margin", type=float, default=DEFAULTS["margin"], help="safety margin for replicas")
+    ap.add_argument("--margin", type=float, help="safety margin for replicas (default: capacity.margin)")
+    ap.add_argument("--params", default=None, help="params file (default params.yaml)")
     ap.add_argument("--json", action="store_true", help="print the numbers as JSON too")
     args = ap.parse_args(argv)
 
     if args.stage:
-        run_stage(load_params("capacity"))
+        run_stage(load_params("capacity", args.params))
         print(f"wrote {METRICS}, {PLOT_SWEEP}, {PLOT_QUEUE}")
         return 0
 
-    M, chunk, b = DEFAULTS["M"], DEFAULTS["chunk"], DEFAULTS["step_time"]
+    p = load_params("capacity", args.params)
+    M, chunk, b = int(p["M"]), int(p["chunk"]), float(p["step_time"])
+    margin = float(p["margin"]) if args.margin is None else args.margin
     if args.engine_fit:
         fit = json.loads(Path(args.engine_fit).read_text())
         M, chunk, b = fit["M_tokens"], fit["chunk"], fit["step_time"]["mean_s"]
@@ -322,11 +323,11 @@ def main(argv: list[str] | None = None) -> int:
     else:
         w = th.document_workloads()[args.workload]
     cap = th.capacity(w, M, chunk, b)
-    print(explain(cap, w, args.rate, args.margin))
+    print(explain(cap, w, args.rate, margin))
     if args.json:
         d = cap.to_dict()
         if args.rate is not None:
             d["verdict"] = th.verdict(args.rate, cap)
-            d["replicas"] = th.replicas_needed(args.rate, cap, args.margin)
+            d["replicas"] = th.replicas_needed(args.rate, cap, margin)
         print(json.dumps(d, indent=2))
     return 0

@@ -350,15 +350,15 @@ def write_plots(ranking: dict, transfer: dict, out_dir: Path) -> list[Path]:
 
 def log_wandb(ranking: dict, params: dict) -> None:
     """The ranking table (and overall tau_b as summary) to a W&B run; offline unless told otherwise."""
-    cfg = params.get("wandb") or {}
-    if not cfg.get("enabled", True):
+    cfg = params["wandb"]
+    if not cfg["enabled"]:
         return
     import wandb
 
     rows = ranking_rows(ranking)
-    mode = os.environ.get("WANDB_MODE", cfg.get("mode", "offline"))
+    mode = os.environ.get("WANDB_MODE", cfg["mode"])
     # dir given explicitly: wandb otherwise keeps the directory of an earlier run in this process
-    run = wandb.init(project=cfg.get("project", "pars"), job_type="evaluate", mode=mode,
+    run = wandb.init(project=cfg["project"], job_type="evaluate", mode=mode,
                      dir=os.environ.get("WANDB_DIR") or ".",
                      config={k: v for k, v in params.items() if k != "wandb"})
     try:
@@ -373,34 +373,36 @@ def run(params: dict, *, data_root: str | Path = "data", models_root: str | Path
         metrics_dir: str | Path = "metrics", plots_dir: str | Path = "plots/evaluate") -> dict:
     data_root, models_root, metrics_dir = Path(data_root), Path(models_root), Path(metrics_dir)
     predictors = [(m, meth) for m in params["train_models"] for meth in params["methods"]]
-    predictors += [(m, "pairwise") for m in params.get("cross_models") or []]  # cross-model: pairwise only
+    predictors += [(m, "pairwise") for m in params["cross_models"] or []]  # cross-model: pairwise only
     missing = [str(predictor_dir(m, meth, models_root)) for m, meth in predictors
                if not predictor_dir(m, meth, models_root).is_dir()]
     if missing:  # fail before any slow work, naming every one
         raise FileNotFoundError(f"predictor checkpoint(s) missing: {', '.join(missing)} (has train run for them?)")
-    tfidf = params.get("tfidf_ridge")
+    tfidf = params["tfidf_ridge"]
     missing_keys = sorted({"ngram_max", "min_df", "alphas", "min_train_prompts"} - set(tfidf or {}))
     if missing_keys:  # params.yaml holds these defaults; fail before any slow work
         raise KeyError(f"params evaluate.tfidf_ridge lacks {', '.join(missing_keys)} (see params.yaml)")
+    # the rest of the section, read before the slow work too
+    batch_size, tokenizer, delta = int(params["batch_size"]), params["baseline_tokenizer"], float(params["delta"])
+    boot = params["bootstrap"]
+    n_boot, boot_seed, level = int(boot["n"]), int(boot["seed"]), float(boot["level"])
     prompts = read_table(prompts_path(data_root), PROMPTS)
     generations = {m: read_table(generations_path(m, data_root), GENERATIONS) for m in params["eval_models"]}
     test = prompts[prompts["split"] == "test"].sort_values("prompt_id").reset_index(drop=True)
     if test.empty:
         raise ValueError(f"{prompts_path(data_root)} has no test-split prompts")
 
-    if params.get("torch_threads"):  # on a CPU shared with other jobs, fewer threads can be faster
+    if params["torch_threads"]:  # on a CPU shared with other jobs, fewer threads can be faster
         import torch
 
         torch.set_num_threads(int(params["torch_threads"]))
-    scores = score_predictors(test, predictors, models_root, int(params.get("batch_size", 32)))
+    scores = score_predictors(test, predictors, models_root, batch_size)
     write_table(scores, scores_path(data_root), SCORES)
-    ptoks = pd.Series(prompt_token_counts(test["prompt"].tolist(), params.get("baseline_tokenizer", "minilm-l6")),
+    ptoks = pd.Series(prompt_token_counts(test["prompt"].tolist(), tokenizer),
                       index=test["prompt_id"].to_numpy())
-    boot = params.get("bootstrap") or {}
-    ranking = evaluate(prompts, generations, scores, ptoks, delta=float(params.get("delta", 0.2)),
-                       n_boot=int(boot.get("n", 1000)), seed=int(boot.get("seed", 42)),
-                       level=float(boot.get("level", 0.95)), tfidf_ridge=tfidf)
-    ranking["settings"]["baseline_tokenizer"] = params.get("baseline_tokenizer", "minilm-l6")
+    ranking = evaluate(prompts, generations, scores, ptoks, delta=delta, n_boot=n_boot, seed=boot_seed,
+                       level=level, tfidf_ridge=tfidf)
+    ranking["settings"]["baseline_tokenizer"] = tokenizer
     transfer = transfer_matrix(ranking)
     write_json(_no_nan(ranking), metrics_dir / "ranking.json")
     write_json(_no_nan(transfer), metrics_dir / "transfer.json")

@@ -104,10 +104,10 @@ def sample_pairs(labels: pd.DataFrame, partners: int, max_tries_factor: int, del
 def build_pairs(generations: pd.DataFrame, prompts: pd.DataFrame, params: dict[str, Any],
                 model: str = "model") -> tuple[dict[str, pd.DataFrame], pd.DataFrame, dict[str, Any]]:
     """Labels and δ-filtered pairs per split; raises a clear error when pairs cannot be formed."""
-    delta = float(params.get("delta", 0.2))
-    partners = int(params.get("partners", 10))
-    factor = int(params.get("max_tries_factor", 10))
-    seed = int(params.get("seed", 42))
+    delta = float(params["delta"])
+    partners = int(params["partners"])
+    factor = int(params["max_tries_factor"])
+    seed = int(params["seed"])
     if not 0 < delta < 1:
         raise ValueError(f"pairs.delta must be in (0, 1), got {delta}")
     if partners < 1 or factor < 1:
@@ -166,7 +166,7 @@ def main(argv: list[str]) -> int:
     write_table(labels, labels_path(args.model, args.data), LABELS)
     # train forms in-batch pairs with the same δ: it reads it here rather than from another section
     write_json({k: metrics[k] for k in ("model", "delta", "partners")} |
-               {"max_tries_factor": int(params.get("max_tries_factor", 10)), "seed": int(params.get("seed", 42))},
+               {"max_tries_factor": int(params["max_tries_factor"]), "seed": int(params["seed"])},
                out / "meta.json")
     write_json(metrics, Path(args.metrics) / f"{args.model}.json")
     t, v = metrics["train"], metrics["val"]

@@ -91,11 +91,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", default=str(prompts_path()))
     args = parser.parse_args(argv)
     params = load_params("prepare")
-    sources = params.get("sources") or {}
+    sources = params["sources"] or {}
     if not sources:
         raise ValueError("params prepare.sources is empty: name at least one prompt source")
-    fractions = params.get("split", {"train": 0.7, "val": 0.1, "test": 0.2})
-    max_chars = int(params.get("max_prompt_chars", 16000))
+    fractions = params["split"]
+    max_chars = int(params["max_prompt_chars"])
 
     frames, report = [], {}
     for name, options in sources.items():

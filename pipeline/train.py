@@ -22,23 +22,7 @@ import pandas as pd
 
 from pipeline.contracts import write_json
 from pipeline.params import load_params
-
-DEFAULTS: dict[str, Any] = {
-    "encoder": "minilm-l6", "max_length": 64, "epochs": 3, "batch_size": 16, "eval_batch_size": 64,
-    "lr": 2e-5, "weight_decay": 0.01, "warmup_fraction": 0.1, "grad_clip": 1.0, "margin": 1.0,
-    "pairwise_mode": "in_batch", "max_train_prompts": None, "seed": 42, "dropout": 0.1,
-    "num_workers": 0, "torch_threads": 2, "frozen_layers": 0, "head_fraction": 1.0, "length_buckets": 0,
-    "patience": None, "cross_models": {},
-    "lightning": {"accelerator": "cpu", "devices": 1, "num_nodes": 1, "precision": "32-true", "strategy": "auto"},
-    "wandb": {"project": "pars", "entity": None, "dir": "."},
-}
-
-
-def settings(params: dict[str, Any]) -> dict[str, Any]:
-    out = {**DEFAULTS, **{k: v for k, v in params.items() if k not in ("lightning", "wandb")}}
-    out["lightning"] = {**DEFAULTS["lightning"], **(params.get("lightning") or {})}
-    out["wandb"] = {**DEFAULTS["wandb"], **(params.get("wandb") or {})}
-    return out
+from pipeline.ranking.losses import METHODS
 
 
 def wandb_mode() -> str:
@@ -72,10 +56,10 @@ def make_logger(model: str, method: str, cfg: dict[str, Any], datasets: list[str
     from lightning.pytorch.loggers import WandbLogger
 
     wb = cfg["wandb"]
-    save_dir = Path(wb.get("dir") or ".")
+    save_dir = Path(wb["dir"])
     save_dir.mkdir(parents=True, exist_ok=True)
     return WandbLogger(
-        project=wb.get("project") or "pars", entity=wb.get("entity"), name=f"{model}-{method}",
+        project=wb["project"], entity=wb["entity"], name=f"{model}-{method}",
         group=run_group(), tags=[f"model:{model}", f"method:{method}", *[f"dataset:{d}" for d in datasets]],
         job_type="train", save_dir=str(save_dir), offline=mode == "offline", mode=mode,
         config={"model": model, "method": method, "datasets": datasets, **cfg, **extra},
@@ -87,7 +71,15 @@ def train_one(model_name: str, method: str, params: dict[str, Any], *, data_root
               plots_dir: str | Path = "plots/train") -> dict[str, Any]:
     """Train one (generation model, method) predictor; returns the metrics written."""
     t_start = time.perf_counter()
-    cfg = settings(params)
+    cfg = params  # params.yaml's train section: every key comes from there, none from code
+    lt = cfg["lightning"]  # read before the slow work, so a missing key fails at once
+    if str(lt["strategy"]).startswith(("ddp_spawn", "ddp_fork", "ddp_notebook")):
+        # these train in child processes: the best weights never reach this one to be exported
+        raise ValueError(f"train.lightning.strategy {lt['strategy']!r} is not supported: use ddp "
+                         f"(it runs this command once per device)")
+    trainer_args = {"max_epochs": int(cfg["epochs"]), "accelerator": lt["accelerator"], "devices": lt["devices"],
+                    "num_nodes": int(lt["num_nodes"]), "precision": lt["precision"], "strategy": lt["strategy"],
+                    "gradient_clip_val": float(cfg["grad_clip"])}
     import lightning as L
     import torch
 
@@ -132,11 +124,8 @@ def train_one(model_name: str, method: str, params: dict[str, Any], *, data_root
         from lightning.pytorch.callbacks import EarlyStopping
 
         callbacks.append(EarlyStopping(monitor="val/tau_b", mode="max", patience=int(cfg["patience"])))
-    lt = cfg["lightning"]
     trainer = L.Trainer(
-        max_epochs=int(cfg["epochs"]), accelerator=lt["accelerator"], devices=lt["devices"],
-        num_nodes=int(lt["num_nodes"]), precision=lt["precision"], strategy=lt["strategy"],
-        gradient_clip_val=float(cfg["grad_clip"]), logger=logger if logger is not None else False,
+        **trainer_args, logger=logger if logger is not None else False,
         callbacks=callbacks, enable_checkpointing=False,  # BestWeights keeps the best epoch; export below
         num_sanity_val_steps=0, log_every_n_steps=5, enable_model_summary=False,
     )
@@ -149,10 +138,6 @@ def train_one(model_name: str, method: str, params: dict[str, Any], *, data_root
         if out.exists():  # the stage rewrites its output whole
             shutil.rmtree(out)
         train_wall = module.train_seconds
-        # counters are per process; under DDP every rank does the same share of the work
-        world = int(trainer.world_size)
-        module.prompts_encoded *= world
-        module.pairs_seen *= world
         trained_on = {
             "model": model_name, "datasets": data.datasets, "n_train_prompts": dm.n_train_prompts,
             "val_tau_b": best.best_val["val_tau_b"], "val_pair_acc": best.best_val["val_pair_acc"],
@@ -197,7 +182,7 @@ def train_one(model_name: str, method: str, params: dict[str, Any], *, data_root
 def main(argv: list[str]) -> int:
     ap = argparse.ArgumentParser(prog="pars train", description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", required=True, help="generation model whose pairs to train on")
-    ap.add_argument("--method", required=True, choices=["pairwise", "pointwise", "listwise"])
+    ap.add_argument("--method", required=True, choices=METHODS)
     ap.add_argument("--params", default=None, help="params file (default params.yaml)")
     ap.add_argument("--data", default="data")
     ap.add_argument("--models", default="models", help="models root (writes <root>/<model>/<method>/)")

@@ -12,7 +12,6 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
-
 @pytest.fixture(scope="session")
 def tokenizer():
     """The packaged MiniLM tokenizer (bert-base-uncased vocabulary); on disk, loads in ms."""

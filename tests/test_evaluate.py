@@ -7,6 +7,7 @@ import json
 import numpy as np
 import pandas as pd
 import pytest
+from helpers import params_section
 from scipy.stats import kendalltau
 
 from pipeline.contracts import GENERATIONS, PROMPTS, generations_path, prompts_path, write_table
@@ -348,10 +349,11 @@ def project(tmp_path, tiny_bert_config, tokenizer, monkeypatch):
         torch.manual_seed(i)
         save_checkpoint(LengthRanker.from_config(tiny_bert_config), tokenizer, tmp_path / "models" / model / method,
                         method=method, max_length=32, encoder="tiny-random-bert", trained_on={"model": model})
-    params = {"train_models": ["m4", "m1"], "methods": ["pairwise", "pointwise"], "eval_models": ["m4", "m1"],
-              "delta": 0.2, "bootstrap": {"n": 60, "seed": 42, "level": 0.95}, "batch_size": 8,
-              "baseline_tokenizer": "minilm-l6", "tfidf_ridge": TFIDF,
-              "wandb": {"enabled": True, "project": "pars-test", "mode": "offline"}}
+    params = params_section("evaluate", train_models=["m4", "m1"], methods=["pairwise", "pointwise"],
+                            eval_models=["m4", "m1"], cross_models=[], delta=0.2,
+                            bootstrap={"n": 60, "seed": 42, "level": 0.95}, batch_size=8,
+                            baseline_tokenizer="minilm-l6", tfidf_ridge=TFIDF,
+                            wandb={"enabled": True, "project": "pars-test", "mode": "offline"})
     return tmp_path, params
 
 

@@ -7,58 +7,18 @@ import json
 import numpy as np
 import pandas as pd
 import pytest
+from helpers import make_tables, params_section, write_dataset, write_params
 
 from pipeline.contracts import (
     GENERATIONS,
     LABELS,
     PAIRS,
-    PROMPTS,
     generations_path,
-    prompts_path,
     read_table,
     write_table,
 )
 from pipeline.pairs import build_pairs, main
 from pipeline.ranking.labels import in_batch_pairs, keep_mask, prompt_labels
-
-WORDS = {"short": "brief", "long": "essay"}
-
-
-def make_tables(n_train=30, n_val=12, n_test=6, k=2, seed=0, truncated=()):
-    """Prompts whose wording tells their answer length: 'brief' ones are short, 'essay' ones long."""
-    rng = np.random.default_rng(seed)
-    prompts, gens = [], []
-    for split, n in (("train", n_train), ("val", n_val), ("test", n_test)):
-        for i in range(n):
-            pid = f"{split}{i:03d}"
-            kind = "long" if i % 2 else "short"
-            base = 300 if kind == "long" else 40
-            base = base * (1 + 0.5 * rng.random())
-            prompts.append({"prompt_id": pid, "dataset": "toy" if i % 3 else "toy2",
-                            "prompt": f"please write an {WORDS[kind]} about topic {i}", "split": split,
-                            "source_id": str(i)})
-            for s in range(k):
-                cut = pid in truncated and s == 0  # one sample cut: the mean is a lower bound
-                gens.append({"prompt_id": pid, "sample": s,
-                             "output_tokens": int(512 if cut else base * (1 + 0.1 * rng.standard_normal())),
-                             "reasoning_tokens": 0, "finish_reason": "length" if cut else "stop",
-                             "prompt_tokens": 10, "text": "x", "reasoning": ""})
-    return pd.DataFrame(prompts), pd.DataFrame(gens)
-
-
-def write_dataset(root, model="toy", **kw):
-    prompts, gens = make_tables(**kw)
-    write_table(prompts, prompts_path(root), PROMPTS)
-    write_table(gens, generations_path(model, root), GENERATIONS)
-    return prompts, gens
-
-
-def write_params(path, **pairs):
-    import yaml
-
-    conf = {"delta": 0.2, "partners": 4, "max_tries_factor": 10, "seed": 42, **pairs}
-    path.write_text(yaml.safe_dump({"pairs": conf}))
-    return path
 
 
 def test_labels_are_mean_tokens_and_mark_truncation():
@@ -150,4 +110,4 @@ def test_errors_name_the_problem(tmp_path):
         main(["--model", "same", *args])
     odd = gens.assign(finish_reason="abort")
     with pytest.raises(ValueError, match="finish_reason"):
-        build_pairs(odd, prompts, {"delta": 0.2}, model="odd")
+        build_pairs(odd, prompts, params_section("pairs", delta=0.2), model="odd")

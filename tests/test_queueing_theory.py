@@ -105,16 +105,20 @@ def test_parse_distribution():
 
 
 def test_capacity_cli_answers_in_words(capsys):
+    from helpers import PARAMS, params_section
+
     from pipeline import capacity
 
-    assert capacity.main(["--rate", "12", "--workload", "1:1", "--json"]) == 0
+    # flags left unset take params.yaml's capacity section (document 003's A100 setting)
+    assert capacity.main(["--rate", "12", "--workload", "1:1", "--json", "--params", str(PARAMS)]) == 0
     out = capsys.readouterr().out
-    cap = th.capacity(th.document_workloads()["1:1"], 131_000, 512, 0.04)
+    p = params_section("capacity")
+    cap = th.capacity(th.document_workloads()["1:1"], p["M"], p["chunk"], p["step_time"])
     assert f"mu = {cap.mu:.3f}" in out and "unstable" in out
-    r = th.replicas_needed(12, cap, 0.1)
-    assert f"{r['guaranteed']} with a 10% safety margin" in out
+    r = th.replicas_needed(12, cap, p["margin"])
+    assert f"{r['guaranteed']} with a {p['margin']:.0%} safety margin" in out
     assert capacity.main(["--rate", "0.5", "--prompt", "uniform:10:100", "--answer", "10:100", "--M", "5000",
-                          "--step-time", "0.02"]) == 0
+                          "--step-time", "0.02", "--params", str(PARAMS)]) == 0
     assert "(stable)" in capsys.readouterr().out
 
 

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from pipeline.queueing import theory as th
-from pipeline.queueing.policies import policy_key
+from pipeline.queueing.policies import POLICIES, SCORE_METHODS, policy_key
 from pipeline.queueing.simulator import EngineConfig, burst, poisson, simulate, trace
 
 SMALL = EngineConfig(M=4000, chunk=128, token_budget=512, max_num_seqs=64, step_c0=0.01, starvation_s=math.inf)
@@ -157,7 +157,7 @@ def _synthetic_project(root, with_scores: bool, rng):
     if with_scores:
         sc = [{"prompt_id": pid, "dataset": "d", "train_model": "m", "method": meth,
                "score": float(np.log(base[i]) + rng.normal(0, 0.3))}
-              for i, pid in enumerate(ids) for meth in ("pairwise", "pointwise", "listwise")]
+              for i, pid in enumerate(ids) for meth in SCORE_METHODS.values()]
         write_table(pd.DataFrame(sc), scores_path(root / "data"), SCORES)
 
 
@@ -172,7 +172,7 @@ def test_simulate_stage_on_synthetic_data(tmp_path, monkeypatch, with_scores):
     params = {"workloads": {"w": {"model": "m", "score_model": "m"},
                             "mixed": {"model": "m", "score_model": {"pars": "m", "pointwise": "other"}}},
               "quality_curve": {"workload": "w", "noise_sigma": [0.0, 0.5, 3.0]},
-              "policies": ["fcfs", "pars", "pointwise", "listwise", "oracle"],
+              "policies": [x for x in POLICIES if x != "random"],
               "burst": 300, "poisson_loads": [0.5, 1.2], "poisson_requests": 300, "seed": 0,
               "engine": {"M": 3000, "chunk": 64, "token_budget": 512, "max_num_seqs": 16, "block_size": 16,
                          "step_c0": 0.01, "step_c1": 0.0, "starvation_s": 120}}
@@ -183,7 +183,7 @@ def test_simulate_stage_on_synthetic_data(tmp_path, monkeypatch, with_scores):
     assert set(w["scenarios"]["trace"]) == set(w["scenarios"]["burst_300"])
     saved = json.loads((tmp_path / "metrics/simulation.json").read_text())
     burst = saved["workloads"]["w"]["scenarios"]["burst_300"]
-    expected = {"fcfs", "oracle"} | ({"pars", "pointwise", "listwise"} if with_scores else set())
+    expected = {"fcfs", "oracle"} | (set(SCORE_METHODS) if with_scores else set())
     assert set(burst) == expected
     assert w["resampled"] and w["test_prompts"] == 20  # 300 requests from 20 test prompts
     for row in burst.values():

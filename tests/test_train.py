@@ -8,9 +8,10 @@ import json
 import numpy as np
 import pytest
 import torch
-from test_pairs import write_dataset, write_params
+from helpers import make_tables, params_section, write_dataset, write_params
 
 from pipeline.pairs import main as pairs_main
+from pipeline.ranking.losses import METHODS
 
 
 @pytest.fixture(scope="module")
@@ -36,22 +37,31 @@ def toy_root(tmp_path_factory):
 
 
 def params_for(encoder_dir, **over):
+    """The tiny encoder's train settings (some keys of the train section)."""
     p = {"encoder": str(encoder_dir), "max_length": 16, "epochs": 4, "batch_size": 8, "eval_batch_size": 32,
          "lr": 2e-3, "warmup_fraction": 0.1, "seed": 42, "dropout": 0.0,
-         "lightning": {"accelerator": "cpu", "devices": 1, "precision": "32-true"}}
+         "lightning": {"accelerator": "cpu", "devices": 1, "num_nodes": 1, "precision": "32-true", "strategy": "auto"}}
     p.update(over)
     return p
+
+
+def train_params(encoder_dir, **over):
+    """params.yaml's train section with the tiny settings, on the plain path: full fine-tuning of
+    right-cut prompts, plain shuffle, no early stopping (whatever profile params.yaml is in)."""
+    plain = {"frozen_layers": 0, "head_fraction": 1.0, "length_buckets": 0, "patience": None, "cross_models": {},
+             "max_train_prompts": None, "pairwise_mode": "in_batch"}
+    return params_section("train", **{**plain, **params_for(encoder_dir, **over)})
 
 
 def run(root, encoder_dir, method, tag, **over):
     from pipeline.train import train_one
 
-    return train_one("toy", method, params_for(encoder_dir, **over), data_root=root / "data",
+    return train_one("toy", method, train_params(encoder_dir, **over), data_root=root / "data",
                      models_root=root / tag / "models", metrics_dir=root / tag / "metrics",
                      plots_dir=root / tag / "plots")
 
 
-@pytest.mark.parametrize("method", ["pairwise", "pointwise", "listwise"])
+@pytest.mark.parametrize("method", METHODS)
 def test_each_method_learns_and_exports(toy_root, tiny_encoder_dir, monkeypatch, method):
     monkeypatch.setenv("WANDB_MODE", "disabled")
     from pipeline.ranking.checkpoint import read_meta
@@ -109,7 +119,8 @@ def test_wandb_offline_run_is_written(toy_root, tiny_encoder_dir, monkeypatch, t
     monkeypatch.setenv("WANDB_MODE", "offline")
     monkeypatch.setenv("DVC_EXP_NAME", "exp-test")
     monkeypatch.delenv("WANDB_API_KEY", raising=False)
-    run(toy_root, tiny_encoder_dir, "listwise", "wb", epochs=1, wandb={"project": "pars-test", "dir": str(tmp_path)})
+    run(toy_root, tiny_encoder_dir, "listwise", "wb", epochs=1,
+        wandb={"project": "pars-test", "entity": None, "dir": str(tmp_path)})
     runs = list((tmp_path / "wandb").glob("offline-run-*"))
     assert len(runs) == 1 and any(runs[0].glob("*.wandb"))
 
@@ -135,7 +146,7 @@ def test_missing_pairs_and_bad_settings_are_clear(toy_root, tiny_encoder_dir, mo
     from pipeline.train import train_one
 
     with pytest.raises(FileNotFoundError, match="no pairs for model 'nomodel'"):
-        train_one("nomodel", "pairwise", params_for(tiny_encoder_dir), data_root=toy_root / "data",
+        train_one("nomodel", "pairwise", train_params(tiny_encoder_dir), data_root=toy_root / "data",
                   models_root=tmp_path, metrics_dir=tmp_path, plots_dir=tmp_path)
     with pytest.raises(ValueError, match="pairwise_mode"):
         run(toy_root, tiny_encoder_dir, "pairwise", "bad", pairwise_mode="sometimes")
@@ -243,8 +254,6 @@ def test_cross_model_set_trains_on_the_union_without_mixing_models(tmp_path, tin
     """Two models answer the same prompts on length scales 10x apart: the cross-model predictor
     sees both models' prompts, compares prompts only within a model, and ranks both."""
     monkeypatch.setenv("WANDB_MODE", "disabled")
-    from test_pairs import make_tables
-
     from pipeline.contracts import GENERATIONS, generations_path, write_table
     from pipeline.ranking.labels import in_batch_pairs
     from pipeline.train import train_one
@@ -259,12 +268,12 @@ def test_cross_model_set_trains_on_the_union_without_mixing_models(tmp_path, tin
                            "--metrics", str(tmp_path / "metrics" / "pairs")]) == 0
     # one short prompt of the long-answer model outlasts every answer of the other: never compared
     assert in_batch_pairs(np.array([40.0, 400.0, 50.0]), np.zeros(3, bool), 0.2, groups=[0, 1, 0]).tolist() == [[0, 2]]
-    res = train_one("both", "pairwise", params_for(tiny_encoder_dir, cross_models={"both": ["small", "big"]}, lr=5e-3),
+    res = train_one("both", "pairwise", train_params(tiny_encoder_dir, cross_models={"both": ["small", "big"]}, lr=5e-3),
                     data_root=data, models_root=tmp_path / "models", metrics_dir=tmp_path / "m", plots_dir=tmp_path / "p")
     assert res["members"] == ["small", "big"] and res["n_train_prompts"] == 80
     assert res["val_tau_b"] > 0.4
     with pytest.raises(ValueError, match="listwise"):
-        train_one("both", "listwise", params_for(tiny_encoder_dir, cross_models={"both": ["small", "big"]}),
+        train_one("both", "listwise", train_params(tiny_encoder_dir, cross_models={"both": ["small", "big"]}),
                   data_root=data, models_root=tmp_path / "models", metrics_dir=tmp_path / "m", plots_dir=tmp_path / "p")
 
 
@@ -278,3 +287,69 @@ def test_length_bucket_batches_keep_groups_apart():
     assert len(batches) == len(sampler) == 16 + 2 + 1
     assert sorted(i for b in batches for i in b) == list(range(len(groups)))
     assert all(len(set(groups[b])) == 1 for b in batches)  # every in-batch pair is comparable
+
+
+def test_ddp_two_cpu_processes_gather_validation_and_export_once(toy_root, tiny_encoder_dir, tmp_path):
+    """The production profile's multi-process path on CPU: `pars train` (as dvc runs it) with the
+    production train settings (full fine-tuning, plain shuffle, early stopping) and Lightning
+    strategy ddp over 2 processes (gloo). Lightning re-launches the command line for rank 1, so it
+    runs in a subprocess, not in pytest. Each rank trains and validates a shard; the val scores are
+    all-gathered, so the recorded tau_b and pair accuracy are those of all val prompts, which the
+    exported checkpoint (written by rank 0 only) reproduces."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    import pandas as pd
+    import yaml
+
+    from pipeline.profile import deep_merge
+    from pipeline.ranking.metrics import kendall_tau_b, pair_accuracy
+    from pipeline.serving.scorer import Scorer
+
+    repo = Path(__file__).resolve().parents[1]
+    profile = yaml.safe_load((repo / "profiles" / "production.yaml").read_text())
+    production = deep_merge(yaml.safe_load((repo / "params.yaml").read_text()), profile,
+                            set(profile.pop("_replace", [])))["train"]
+    assert production["frozen_layers"] == 0 and production["length_buckets"] == 0  # the path tested here
+    lightning = {"accelerator": "cpu", "devices": 2, "num_nodes": 1, "precision": "32-true", "strategy": "ddp"}
+    train = production | params_for(tiny_encoder_dir, epochs=2, lr=5e-3, torch_threads=1, lightning=lightning)
+    params = tmp_path / "params.yaml"
+    params.write_text(yaml.safe_dump({"train": train}))
+    pars = Path(sys.executable).with_name("pars")  # the console script dvc.yaml calls
+    cmd = [str(pars)] if pars.is_file() else [sys.executable, "-m", "pipeline.cli"]
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("LOCAL_RANK", "NODE_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")}
+    proc = subprocess.run([*cmd, "train", "--model", "toy", "--method", "pairwise", "--params", str(params),
+                           "--data", str(toy_root / "data"), "--models", str(tmp_path / "models"),
+                           "--metrics", str(tmp_path / "metrics"), "--plots", str(tmp_path / "plots")],
+                          cwd=tmp_path, env=env | {"WANDB_MODE": "disabled", "PARS_DEBUG": "1"},
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    # one result line and one progress line per epoch: rank 0 reports, rank 1 only trains
+    assert proc.stdout.count("train toy/pairwise: val tau_b") == 1, proc.stdout
+    assert "MEMBER: 2/2" in proc.stdout + proc.stderr  # Lightning started a second process
+    epoch_lines = [line for line in proc.stdout.splitlines() if line.startswith("epoch ")]
+    assert len(epoch_lines) == 2, proc.stdout
+    # rank 0's own counter: half of the 40 train prompts per epoch (DistributedSampler shards)
+    assert "(20 prompts trained" in epoch_lines[0], epoch_lines
+
+    res = json.loads((tmp_path / "metrics" / "toy-pairwise.json").read_text())
+    assert res["n_train_prompts"] == 40 and res["n_val_prompts"] == 16 and res["epochs_run"] == 2
+    assert res["prompts_encoded"] == 2 * 40  # both ranks' work: 2 epochs x 40 prompts
+    assert res["pairs_seen"] > 0 and res["prompts_per_s"] > 0
+    history = pd.read_csv(tmp_path / "plots" / "toy-pairwise.csv")
+    assert history["n_val_prompts"].tolist() == [16, 16]  # every val prompt, not one rank's 8
+
+    labels = pd.read_parquet(toy_root / "data" / "pairs" / "toy" / "labels.parquet")
+    prompts = pd.read_parquet(toy_root / "data" / "prompts" / "prompts.parquet").set_index("prompt_id")
+    val = labels[labels["split"] == "val"].sort_values("prompt_id").reset_index(drop=True)
+    ckpt = tmp_path / "models" / "toy" / "pairwise"
+    scores = Scorer.from_pretrained(ckpt).score(prompts.loc[val["prompt_id"], "prompt"].tolist())
+    assert kendall_tau_b(scores, val["length"]) == pytest.approx(res["val_tau_b"], abs=1e-5)
+    pos = {p: i for i, p in enumerate(val["prompt_id"])}
+    val_pairs = pd.read_parquet(toy_root / "data" / "pairs" / "toy" / "val.parquet")
+    idx = np.array([[pos[a], pos[b]] for a, b in zip(val_pairs["a"], val_pairs["b"])])
+    assert pair_accuracy(scores, val["length"].to_numpy(), idx) == pytest.approx(res["val_pair_acc"], abs=1e-6)
+    assert sorted(p.name for p in (tmp_path / "models").rglob("*") if p.is_dir()) == ["pairwise", "toy"]

@@ -33,6 +33,8 @@ from torch.utils.data import DataLoader, Dataset, Sampler
 
 from pipeline.contracts import LABELS, PAIRS, PROMPTS, labels_path, pairs_dir, prompts_path, read_table
 from pipeline.ranking.labels import in_batch_pairs
+from pipeline.ranking.losses import METHODS
+from pipeline.ranking.model import encode_prompts, pad_batch
 
 PAIRWISE_MODES = ("in_batch", "per_pair")
 
@@ -54,8 +56,6 @@ class PromptTable:
     @classmethod
     def build(cls, labels: pd.DataFrame, texts: dict[str, str], tokenizer, max_length: int,
               head_fraction: float = 1.0) -> "PromptTable":
-        from pipeline.ranking.model import encode_prompts
-
         ids = labels["prompt_id"].to_numpy()
         enc = encode_prompts(tokenizer, [texts[p] for p in ids], max_length, head_fraction)
         groups = labels["group"].to_numpy(np.int64) if "group" in labels else None
@@ -185,16 +185,6 @@ class LengthBucketBatches(Sampler):
             yield batches[b]
 
 
-def _pad(seqs: Sequence[Sequence[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
-    width = max(len(s) for s in seqs)
-    ids = torch.full((len(seqs), width), pad_id, dtype=torch.long)
-    mask = torch.zeros((len(seqs), width), dtype=torch.long)
-    for r, s in enumerate(seqs):
-        ids[r, : len(s)] = torch.as_tensor(s, dtype=torch.long)
-        mask[r, : len(s)] = 1
-    return ids, mask
-
-
 class PromptCollate:
     """Distinct prompts -> batch; with `delta` set, every δ-valid pair among them (in-batch pairs)."""
 
@@ -213,7 +203,7 @@ class PromptCollate:
         if self.table.hidden is not None:
             batch["hidden"], batch["attention_mask"] = _pad_hidden([self.table.hidden[r] for r in rows])
         else:
-            batch["input_ids"], batch["attention_mask"] = _pad([self.table.input_ids[r] for r in rows], self.pad_id)
+            batch["input_ids"], batch["attention_mask"] = pad_batch([self.table.input_ids[r] for r in rows], self.pad_id)
         return batch
 
 
@@ -226,7 +216,7 @@ class PairCollate:
     def __call__(self, rows: list[int]) -> dict[str, torch.Tensor]:
         rows_arr = np.asarray(rows, dtype=np.int64)
         members = np.concatenate([self.a[rows_arr], self.b[rows_arr]])
-        ids, mask = _pad([self.table.input_ids[r] for r in members], self.pad_id)
+        ids, mask = pad_batch([self.table.input_ids[r] for r in members], self.pad_id)
         p = len(rows)
         pairs = np.stack([np.arange(p), np.arange(p) + p], axis=1)
         return {"input_ids": ids, "attention_mask": mask,
@@ -251,8 +241,8 @@ class RankingDataModule(L.LightningDataModule):
                  max_train_prompts: int | None = None, seed: int = 42, num_workers: int = 0,
                  head_fraction: float = 1.0, length_buckets: int = 0):
         super().__init__()
-        if method not in ("pairwise", "pointwise", "listwise"):
-            raise ValueError(f"unknown method {method!r}; expected pairwise, pointwise or listwise")
+        if method not in METHODS:
+            raise ValueError(f"unknown method {method!r}; expected one of {METHODS}")
         if pairwise_mode not in PAIRWISE_MODES:
             raise ValueError(f"train.pairwise_mode must be one of {PAIRWISE_MODES}, got {pairwise_mode!r}")
         self.data, self.tokenizer, self.method = data, tokenizer, method
@@ -318,7 +308,7 @@ class RankingDataModule(L.LightningDataModule):
                 for start in tqdm(range(0, len(order), batch_size), desc=f"frozen encoder ({name})", unit="batch",
                                   leave=False):
                     rows = order[start : start + batch_size]
-                    ids, mask = _pad([table.input_ids[r] for r in rows], self.pad_id)
+                    ids, mask = pad_batch([table.input_ids[r] for r in rows], self.pad_id)
                     out = model.hidden_after(ids, mask, n_layers)
                     for k, r in enumerate(rows):
                         hidden[r] = out[k, : len(table.input_ids[r])].clone()

@@ -96,6 +96,14 @@ class RankerModule(L.LightningModule):
     def on_train_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None:
         self.train_seconds += time.perf_counter() - self._t0
 
+    def on_train_end(self) -> None:
+        # Under DDP each rank counted its own shard (in-batch pair counts differ between ranks):
+        # sum them, so the reported throughput is the whole job's.
+        if self.trainer.world_size > 1:
+            counts = torch.tensor([self.prompts_encoded, self.pairs_seen], dtype=torch.float64, device=self.device)
+            counts = self.trainer.strategy.reduce(counts, reduce_op="sum")
+            self.prompts_encoded, self.pairs_seen = (int(round(float(x))) for x in counts.cpu())
+
     @property
     def epoch_train_loss(self) -> float:
         total, n = self._epoch_loss

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Sequence
 
 import torch
 from torch import nn
@@ -113,3 +114,15 @@ def encode_prompts(tokenizer, texts, max_length: int, head_fraction: float = 1.0
             ids = ids[:n_pre] + inner[:head] + inner[len(inner) - (body - head) :] + ids[len(ids) - n_post :]
         out.append(list(ids))
     return out
+
+
+def pad_batch(seqs: Sequence[Sequence[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Right-pad token id lists to the longest of them -> (input_ids, attention_mask), both long.
+    Training and serving batch through here (the tokenizer's `pad` on ids warns and is slower)."""
+    width = max(len(s) for s in seqs)
+    ids = torch.full((len(seqs), width), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(seqs), width), dtype=torch.long)
+    for r, s in enumerate(seqs):
+        ids[r, : len(s)] = torch.as_tensor(s, dtype=torch.long)
+        mask[r, : len(s)] = 1
+    return ids, mask

@@ -72,7 +72,7 @@ class Scorer:
             if not isinstance(text, str):
                 raise TypeError(f"score: item {i} is {type(text).__name__}, not str")
         batch_size = int(batch_size or self.batch_size)
-        from pipeline.ranking.model import encode_prompts
+        from pipeline.ranking.model import encode_prompts, pad_batch
 
         ids = encode_prompts(self.tokenizer, texts, self.max_length, self.head_fraction)
         order = np.argsort([len(x) for x in ids], kind="stable")
@@ -85,20 +85,8 @@ class Scorer:
         with torch.inference_mode():
             for start in starts:
                 rows = order[start : start + batch_size]
-                input_ids, attention_mask = _pad([ids[r] for r in rows], self.pad_id)
+                input_ids, attention_mask = pad_batch([ids[r] for r in rows], self.pad_id)
                 scores = self.model(input_ids=input_ids.to(self.device), attention_mask=attention_mask.to(self.device))
                 out[rows] = scores.float().cpu().numpy()
         return out
 
-
-def _pad(rows: list[list[int]], pad_id: int):
-    """Right-pad token id lists to the longest of them (the tokenizer's `pad` on ids warns and is slower)."""
-    import torch
-
-    width = max(len(r) for r in rows)
-    input_ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
-    attention_mask = torch.zeros((len(rows), width), dtype=torch.long)
-    for i, r in enumerate(rows):
-        input_ids[i, : len(r)] = torch.tensor(r, dtype=torch.long)
-        attention_mask[i, : len(r)] = 1
-    return input_ids, attention_mask

@@ -1,0 +1,66 @@
+"""Helpers shared by several test files (imported as `from helpers import ...`; pytest puts tests/
+on sys.path). Toy data for the pairs and train stages: prompts whose wording tells the answer
+length. (`servers.py` holds the other shared helper set, the real `vllm serve` for engine tests.)"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from pipeline.contracts import GENERATIONS, PROMPTS, generations_path, prompts_path, write_table
+
+PARAMS = Path(__file__).resolve().parents[1] / "params.yaml"
+
+
+def params_section(name: str, **overrides) -> dict:
+    """The repository's params.yaml section `name` (plain dicts), top-level keys replaced by `overrides`.
+
+    Stages take every key from params.yaml (no defaults in code): a test starts from the real
+    section and sets what it is about, so a key added to params.yaml reaches the tests too."""
+    import yaml
+
+    return {**yaml.safe_load(PARAMS.read_text(encoding="utf-8"))[name], **overrides}
+
+
+WORDS = {"short": "brief", "long": "essay"}
+
+
+def make_tables(n_train=30, n_val=12, n_test=6, k=2, seed=0, truncated=()):
+    """Prompts whose wording tells their answer length: 'brief' ones are short, 'essay' ones long."""
+    rng = np.random.default_rng(seed)
+    prompts, gens = [], []
+    for split, n in (("train", n_train), ("val", n_val), ("test", n_test)):
+        for i in range(n):
+            pid = f"{split}{i:03d}"
+            kind = "long" if i % 2 else "short"
+            base = 300 if kind == "long" else 40
+            base = base * (1 + 0.5 * rng.random())
+            prompts.append({"prompt_id": pid, "dataset": "toy" if i % 3 else "toy2",
+                            "prompt": f"please write an {WORDS[kind]} about topic {i}", "split": split,
+                            "source_id": str(i)})
+            for s in range(k):
+                cut = pid in truncated and s == 0  # one sample cut: the mean is a lower bound
+                gens.append({"prompt_id": pid, "sample": s,
+                             "output_tokens": int(512 if cut else base * (1 + 0.1 * rng.standard_normal())),
+                             "reasoning_tokens": 0, "finish_reason": "length" if cut else "stop",
+                             "prompt_tokens": 10, "text": "x", "reasoning": ""})
+    return pd.DataFrame(prompts), pd.DataFrame(gens)
+
+
+def write_dataset(root, model="toy", **kw):
+    """make_tables(**kw) written as the prepare and generate stages' files under `root`."""
+    prompts, gens = make_tables(**kw)
+    write_table(prompts, prompts_path(root), PROMPTS)
+    write_table(gens, generations_path(model, root), GENERATIONS)
+    return prompts, gens
+
+
+def write_params(path, **pairs):
+    """A params file with only the `pairs` section (defaults overridden by `pairs`)."""
+    import yaml
+
+    conf = {"delta": 0.2, "partners": 4, "max_tries_factor": 10, "seed": 42, **pairs}
+    path.write_text(yaml.safe_dump({"pairs": conf}))
+    return path
