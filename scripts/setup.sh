@@ -41,6 +41,13 @@ if [ "$flavour" = cpu ]; then
   pip uninstall -q -y torchvision torchaudio torchcodec 2>/dev/null || true
 fi
 
+if [ "$flavour" != none ]; then
+  # vLLM's own scheduler tests (from the pinned vLLM source archive on PyPI) for
+  # tests/test_vllm_conformance.py. Optional: offline, those tests skip with a reason.
+  python scripts/fetch_vllm_tests.py \
+    || echo "setup: warning: vLLM's scheduler tests not fetched; the conformance tests will skip" >&2
+fi
+
 python - <<'PY'
 import importlib, importlib.util
 import torch, pipeline
