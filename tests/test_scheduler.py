@@ -181,6 +181,35 @@ def test_starved_request_goes_first_oldest_first(make_scheduler, which):
     assert eng.order() == ["blocker", "old", "young", "short0", "short1", "short2", "short3"]
 
 
+def test_starvation_promotes_within_a_priority_level_only(make_scheduler):
+    """A starved request goes ahead of its own priority level, never ahead of a more urgent one."""
+    from pipeline.serving.vllm_scheduler import PARSScheduler
+
+    sched = make_scheduler(PARSScheduler, max_num_seqs=1, pars={"starvation_s": 50})
+    eng = FakeEngine(sched)
+    eng.add("blocker", 20, out_len=60, score=0.0)
+    eng.step()
+    eng.add("low_old", 20, out_len=2, score=0.0, priority=1)  # waits ~60 steps: starved
+    eng.t += 40
+    eng.add("urgent", 20, out_len=2, score=500.0, priority=0)  # waits ~20: not starved
+    eng.add("low_short", 20, out_len=2, score=-5.0, priority=1)
+    eng.run()
+    assert eng.order() == ["blocker", "urgent", "low_old", "low_short"]
+
+
+def test_wait_is_timed_by_the_queue_not_by_arrival_time(make_scheduler):
+    """vLLM's own tests stamp arrival_time 0..N (1970): that must not make every request starved."""
+    from pipeline.serving.cpu_harness import FakeEngine as Engine
+    from pipeline.serving.vllm_scheduler import PARSScheduler
+
+    sched = make_scheduler(PARSScheduler, max_num_seqs=1, pars={"starvation_s": 120})
+    eng = Engine(sched, step_clock=False)  # the queue keeps its real monotonic clock
+    for i, score in enumerate([3.0, 1.0, 2.0]):
+        eng.add(f"r{i}", 20, out_len=2, score=score, arrival=float(i))
+    eng.run()
+    assert eng.order() == ["r1", "r2", "r0"]
+
+
 def test_unstarved_long_request_waits(make_scheduler):
     from pipeline.serving.vllm_scheduler import PARSScheduler
 

@@ -93,7 +93,7 @@ class FakeEngine:
         self._n = 0
 
     def add(self, rid: str, prompt_len: int, out_len: int, score: float | None = None,
-            prompt_ids: list[int] | None = None, arrival: float | None = None):
+            prompt_ids: list[int] | None = None, arrival: float | None = None, priority: int = 0):
         from vllm.sampling_params import SamplingParams
         from vllm.v1.request import Request
 
@@ -105,7 +105,7 @@ class FakeEngine:
         ids = prompt_ids if prompt_ids is not None else [1000 + self._n % 500] * prompt_len
         self.arrival[rid] = arrival
         self.s.add_request(Request(request_id=rid, prompt_token_ids=ids, sampling_params=params,
-                                   pooling_params=None, arrival_time=arrival))
+                                   pooling_params=None, arrival_time=arrival, priority=priority))
 
     def _process(self, item):
         from vllm.v1.outputs import ModelRunnerOutput

@@ -25,24 +25,32 @@ FIRST_SCORE = -math.inf
 class _Entry:
     """One queued request; shared by both heaps so removal is O(1) (lazy deletion)."""
 
-    __slots__ = ("key", "arrival", "seq", "request", "alive")
+    __slots__ = ("key", "arrival", "since", "seq", "request", "alive")
 
-    def __init__(self, key, arrival: float, seq: int, request: Request):
-        self.key, self.arrival, self.seq, self.request, self.alive = key, arrival, seq, request, True
+    def __init__(self, key, arrival: float, since: float, seq: int, request: Request):
+        self.key, self.arrival, self.since, self.seq = key, arrival, since, seq
+        self.request, self.alive = request, True
 
 
 class PARSRequestQueue(RequestQueue):
-    """The waiting queue: ascending score, with starvation promotion.
+    """The waiting queue: ascending (priority, score), with starvation promotion within a priority.
 
-    Two heaps over the same entries: by (score, arrival) and by arrival. Each peek/pop is
-    O(log n) amortised; nothing is re-sorted per step. Requests added before they have a key sit in
-    `pending` (in arrival order) until `flush()` hands them to `score_fn` together."""
+    Two heaps over the same entries: by (priority, score, arrival) and by (priority, time queued).
+    Each peek/pop is O(log n) amortised; nothing is re-sorted per step. Requests added before they
+    have a key sit in `pending` (in arrival order) until `flush()` hands them to `score_fn` together.
+
+    Starvation: a request that has waited more than `starvation_s` since this queue first saw it
+    goes next, oldest first, but only ahead of requests of its own priority level or lower: user
+    priority stays strict (a starved priority-5 request does not pass a waiting priority-0 one; with
+    vLLM's default FCFS policy every request has priority 0). The wait is timed on this queue's own
+    monotonic clock, not from `Request.arrival_time`, which clients and tests may stamp on another
+    clock (vLLM's tests use 0..N s after 1970); a preempted request keeps its first time queued."""
 
     def __init__(self, score_fn: Callable[[list[Request]], None], starvation_s: float,
-                 clock: Callable[[], float] = time.time):
+                 clock: Callable[[], float] = time.monotonic):
         self._score_fn = score_fn  # sets request.pars_key on every request it is given
         self.starvation_s = starvation_s
-        self.clock = clock  # Request.arrival_time is wall-clock time.time()
+        self.clock = clock
         self.now = clock()  # fixed per schedule() so peek and pop always agree
         self._pending: list[Request] = []
         self._by_score: list[tuple] = []
@@ -75,13 +83,17 @@ class PARSRequestQueue(RequestQueue):
             return
         if not hasattr(request, "pars_key"):
             self._score_fn([request])
-        entry = _Entry(request.pars_key, request.arrival_time, next(self._seq), request)
+        if not hasattr(request, "pars_since"):
+            request.pars_since = self.clock()
+        entry = _Entry(request.pars_key, request.arrival_time, request.pars_since, next(self._seq), request)
         self._entries[request] = entry
         heapq.heappush(self._by_score, (entry.key, entry.arrival, entry.seq, entry))
-        heapq.heappush(self._by_age, (entry.arrival, entry.seq, entry))
+        heapq.heappush(self._by_age, (request.priority, entry.since, entry.seq, entry))
 
     # -- RequestQueue -------------------------------------------------------------------------
     def add_request(self, request: Request) -> None:
+        if not hasattr(request, "pars_since"):
+            request.pars_since = self.clock()  # the wait is timed from here (class doc)
         if hasattr(request, "pars_key"):
             self._push(request)  # a request seen before (e.g. resumed) keeps its score
         else:
@@ -100,10 +112,12 @@ class PARSRequestQueue(RequestQueue):
         if self._pending:  # safety net: schedule() flushes first, so this is normally empty
             self.flush()
         age, score = self._by_age, self._by_score
-        while age and not age[0][2].alive:
+        while age and not age[0][3].alive:
             heapq.heappop(age)
-        if age and self.now - age[0][0] > self.starvation_s:
-            return age[0][2], True
+        # The age heap's top is the oldest request of the most urgent priority level present: the
+        # only one that may be promoted (starvation works within a priority level).
+        if age and self.now - age[0][1] > self.starvation_s:
+            return age[0][3], True
         while score and not score[0][3].alive:
             heapq.heappop(score)
         if not score:
@@ -131,7 +145,7 @@ class PARSRequestQueue(RequestQueue):
         # Compact when dead entries dominate, so the heaps stay O(live).
         if self._dead > 64 and self._dead > 2 * len(self._entries):
             self._by_score = [e for e in self._by_score if e[3].alive]
-            self._by_age = [e for e in self._by_age if e[2].alive]
+            self._by_age = [e for e in self._by_age if e[3].alive]
             heapq.heapify(self._by_score)
             heapq.heapify(self._by_age)
             self._dead = 0
@@ -155,11 +169,13 @@ class PARSRequestQueue(RequestQueue):
         return len(self._entries) + len(self._pending)
 
     def __iter__(self) -> Iterator[Request]:
-        """Service order as of now (a sorted copy; for inspection, not the hot path)."""
-        starved = sorted((e for e in self._entries.values() if self.now - e.arrival > self.starvation_s),
-                         key=lambda e: (e.arrival, e.seq))
-        rest = sorted((e for e in self._entries.values() if self.now - e.arrival <= self.starvation_s),
-                      key=lambda e: (e.key, e.arrival, e.seq))
-        yield from (e.request for e in starved)
-        yield from (e.request for e in rest)
+        """Service order as of now (a sorted copy; for inspection, not the hot path): per priority
+        level, its starved requests oldest first, then the rest by score."""
+
+        def order(e: _Entry):
+            if self.now - e.since > self.starvation_s:
+                return (e.request.priority, 0, e.since, e.arrival, e.seq)
+            return (e.request.priority, 1, e.key, e.arrival, e.seq)
+
+        yield from (e.request for e in sorted(self._entries.values(), key=order))
         yield from self._pending

@@ -8,8 +8,10 @@ Plug it into an unmodified vLLM with `--scheduler-cls` (or `LLM(scheduler_cls=..
 
 Both share `PARSSchedulerMixin`; nothing in vLLM is forked or patched. The behaviour:
 
-- the waiting queue is ordered by ascending score (higher score = longer predicted answer); a request
-  that has waited longer than the starvation threshold goes first, oldest first;
+- the waiting queue is ordered by ascending (priority, score) (higher score = longer predicted
+  answer; priority is 0 unless vLLM's priority policy is used); a request that has waited longer than
+  the starvation threshold since the scheduler first queued it goes first, oldest first, within its
+  priority level (`pars_queue.PARSRequestQueue`);
 - a score the client sent in `SamplingParams.extra_args["pars_score"]` (OpenAI API: `vllm_xargs`)
   wins over the checkpoint and is used at once;
 - other arrivals are scored off the engine's critical path (`scoring: background`, the default): at
