@@ -7,8 +7,12 @@ stage never pays for another stage's heavy imports.
 
 from __future__ import annotations
 
+import argparse
 import importlib
+import os
 import sys
+
+from pipeline.errors import PARSError, UsageError
 
 # subcommand -> (module, one-line description)
 COMMANDS: dict[str, tuple[str, str]] = {
@@ -32,28 +36,74 @@ def _usage() -> str:
     lines = ["usage: pars <command> [options]", "", "commands:"]
     width = max(map(len, COMMANDS))
     lines += [f"  {name:<{width}}  {desc}" for name, (_, desc) in COMMANDS.items()]
-    lines += ["", "`pars <command> --help` shows a command's options."]
+    lines += ["", "`pars <command> --help` shows a command's options.",
+              "`pars --debug <command> ...` (or PARS_DEBUG=1) shows the traceback behind an error."]
     return "\n".join(lines)
+
+
+# Exceptions that mean bad input (a flag, a file, a params key), not a bug: one line, exit 1.
+# OSError covers a missing or unreadable file, a path under a file, a full disk.
+INPUT_ERRORS = (PARSError, OSError, ValueError, KeyError)
+
+
+def _one_line(exc: BaseException) -> str:
+    if isinstance(exc, KeyError) and len(exc.args) == 1 and isinstance(exc.args[0], str):
+        text = exc.args[0]  # str(KeyError) would quote the message
+    elif isinstance(exc, OSError) and exc.filename is not None and exc.strerror:
+        text = f"{exc.filename}: {exc.strerror}"
+    else:
+        text = str(exc) or type(exc).__name__
+    return " ".join(text.split())  # one line, whatever the message held
+
+
+def _usage_error(self: argparse.ArgumentParser, message: str):
+    # argparse would print a multi-line usage and exit 2; the CLI reports it in one line instead
+    raise UsageError(f"{message} (see `{self.prog} --help`)")
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    debug = os.environ.get("PARS_DEBUG", "") not in ("", "0")
+    while argv and argv[0] == "--debug":
+        debug, argv = True, argv[1:]
     if not argv or argv[0] in ("-h", "--help"):
         print(_usage())
         return 0
     name, rest = argv[0], argv[1:]
     if name not in COMMANDS:
-        print(f"pars: unknown command {name!r}\n\n{_usage()}", file=sys.stderr)
+        print(f"pars: error: unknown command {name!r} (commands: {', '.join(COMMANDS)}; see `pars --help`)",
+              file=sys.stderr)
         return 2
-    module = importlib.import_module(COMMANDS[name][0])
+    from pipeline.ranking.checkpoint import CheckpointError
+
+    saved_error = argparse.ArgumentParser.error
+    argparse.ArgumentParser.error = _usage_error
     try:
+        module = importlib.import_module(COMMANDS[name][0])
         return int(module.main(rest) or 0)
-    except (FileNotFoundError, ValueError, KeyError) as exc:
-        # Bad inputs are reported in one clear line, not a traceback.
-        if "PARS_DEBUG" in __import__("os").environ:
+    except SystemExit as exc:  # --help, or a module that exits on its own
+        if isinstance(exc.code, str):
+            print(f"pars {name}: error: {_one_line(exc)}", file=sys.stderr)
+            return 1
+        return exc.code or 0
+    except (*INPUT_ERRORS, CheckpointError) as exc:
+        if debug:
             raise
-        print(f"pars {name}: error: {exc}", file=sys.stderr)
+        print(f"pars {name}: error: {_one_line(exc)}", file=sys.stderr)
         return 1
+    except KeyboardInterrupt:
+        if debug:
+            raise
+        print(f"pars {name}: interrupted", file=sys.stderr)
+        return 130
+    except Exception as exc:
+        if debug:
+            raise
+        print(f"pars {name}: internal error: {type(exc).__name__}: {_one_line(exc)} "
+              "(run with --debug for the traceback)", file=sys.stderr)
+        return 2
+    finally:
+        argparse.ArgumentParser.error = saved_error
 
 
 if __name__ == "__main__":

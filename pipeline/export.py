@@ -4,6 +4,7 @@ The trained checkpoint (already in the serving format, written by train through 
 is copied byte for byte, its hash checked on both sides, and pars.json completed with the export
 name and the predictor's test tau_b on its own model's answers (a cross-model predictor: on each
 model it was trained on, the lowest as test_tau_b), read from metrics/ranking.json.
+pars.json also lists the sha256 of every file of the export (`files_sha256`), which the loader checks.
 The result loads with `pipeline.serving.Scorer.from_pretrained` alone (torch + transformers; no
 Lightning), which the stage checks before it finishes.
 """
@@ -16,11 +17,24 @@ import math
 from pathlib import Path
 
 from pipeline.params import load_params
-from pipeline.ranking.checkpoint import copy_checkpoint, read_meta
+from pipeline.ranking.checkpoint import META, copy_checkpoint, read_meta, sha256_file
 
 
 def export_dir(name: str, root: str | Path = "models/export") -> Path:
     return Path(root) / name
+
+
+def record_file_hashes(dst: Path) -> dict[str, str]:
+    """Add the sha256 of every file of the checkpoint (config, tokenizer files, weights) to its
+    pars.json, so the serving loader refuses any of them changed after export, not only the weights."""
+    from pipeline.contracts import write_json
+    from pipeline.serving.scorer import FILES_SHA256
+
+    meta = json.loads((dst / META).read_text(encoding="utf-8"))
+    meta[FILES_SHA256] = {f.relative_to(dst).as_posix(): sha256_file(f)
+                          for f in sorted(dst.rglob("*")) if f.is_file() and f != dst / META}
+    write_json(meta, dst / META)
+    return meta[FILES_SHA256]
 
 
 def in_domain_metrics(ranking: dict, model: str, method: str, path: str | Path = "metrics/ranking.json",
@@ -75,6 +89,7 @@ def run(params: dict, *, models_root: str | Path = "models", ranking_path: str |
     dst = copy_checkpoint(src, export_dir(name, out_root), name=name, trained_on=trained_on,
                           test_tau_b=None if tau is None or math.isnan(tau) else float(tau),
                           test_metrics=metrics, exported_from=str(src))
+    record_file_hashes(dst)
     # the acceptance test of an export: the serving loader takes it and gives finite scores
     probe = Scorer.from_pretrained(dst).score(["How are you?", "Write a detailed essay on the history of Rome."])
     if not all(map(math.isfinite, probe)):

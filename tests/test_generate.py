@@ -190,3 +190,47 @@ def test_openai_unreachable_endpoint_is_named():
     backend = _backend("http://127.0.0.1:9/v1", max_retries=1, k=1, timeout_s=2)
     with pytest.raises(EndpointError, match="127.0.0.1:9.*ConnectError"):
         list(backend.generate([PromptItem("a", "hi")]))
+
+
+def test_openai_hanging_endpoint_fails_fast_and_names_the_url():
+    import socket
+    import time
+
+    # listens (the connect succeeds) but never answers: a hung server
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    sock.listen(64)
+    url = f"http://127.0.0.1:{sock.getsockname()[1]}/v1"
+    try:
+        t0 = time.monotonic()
+        with pytest.raises(EndpointError, match=f"{url} is unreachable.*ReadTimeout"):
+            list(_backend(url, k=1, connect_timeout_s=0.2).generate([PromptItem("a", "hi")]))
+        assert time.monotonic() - t0 < 5
+    finally:
+        sock.close()
+    # the defaults: an endpoint that never answers fails in about a minute, not 15
+    b = OpenAIBackend({"base_url": url, "model": "m"})
+    probe_s = 3 * b.connect_timeout + b.backoff * (1 + 2)
+    assert probe_s <= 60 and 2 * b.timeout <= 150
+
+
+def test_openai_request_that_times_out_twice_stops_the_run(endpoint, monkeypatch):
+    import httpx
+
+    url, _ = endpoint([])  # answers the probe; every chat request then times out
+
+    async def timed_out(*args, **kwargs):
+        raise httpx.ReadTimeout("timed out")
+
+    monkeypatch.setattr(httpx.AsyncClient, "post", timed_out)
+    backend = _backend(url, k=1, timeout_s=0.2)
+    with pytest.raises(EndpointError, match="did not answer in 0.2 s, twice in a row"):
+        list(backend.generate([PromptItem("a", "hi")]))
+    assert backend.retries == 1  # one retry, not max_retries (6) of timeout_s each
+
+
+def test_openai_bad_spec_and_non_openai_answers_are_one_line_errors():
+    with pytest.raises(ValueError, match="timeout_s"):
+        OpenAIBackend({"base_url": "http://x/v1", "model": "m", "timeout_s": 0})
+    with pytest.raises(EndpointError, match="response without usable choices"):
+        OpenAIBackend._parse({"choices": [{"message": "not a dict"}], "usage": {}}, "http://x/v1")

@@ -6,6 +6,12 @@ reasoning text returned apart (`reasoning_content` / `reasoning`) or inline as <
 is split out. At most `concurrency` requests are in flight; timeouts, connection errors, 408,
 429 and 5xx are retried with exponential backoff (honouring Retry-After); any other 4xx stops
 the run with the server's message. Prompts finished before an error are already saved.
+
+Failing fast (each knob settable per model spec): before the first request the endpoint must
+answer anything at all (GET <base_url>/models, `connect_timeout_s` = 10 s, 3 tries), so an
+unreachable or hanging endpoint fails in well under a minute, naming the URL. Later, a request
+that gets no answer in `timeout_s` (60 s) is tried once more, then the run stops: a second
+timeout in a row means a hung endpoint, not a busy one (about two minutes, not 15).
 """
 
 from __future__ import annotations
@@ -18,12 +24,13 @@ import threading
 from typing import Any, Iterable, Iterator
 
 from pipeline.backends.base import Backend, PromptItem, Sample, normalise_finish_reason, split_reasoning
+from pipeline.errors import PARSError
 
 RETRYABLE = {408, 409, 429, 500, 502, 503, 504}
 
 
-class EndpointError(RuntimeError):
-    """The endpoint refused a request (4xx) or kept failing after every retry."""
+class EndpointError(PARSError, RuntimeError):
+    """The endpoint is unreachable, refused a request (4xx) or kept failing after every retry."""
 
 
 class OpenAIBackend(Backend):
@@ -38,8 +45,15 @@ class OpenAIBackend(Backend):
         self.k = int(self.spec.get("k", 1))
         self.concurrency = int(self.spec.get("concurrency", 8))
         self.max_retries = int(self.spec.get("max_retries", 6))
-        self.timeout = float(self.spec.get("timeout_s", 120))
+        self.timeout = float(self.spec.get("timeout_s", 60))
+        self.connect_timeout = float(self.spec.get("connect_timeout_s", 10))
         self.backoff = float(self.spec.get("backoff_s", 1.0))
+        for key, value in (("concurrency", self.concurrency), ("k", self.k), ("timeout_s", self.timeout),
+                           ("connect_timeout_s", self.connect_timeout)):
+            if not value > 0 or value == float("inf"):
+                raise ValueError(f"openai backend: `{key}` must be a positive finite number, got {value}")
+        if self.max_retries < 0 or not self.backoff >= 0:
+            raise ValueError("openai backend: `max_retries` and `backoff_s` must be >= 0")
         self.api_key = os.environ.get(self.spec.get("api_key_env", "OPENAI_API_KEY"), "EMPTY")
         self.skipped: dict[str, str] = {}
         self.retries = 0
@@ -66,16 +80,26 @@ class OpenAIBackend(Backend):
     async def _one(self, client, sem: asyncio.Semaphore, prompt: str) -> Sample:
         import httpx
 
-        last = ""
+        last, timeouts = "", 0
         for attempt in range(self.max_retries + 1):
             async with sem:
                 try:
                     resp = await client.post(f"{self.base_url}/chat/completions", json=self._body(prompt))
+                    timeouts = 0
                 except (httpx.TimeoutException, httpx.TransportError) as exc:
                     resp, last = None, f"{exc.__class__.__name__}: {exc}"
+                    timeouts = timeouts + 1 if isinstance(exc, httpx.TimeoutException) else 0
+            if timeouts >= 2:  # hung, not busy: stop instead of waiting timeout_s per retry
+                raise EndpointError(f"{self.base_url} did not answer in {self.timeout:g} s, twice in a row ({last}); "
+                                    f"raise timeout_s in the model's params if its answers are that slow")
             if resp is not None:
                 if resp.status_code == 200:
-                    return self._parse(resp.json())
+                    try:
+                        data = resp.json()
+                    except ValueError:
+                        raise EndpointError(f"{self.base_url} answered with a body that is not JSON: "
+                                            f"{resp.text[:300]!r}") from None
+                    return self._parse(data, self.base_url)
                 last = f"HTTP {resp.status_code}: {resp.text[:300]}"
                 if resp.status_code not in RETRYABLE:
                     raise EndpointError(f"{self.base_url} refused the request ({last})")
@@ -89,22 +113,40 @@ class OpenAIBackend(Backend):
         raise EndpointError(f"{self.base_url} still failing after {self.max_retries} retries ({last})")
 
     @staticmethod
-    def _parse(data: dict[str, Any]) -> Sample:
+    def _parse(data: Any, where: str = "the endpoint") -> Sample:
         try:
             choice = data["choices"][0]
             message = choice["message"]
             usage = data["usage"]
-        except (KeyError, IndexError, TypeError) as exc:
-            raise EndpointError(f"response without choices/usage: {str(data)[:300]}") from exc
-        content = message.get("content") or ""
-        reasoning = message.get("reasoning_content") or message.get("reasoning") or ""
-        if not reasoning:
-            reasoning, content = split_reasoning(content)
-        details = usage.get("completion_tokens_details") or {}
-        return Sample(output_tokens=int(usage["completion_tokens"]),
-                      reasoning_tokens=int(details.get("reasoning_tokens") or 0),
-                      finish_reason=normalise_finish_reason(choice.get("finish_reason")),
-                      prompt_tokens=int(usage.get("prompt_tokens") or 0), text=content, reasoning=reasoning)
+            content = message.get("content") or ""
+            reasoning = message.get("reasoning_content") or message.get("reasoning") or ""
+            if not reasoning:
+                reasoning, content = split_reasoning(content)
+            details = usage.get("completion_tokens_details") or {}
+            return Sample(output_tokens=int(usage["completion_tokens"]),
+                          reasoning_tokens=int(details.get("reasoning_tokens") or 0),
+                          finish_reason=normalise_finish_reason(choice.get("finish_reason")),
+                          prompt_tokens=int(usage.get("prompt_tokens") or 0), text=content, reasoning=reasoning)
+        except (KeyError, IndexError, TypeError, ValueError, AttributeError) as exc:
+            # a server that is not OpenAI-compatible: name it, never a traceback
+            raise EndpointError(f"{where}: response without usable choices/usage ({exc.__class__.__name__}: "
+                                f"{exc}): {str(data)[:300]}") from exc
+
+    async def _probe(self, client, tries: int = 3) -> None:
+        """Any HTTP answer (even 401 or 404) shows the endpoint is there; no answer at all within
+        connect_timeout_s, `tries` times, is an unreachable or hung endpoint: one clear error."""
+        import httpx
+
+        for attempt in range(tries):
+            try:
+                await client.get(f"{self.base_url}/models", timeout=self.connect_timeout)
+                return
+            except (httpx.TimeoutException, httpx.TransportError) as exc:
+                last = f"{exc.__class__.__name__}: {exc}" if str(exc) else exc.__class__.__name__
+            if attempt + 1 < tries:
+                await asyncio.sleep(self.backoff * (2**attempt))
+        raise EndpointError(f"{self.base_url} is unreachable: no answer in {tries} tries of "
+                            f"{self.connect_timeout:g} s ({last}); check base_url and that the server is up")
 
     async def _run(self, items: list[PromptItem], out: queue.Queue) -> None:
         import httpx
@@ -112,7 +154,10 @@ class OpenAIBackend(Backend):
         sem = asyncio.Semaphore(self.concurrency)
         headers = {"Authorization": f"Bearer {self.api_key}"}
         limits = httpx.Limits(max_connections=self.concurrency)
-        async with httpx.AsyncClient(timeout=self.timeout, headers=headers, limits=limits) as client:
+        timeout = httpx.Timeout(self.timeout, connect=self.connect_timeout)
+        async with httpx.AsyncClient(timeout=timeout, headers=headers, limits=limits) as client:
+            if items:
+                await self._probe(client)
             async def prompt_task(item: PromptItem):
                 samples = await asyncio.gather(*(self._one(client, sem, item.prompt) for _ in range(self.k)))
                 out.put((item.prompt_id, list(samples)))

@@ -2,16 +2,58 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Sequence
 
 import numpy as np
 
-from pipeline.ranking.checkpoint import WEIGHTS, CheckpointError, read_meta
+from pipeline.ranking.checkpoint import META, WEIGHTS, CheckpointError, read_meta, sha256_file
 
 # save_pretrained of a fast BERT tokenizer writes tokenizer.json; a slow one writes vocab.txt
 TOKENIZER_FILES = ("tokenizer.json", "vocab.txt")
 SCORE_DIRECTION = "higher_is_longer"
+# pars.json key (written by the export stage): sha256 of every other file of the checkpoint dir
+FILES_SHA256 = "files_sha256"
+
+
+def load_meta(path: Path) -> dict:
+    """read_meta (files, format version, weights hash), refusing a pars.json that is valid JSON
+    but not an object (read_meta expects a mapping), then the hash of every file export listed."""
+    meta_file = path / META
+    if meta_file.is_file():
+        try:
+            raw = json.loads(meta_file.read_bytes())
+        except ValueError:  # not UTF-8 / not JSON: read_meta names it
+            raw = {}
+        except RecursionError:
+            raise CheckpointError(f"checkpoint {path}: {META} is not valid JSON (nested too deeply)") from None
+        if not isinstance(raw, dict):
+            raise CheckpointError(f"checkpoint {path}: {META} holds a JSON {type(raw).__name__}, not an object")
+    meta = read_meta(path)
+    verify_files(path, meta)
+    return meta
+
+
+def verify_files(path: Path, meta: dict) -> None:
+    """Every file export hashed (config, tokenizer files, weights) must be there and unchanged:
+    a changed config.json or tokenizer file would load silently and score differently."""
+    listed = meta.get(FILES_SHA256)
+    if listed is None:
+        return  # a checkpoint from train or an older export: only the weights are hashed
+    if not isinstance(listed, dict) or not all(isinstance(v, str) for v in listed.values()):
+        raise CheckpointError(f"checkpoint {path}: {META} {FILES_SHA256} is not a mapping of file name to sha256")
+    for name, expected in sorted(listed.items()):
+        file = path / name
+        if not name or "\x00" in name or Path(name).is_absolute() or ".." in Path(name).parts:
+            # (lexical: files may be links into a DVC cache) never read outside the checkpoint
+            raise CheckpointError(f"checkpoint {path}: {META} lists {name!r}, which is not a file of the checkpoint")
+        if not file.is_file():
+            raise CheckpointError(f"checkpoint {path} is missing {name} (listed in {META} {FILES_SHA256})")
+        actual = sha256_file(file)
+        if actual != expected:
+            raise CheckpointError(f"checkpoint {path}: {name} sha256 {actual[:12]}… does not match {META} "
+                                  f"({expected[:12]}…); the file was changed after export")
 
 
 class Scorer:
@@ -36,14 +78,14 @@ class Scorer:
         from pipeline.ranking.model import LengthRanker
 
         path = Path(path)
-        meta = read_meta(path)  # missing files, unknown format version, weights hash
+        meta = load_meta(path)  # missing files, unknown format version, hashes of weights and files
         if not any((path / name).is_file() for name in TOKENIZER_FILES):
             raise CheckpointError(f"checkpoint {path} has no tokenizer files (expected one of {TOKENIZER_FILES})")
         if meta.get("score_direction") != SCORE_DIRECTION:
             raise CheckpointError(
                 f"checkpoint {path}: score_direction {meta.get('score_direction')!r} is not {SCORE_DIRECTION!r}"
             )
-        if not isinstance(meta.get("max_length"), int) or meta["max_length"] < 2:
+        if isinstance(meta.get("max_length"), bool) or not isinstance(meta.get("max_length"), int) or meta["max_length"] < 2:
             raise CheckpointError(f"checkpoint {path}: max_length {meta.get('max_length')!r} is not a length")
         head = meta.get("head_fraction", 1.0)
         if isinstance(head, bool) or not isinstance(head, (int, float)) or not 0.0 <= head <= 1.0:
@@ -55,6 +97,11 @@ class Scorer:
             model.load_state_dict(load_file(str(path / WEIGHTS)))  # strict: every tensor must match
         except Exception as exc:  # a half-written or foreign directory
             raise CheckpointError(f"checkpoint {path} could not be loaded: {exc}") from exc
+        positions = getattr(config, "max_position_embeddings", None)
+        if isinstance(positions, int) and meta["max_length"] > positions:
+            # longer inputs would index past the position table and fail at the first long prompt
+            raise CheckpointError(f"checkpoint {path}: max_length {meta['max_length']} exceeds the encoder's "
+                                  f"max_position_embeddings {positions} (config.json)")
         return cls(model, tokenizer, meta, device=device, batch_size=batch_size)
 
     def score(self, texts: Sequence[str], batch_size: int | None = None, progress: bool = False) -> np.ndarray:
