@@ -16,12 +16,14 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from pipeline.contracts import GENERATIONS, generations_path, read_table, write_json
+from pipeline.errors import PARSError, check_number
 from pipeline.params import load_params
 from pipeline.queueing import theory as th
 
@@ -29,6 +31,10 @@ METRICS = Path("metrics/capacity.json")
 PLOT_SWEEP = Path("plots/capacity_mu_vs_lambda.png")
 PLOT_QUEUE = Path("plots/capacity_queue.png")
 PLOT_ENGINE = Path("plots/capacity_engine.png")
+# E[g] of a uniform length range tabulates every length in it: bound the range (a 1e12-token one
+# would first try to allocate gigabytes); no model reads or writes 10M tokens in one request
+MAX_TOKENS = 10_000_000
+MAX_M = 10**12  # KV cache tokens: beyond any machine, and keeps the arithmetic exact in int64
 
 def lengths_workload(path: str | Path, name: str | None = None) -> th.Workload:
     """An empirical (s, o) sample from a generations table (every sample of every prompt)."""
@@ -280,6 +286,54 @@ def run_stage(p: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def _setting(value: Any, where: str, integer: bool) -> int | float:
+    """A positive engine setting from a flag, params or an engine fit, or one line naming it.
+
+    Step times are bounded (1 ns .. 1 day) so mu stays a finite, positive number of requests/s."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise PARSError(f"{where} {value!r}: not a number")
+    check_number(value, where, positive=True)
+    if integer:
+        if value != int(value):
+            raise PARSError(f"{where} {value}: must be a whole number of tokens")
+        check_number(int(value), where, maximum=MAX_M)
+        return int(value)
+    check_number(float(value), where, minimum=1e-9, maximum=86400.0)
+    return float(value)
+
+
+def _margin(value: Any, where: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise PARSError(f"{where} {value!r}: not a number")
+    check_number(value, where, minimum=0, below=1)
+    return float(value)
+
+
+def parse_lengths(spec: str, flag: str) -> tuple[int, int]:
+    """`uniform:LO:HI` (or `LO:HI`) token lengths, 1 <= LO <= HI <= MAX_TOKENS, or one line naming the flag."""
+    try:
+        lo, hi = th.parse_distribution(spec)
+    except ValueError:
+        raise PARSError(f"{flag} {spec!r}: expected uniform:LO:HI with whole numbers 1 <= LO <= HI") from None
+    if hi > MAX_TOKENS:
+        raise PARSError(f"{flag} {spec!r}: HI {hi:,} is more than {MAX_TOKENS:,} tokens")
+    return lo, hi
+
+
+def read_engine_fit(path: str | Path) -> tuple[int, int, float]:
+    """(M, chunk, b_bar) from benchmarks/engine_step_fit.py's JSON, naming the file and key on a defect."""
+    try:
+        fit = json.loads(Path(path).read_bytes())
+        values = fit["M_tokens"], fit["chunk"], fit["step_time"]["mean_s"]
+    except (ValueError, RecursionError) as exc:
+        raise PARSError(f"--engine-fit {path}: not a JSON file ({exc.__class__.__name__})") from None
+    except (KeyError, TypeError, IndexError):
+        raise PARSError(f"--engine-fit {path}: expected keys M_tokens, chunk and step_time.mean_s "
+                        f"(benchmarks/engine_step_fit.py writes them)") from None
+    return (_setting(values[0], f"{path}: M_tokens", True), _setting(values[1], f"{path}: chunk", True),
+            _setting(values[2], f"{path}: step_time.mean_s", False))
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="pars capacity", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -306,23 +360,40 @@ def main(argv: list[str] | None = None) -> int:
         return 0
 
     p = load_params("capacity", args.params)
-    M, chunk, b = int(p["M"]), int(p["chunk"]), float(p["step_time"])
-    margin = float(p["margin"]) if args.margin is None else args.margin
+    # every number is checked where it enters (flag, params key, engine-fit file) and named there;
+    # 0 is a value (refused), not "use the default"
+    M, chunk, b = (_setting(p["M"], f"{p.where}.M", True), _setting(p["chunk"], f"{p.where}.chunk", True),
+                   _setting(p["step_time"], f"{p.where}.step_time", False))
+    m_from = f"{p.where}.M"  # where M came from, for the message when a request does not fit
+    margin = _margin(p["margin"], f"{p.where}.margin") if args.margin is None else _margin(args.margin, "--margin")
     if args.engine_fit:
-        fit = json.loads(Path(args.engine_fit).read_text())
-        M, chunk, b = fit["M_tokens"], fit["chunk"], fit["step_time"]["mean_s"]
-    M = args.M or M
-    chunk = args.chunk or chunk
-    b = args.step_time or b
+        M, chunk, b = read_engine_fit(args.engine_fit)
+        m_from = f"{args.engine_fit}: M_tokens"
+    if args.M is not None:
+        M, m_from = _setting(args.M, "--M", True), "--M"
+    if args.chunk is not None:
+        chunk = _setting(args.chunk, "--chunk", True)
+    if args.step_time is not None:
+        b = _setting(args.step_time, "--step-time", False)
+    check_number(args.rate, "--rate", minimum=0)
     if args.lengths:
         w = lengths_workload(args.lengths)
+        if w.ess_sup() > 2 * MAX_TOKENS:
+            raise PARSError(f"--lengths {args.lengths}: a request of {w.ess_sup():,} tokens is longer than "
+                            f"{2 * MAX_TOKENS:,}; these are not token counts")
     elif args.prompt or args.answer:
         if not (args.prompt and args.answer):
-            raise ValueError("give both --prompt and --answer distributions")
-        w = th.Workload.uniform("custom", *th.parse_distribution(args.prompt), *th.parse_distribution(args.answer))
+            raise PARSError("give both --prompt and --answer distributions")
+        w = th.Workload.uniform("custom", *parse_lengths(args.prompt, "--prompt"),
+                                *parse_lengths(args.answer, "--answer"))
     else:
         w = th.document_workloads()[args.workload]
+    if w.ess_sup() >= M:  # checked before E[g] is computed; theory would refuse it too, less clearly
+        raise PARSError(f"{m_from} {M:,}: the largest request of the workload ({w.ess_sup():,} tokens) does "
+                        f"not fit in the KV cache; M must be larger")
     cap = th.capacity(w, M, chunk, b)
+    if args.rate is not None and not math.isfinite(args.rate / ((1 - margin) * cap.stable_below)):
+        raise PARSError(f"--rate {args.rate}: too large to plan replicas for (mu = {cap.mu:.3g} requests/s)")
     print(explain(cap, w, args.rate, margin))
     if args.json:
         d = cap.to_dict()

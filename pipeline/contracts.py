@@ -16,6 +16,8 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from pipeline.errors import PARSError
+
 PROMPTS = pa.schema(
     [
         ("prompt_id", pa.string()),  # stable hash of dataset and normalised text
@@ -81,16 +83,46 @@ def _check(df: pd.DataFrame, schema: pa.Schema, where: str) -> None:
         raise ValueError(f"{where}: missing column(s) {missing}; expected {schema.names}")
 
 
+def _umask() -> int:
+    try:  # Linux: read it without setting it (setting it, even briefly, races with other threads)
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    except (OSError, ValueError):
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def ensure_parent(path: str | Path) -> Path:
+    """Create the directory an output file goes in; a file in the way (`-o notes.txt/out.jsonl`)
+    or an output path that is a directory is refused in one line naming the path."""
+    path = Path(path)
+    if path.is_dir():
+        raise PARSError(f"cannot write {path}: it is a directory")
+    for parent in (path.parent, *path.parent.parents):
+        if parent.exists():
+            if not parent.is_dir():
+                raise PARSError(f"cannot write {path}: {parent} is a file, not a directory")
+            break
+    path.parent.mkdir(parents=True, exist_ok=True)
+    return path
+
+
 def write_table(df: pd.DataFrame, path: str | Path, schema: pa.Schema) -> Path:
     """Write `df` with exactly `schema`'s columns to `path`, atomically (temp file + rename)."""
     path = Path(path)
     _check(df, schema, str(path))
     table = pa.Table.from_pandas(df[schema.names], schema=schema, preserve_index=False)
-    path.parent.mkdir(parents=True, exist_ok=True)
+    ensure_parent(path)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     os.close(fd)
     try:
         pq.write_table(table, tmp)
+        # mkstemp makes the file 0600; data shared through a DVC cache must be readable by the team,
+        # so give it the mode any new file gets (0644 under the usual umask 022)
+        os.chmod(tmp, 0o666 & ~_umask())
         os.replace(tmp, path)
     finally:
         if os.path.exists(tmp):
@@ -113,8 +145,7 @@ def read_table(path: str | Path, schema: pa.Schema) -> pd.DataFrame:
 
 def write_json(obj: Any, path: str | Path) -> Path:
     """Write JSON atomically, pretty-printed (metrics files are read by people and by DVC)."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
+    path = ensure_parent(path)
     tmp = path.with_name(f".{path.name}.tmp")
     tmp.write_text(json.dumps(obj, indent=2, sort_keys=False, default=_json_default) + "\n", encoding="utf-8")
     os.replace(tmp, path)

@@ -13,15 +13,18 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import inspect
 import re
 import unicodedata
 from pathlib import Path
+from typing import Any
 
 import pandas as pd
 
-from pipeline.contracts import PROMPTS, prompts_path, write_json, write_table
+from pipeline.contracts import PROMPTS, ensure_parent, prompts_path, write_json, write_table
+from pipeline.errors import PARSError
 from pipeline.params import load_params
-from pipeline.sources import get_source
+from pipeline.sources import SOURCES, get_source
 
 _WS = re.compile(r"\s+")
 
@@ -51,11 +54,46 @@ def assign_split(pid: str, fractions: dict[str, float]) -> str:
     return "test"
 
 
-def load_source(name: str, options: dict, fractions: dict, max_chars: int) -> tuple[pd.DataFrame, dict]:
-    options = dict(options or {})
+# options every entry of prepare.sources takes, whatever its source
+COMMON_OPTIONS = ("cap", "dataset", "source")
+
+
+def source_options(name: str, options: Any, where: str) -> tuple[str, dict]:
+    """(source kind, options for it) of a prepare.sources entry, or one line naming the entry and
+    what is wrong: an unknown source or option (a misspelling), a missing one, a cap that is not a count.
+
+    `{mine: {path: prompts.jsonl}}` is a file of the user's own (the `jsonl` source)."""
+    if options is None:
+        options = {}
+    if not isinstance(options, dict):
+        raise PARSError(f"{where}: expected a mapping of options (e.g. {{cap: 100}}), got {options!r}")
+    options = dict(options)
+    kind = options.get("source") or ("jsonl" if name not in SOURCES and "path" in options else name)
+    if not isinstance(kind, str):
+        raise PARSError(f"{where}: source {kind!r} is not a source name")
+    if kind not in SOURCES:
+        raise PARSError(f"{where}: unknown source {kind!r} (known: {', '.join(sorted(SOURCES))}; "
+                        f"a prompt file of your own: {{path: prompts.jsonl}})")
+    params = inspect.signature(SOURCES[kind].__init__).parameters
+    takes = [n for n in params if n != "self" and params[n].kind is inspect.Parameter.POSITIONAL_OR_KEYWORD]
+    for option in options:
+        if option not in COMMON_OPTIONS and option not in takes:
+            raise PARSError(f"{where}: unknown option {option!r} (known: {', '.join([*COMMON_OPTIONS, *takes])})")
+    for option in takes:
+        if params[option].default is inspect.Parameter.empty and option not in options:
+            raise PARSError(f"{where}: the {kind} source needs option {option!r}")
+    cap = options.get("cap")
+    if cap is not None and (isinstance(cap, bool) or not isinstance(cap, int) or cap < 0):
+        raise PARSError(f"{where}: cap {cap!r} is not a number of prompts (a whole number >= 0, or null for all)")
+    return kind, options
+
+
+def load_source(name: str, options: dict, fractions: dict, max_chars: int,
+                where: str | None = None) -> tuple[pd.DataFrame, dict]:
+    kind, options = source_options(name, options, where or f"prepare.sources.{name}")
     cap = options.pop("cap", None)
     dataset = options.pop("dataset", name)  # several entries may read one source kind
-    kind = options.pop("source", name)
+    options.pop("source", None)
     counts = {"records": 0, "empty": 0, "non_utf8": 0, "malformed": 0, "missing_text": 0,
               "oversized": 0, "duplicates": 0}
     rows, seen = [], set()
@@ -91,15 +129,25 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", default=str(prompts_path()))
     args = parser.parse_args(argv)
     params = load_params("prepare")
+    ensure_parent(args.out)  # an --out under a file fails now, not after reading every source
     sources = params["sources"] or {}
     if not sources:
         raise ValueError("params prepare.sources is empty: name at least one prompt source")
     fractions = params["split"]
-    max_chars = int(params["max_prompt_chars"])
+    if (not isinstance(fractions, dict) or set(fractions) - {"train", "val", "test"}
+            or not all(isinstance(v, (int, float)) and not isinstance(v, bool) and 0 <= v < float("inf")
+                       for v in fractions.values())):
+        raise PARSError(f"{params.where}.split: expected {{train: F, val: F, test: F}} with fractions >= 0, "
+                        f"got {fractions!r}")
+    max_chars = params["max_prompt_chars"]
+    if isinstance(max_chars, bool) or not isinstance(max_chars, int) or max_chars < 1:
+        raise PARSError(f"{params.where}.max_prompt_chars {max_chars!r}: expected a whole number >= 1")
 
     frames, report = [], {}
+    if not isinstance(sources, dict):
+        raise PARSError(f"{params.where}.sources: expected a mapping of source name to options")
     for name, options in sources.items():
-        df, counts = load_source(name, options, fractions, max_chars)
+        df, counts = load_source(name, options, fractions, max_chars, where=f"{params.where}.sources.{name}")
         frames.append(df)
         report[name] = counts
         problems = {k: v for k, v in counts.items() if k not in ("records", "kept") and v}

@@ -17,6 +17,9 @@ from pathlib import Path
 
 import pandas as pd
 
+from pipeline.contracts import ensure_parent
+from pipeline.errors import PARSError
+
 ID_FIELDS = ("prompt_id", "id")
 
 
@@ -62,12 +65,17 @@ def _check_text(record: dict, field: str, where: str) -> None:
         raise ValueError(f"{where}: field {field!r} is null, not text")
     if not isinstance(value, str):
         raise ValueError(f"{where}: field {field!r} is {type(value).__name__}, not text")
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as exc:  # JSON can escape a lone surrogate (\ud800); no tokenizer takes it
+        raise ValueError(f"{where}: field {field!r} holds {exc.object[exc.start:exc.end]!r}, not text "
+                         f"(a lone UTF-16 surrogate)") from None
 
 
 def read_prompts(path: str | Path, field: str = "prompt") -> list[dict]:
     path = Path(path)
     if not path.is_file():
-        raise FileNotFoundError(f"{path} does not exist")
+        raise FileNotFoundError(f"{path} is a directory, not a file" if path.is_dir() else f"{path} does not exist")
     if path.suffix == ".parquet":
         return read_parquet(path, field)
     if path.suffix in (".jsonl", ".json", ".ndjson"):
@@ -87,7 +95,6 @@ def _positive_int(text: str) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from pipeline.ranking.checkpoint import CheckpointError
     from pipeline.serving.scorer import Scorer
 
     parser = argparse.ArgumentParser(prog="pars score", description=__doc__.split("\n")[0])
@@ -100,13 +107,11 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     records = read_prompts(args.input, args.field)  # input errors before the (slower) model load
-    if args.output and Path(args.output).suffix not in (".jsonl", ".parquet"):
-        raise ValueError(f"{args.output}: output must end in .jsonl or .parquet")
-    try:
-        scorer = Scorer.from_pretrained(args.checkpoint, batch_size=args.batch_size)
-    except CheckpointError as exc:
-        print(f"pars score: error: {exc}", file=sys.stderr)
-        return 1
+    if args.output:
+        if Path(args.output).suffix not in (".jsonl", ".parquet"):
+            raise PARSError(f"-o {args.output}: output must end in .jsonl or .parquet")
+        ensure_parent(args.output)  # a file in the way is found before scoring, not after
+    scorer = Scorer.from_pretrained(args.checkpoint, batch_size=args.batch_size)  # CheckpointError: one line
     scores = scorer.score([r[args.field] for r in records], progress=len(records) > 256)
     id_field = args.id_field or next((f for f in ID_FIELDS if records and all(f in r for r in records)), None)
     out = pd.DataFrame({"index": range(len(records))})
@@ -114,12 +119,10 @@ def main(argv: list[str] | None = None) -> int:
         out[id_field] = [r.get(id_field) for r in records]
     out["score"] = scores.astype(float)
     if args.output and args.output.endswith(".parquet"):
-        Path(args.output).parent.mkdir(parents=True, exist_ok=True)
         out.to_parquet(args.output, index=False)
     else:
         text = out.to_json(orient="records", lines=True, force_ascii=False)
         if args.output:
-            Path(args.output).parent.mkdir(parents=True, exist_ok=True)
             Path(args.output).write_text(text, encoding="utf-8")
         else:
             sys.stdout.write(text)

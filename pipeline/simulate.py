@@ -27,6 +27,7 @@ import numpy as np
 import pandas as pd
 
 from pipeline.contracts import GENERATIONS, PROMPTS, generations_path, prompts_path, read_table, write_json
+from pipeline.errors import PARSError
 from pipeline.params import load_params
 from pipeline.queueing import theory as th
 from pipeline.queueing.policies import POLICIES, SCORE_METHODS, policy_key
@@ -84,15 +85,51 @@ def load_requests(model: str, score_model: str | dict[str, str], data_root: str 
     return samples, scores, notes
 
 
+# arrival times are seconds: beyond this (about 3,000 years) they are milliseconds or not times
+MAX_TRACE_S = 1e11
+
+
 def read_trace(path: str | Path) -> np.ndarray:
+    """Arrival times in seconds (any order; the simulator shifts them to start at 0): one number
+    a line (blank lines and # comments skipped), or a CSV/parquet column `arrival`. Anything else
+    (not a number, NaN, infinite, negative, milliseconds) is refused in one line naming file and line."""
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"arrival trace {path} not found")
-    if path.suffix == ".parquet":
-        return pd.read_parquet(path)["arrival"].to_numpy(float)
-    if path.suffix == ".csv":
-        return pd.read_csv(path)["arrival"].to_numpy(float)
-    return np.loadtxt(path, dtype=float, ndmin=1)
+    if path.suffix in (".parquet", ".csv"):
+        try:
+            df = pd.read_parquet(path) if path.suffix == ".parquet" else pd.read_csv(path)
+        except Exception as exc:  # pandas/pyarrow raise many types for a damaged file
+            raise PARSError(f"arrival trace {path}: not a readable {path.suffix[1:]} file "
+                            f"({exc.__class__.__name__}: {exc})") from None
+        if "arrival" not in df.columns:
+            raise PARSError(f"arrival trace {path}: no column 'arrival' (columns: {list(df.columns)[:10]})")
+        values = list(df["arrival"])
+        # a CSV row's file line (after the header); a parquet row's 0-based index
+        where = [f"{path}:{i + 2}" if path.suffix == ".csv" else f"{path}: row {i}" for i in range(len(values))]
+    else:
+        values, where = [], []
+        for lineno, raw in enumerate(path.read_bytes().splitlines(), 1):
+            try:
+                text = raw.decode("utf-8").split("#", 1)[0].strip()
+            except UnicodeDecodeError:
+                raise PARSError(f"arrival trace {path}:{lineno}: not valid UTF-8") from None
+            if text:
+                values.append(text)
+                where.append(f"{path}:{lineno}")
+    times = np.empty(len(values), dtype=np.float64)
+    for i, (value, at) in enumerate(zip(values, where)):
+        try:
+            t = float(value) if not isinstance(value, bool) else float("nan")
+        except (TypeError, ValueError):
+            t = float("nan")
+        if not 0 <= t <= MAX_TRACE_S:  # also NaN
+            raise PARSError(f"arrival trace {at}: {str(value)[:40]!r} is not a time in seconds "
+                            f"(a number from 0 to {MAX_TRACE_S:g})")
+        times[i] = t
+    if times.size == 0:
+        raise PARSError(f"arrival trace {path}: no arrival times")
+    return times
 
 
 def draw(samples: pd.DataFrame, n: int, rng: np.random.Generator) -> pd.DataFrame:
@@ -296,6 +333,10 @@ def run(p: dict[str, Any], data_root: str | Path = "data") -> dict[str, Any]:
     from pipeline.queueing.simulator import EngineConfig
 
     cfg = EngineConfig.from_dict(p["engine"])
+    for w in p["workloads"].values():  # inputs first: a run that cannot start deletes nothing
+        for path in (prompts_path(data_root), generations_path(w["model"], data_root)):
+            if not path.is_file():
+                raise FileNotFoundError(f"{path} does not exist (has the stage that writes it run?)")
     if PLOTS.exists():  # the stage rewrites its outs whole
         for old in PLOTS.glob("*.png"):
             old.unlink()
@@ -326,14 +367,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--workload", action="append",
                     help="run only this workload of simulate.workloads (repeatable)")
     ap.add_argument("--trace", help="also replay this arrival trace (seconds; text, CSV or parquet column `arrival`)")
+    ap.add_argument("--params", default=None, help="params file (default params.yaml)")
     args = ap.parse_args(argv)
-    p = load_params("simulate")
+    p = load_params("simulate", args.params)
     if args.workload:
         unknown = sorted(set(args.workload) - set(p["workloads"]))
         if unknown:
             ap.error(f"--workload {unknown[0]!r} is not in simulate.workloads {sorted(p['workloads'])}")
         p = {**p, "workloads": {k: v for k, v in p["workloads"].items() if k in args.workload}}
     if args.trace:
+        read_trace(args.trace)  # a bad trace is refused before minutes of simulation, not after
         p = {**p, "trace": args.trace}
     out = run(p, args.data_root)
     for name, w in out["workloads"].items():

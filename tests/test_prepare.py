@@ -119,3 +119,37 @@ prepare:
     assert df["prompt_id"].is_unique and set(df["split"]) <= {"train", "val", "test"}
     report = json.loads((out.parent / "report.json").read_text())
     assert report["_total"]["prompts"] == 35
+
+
+def test_a_prompt_file_of_ones_own_needs_only_its_path(tmp_path):
+    # the documented form: sources: {mine: {path: my_prompts.jsonl}}
+    path = tmp_path / "my_prompts.jsonl"
+    _write_jsonl(path, [json.dumps({"prompt": f"question {i}"}).encode() for i in range(5)])
+    df, counts = load_source("mine", {"path": str(path)}, FRACTIONS, 1000)
+    assert counts["kept"] == 5 and set(df["dataset"]) == {"mine"}
+
+
+@pytest.mark.parametrize("options, message", [
+    ({"path": "x.jsonl", "text_feild": "q"}, "prepare.sources.mine: unknown option 'text_feild' (known: cap, dataset, source, path, text_field, id_field)"),
+    ({"caps": 3}, "prepare.sources.mine: unknown source 'mine'"),
+    ({"source": "jsonl"}, "prepare.sources.mine: the jsonl source needs option 'path'"),
+    ({"path": "x.jsonl", "cap": -1}, "prepare.sources.mine: cap -1 is not a number of prompts"),
+    (750, "prepare.sources.mine: expected a mapping of options"),
+])
+def test_bad_source_options_are_named(options, message):
+    from pipeline.errors import PARSError
+
+    with pytest.raises(PARSError) as err:
+        load_source("mine", options, FRACTIONS, 1000)
+    assert message in str(err.value)
+
+
+def test_a_misspelt_option_of_a_packaged_source_is_one_line(tmp_path, monkeypatch, capsys):
+    from pipeline.cli import main as pars
+
+    params = tmp_path / "params.yaml"
+    params.write_text("prepare:\n  sources:\n    humaneval: {cpa: 15}\n  split: {train: 1}\n  max_prompt_chars: 100\n")
+    monkeypatch.setenv("PARS_PARAMS", str(params))
+    assert pars(["prepare", "--out", str(tmp_path / "p.parquet")]) == 1
+    assert capsys.readouterr().err == (f"pars prepare: error: {params}: prepare.sources.humaneval: unknown option "
+                                       f"'cpa' (known: cap, dataset, source)\n")
