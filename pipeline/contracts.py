@@ -95,9 +95,9 @@ def _umask() -> int:
     return mask
 
 
-def ensure_parent(path: str | Path) -> Path:
-    """Create the directory an output file goes in; a file in the way (`-o notes.txt/out.jsonl`)
-    or an output path that is a directory is refused in one line naming the path."""
+def ensure_parent(path: str | Path, create: bool = True) -> Path:
+    """Create the directory an output file goes in (or only check, `create=False`); a file in the
+    way (`-o notes.txt/out.jsonl`) or an output path that is a directory is refused in one line."""
     path = Path(path)
     if path.is_dir():
         raise PARSError(f"cannot write {path}: it is a directory")
@@ -106,7 +106,8 @@ def ensure_parent(path: str | Path) -> Path:
             if not parent.is_dir():
                 raise PARSError(f"cannot write {path}: {parent} is a file, not a directory")
             break
-    path.parent.mkdir(parents=True, exist_ok=True)
+    if create:
+        path.parent.mkdir(parents=True, exist_ok=True)
     return path
 
 

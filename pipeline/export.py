@@ -73,11 +73,12 @@ def export_metrics(ranking: dict, model: str, method: str, members: list[str], p
 
 def run(params: dict, *, models_root: str | Path = "models", ranking_path: str | Path = "metrics/ranking.json",
         out_root: str | Path = "models/export") -> Path:
-    from pipeline.contracts import predictor_dir
+    from pipeline.contracts import ensure_parent, predictor_dir
     from pipeline.serving.scorer import Scorer
 
     name, model, method = params["name"], params["model"], params["method"]
     src = predictor_dir(model, method, models_root)
+    ensure_parent(export_dir(name, out_root) / META, create=False)  # --out under a file: one line, before any work
     ranking_path = Path(ranking_path)
     if not ranking_path.is_file():
         raise FileNotFoundError(f"{ranking_path} does not exist (run evaluate first: it gives the test tau_b)")

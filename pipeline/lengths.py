@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from pipeline.contracts import GENERATIONS, PROMPTS, prompts_path, read_table, write_json
+from pipeline.contracts import GENERATIONS, PROMPTS, ensure_parent, prompts_path, read_table, write_json
 
 
 def summarise(gens: pd.DataFrame) -> dict:
@@ -86,6 +86,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--metrics", default="metrics/lengths.json")
     parser.add_argument("--plot", default="plots/lengths.png")
     args = parser.parse_args(argv)
+    for out in (args.metrics, args.plot):  # an output under a file: one line, before any work
+        ensure_parent(out)
     root = Path(args.generations)
     models = args.models or sorted(p.name for p in root.iterdir() if (p / "generations.parquet").exists()) \
         if root.exists() else []

@@ -23,6 +23,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", default="metrics/report.md", help="markdown file to write (default: %(default)s)")
     parser.add_argument("--ranking-only", action="store_true", help="leave out the serving sections")
     args = parser.parse_args(argv)
+    from pipeline.contracts import ensure_parent
+
+    ensure_parent(args.out)  # a file in the way: one line, before any work
     path = Path(args.ranking)
     if not path.is_file():
         raise FileNotFoundError(f"{path} does not exist (run `pars evaluate` or `dvc repro evaluate` first)")
@@ -31,7 +34,6 @@ def main(argv: list[str] | None = None) -> int:
         serving = {key: json.loads(Path(f).read_text(encoding="utf-8")) if Path(f).is_file() else None
                    for key, f in SERVING_FILES.items()}
         text = text.rstrip() + "\n\n" + render_serving(serving)
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(text, encoding="utf-8")
+    ensure_parent(args.out).write_text(text, encoding="utf-8")
     print(text, end="")
     return 0

@@ -85,3 +85,23 @@ def test_cross_model_export_metrics_take_the_lowest_member():
     metrics, tau = export_metrics(ranking, "both", "pairwise", ["a", "b"], "ranking.json")
     assert tau == 0.3 and set(metrics["by_eval_model"]) == {"a", "b"}
     assert metrics["by_eval_model"]["a"]["kendall_tau_b"] == 0.5
+
+
+def test_export_hashes_every_file_and_the_loader_checks_them(trained):
+    from pipeline.serving.scorer import FILES_SHA256, Scorer
+
+    dst = _export(trained)
+    listed = json.loads((dst / META).read_text())[FILES_SHA256]
+    assert set(listed) == {p.name for p in dst.iterdir() if p.name != META}
+    assert {"config.json", WEIGHTS} <= set(listed) and set(listed) & {"tokenizer.json", "vocab.txt"}
+    tok = "tokenizer.json" if "tokenizer.json" in listed else "vocab.txt"
+    for name in ("config.json", tok):  # a changed config or tokenizer would load silently and score differently
+        original = (dst / name).read_bytes()
+        (dst / name).write_bytes(original + b" ")
+        with pytest.raises(CheckpointError, match=f"{name} sha256 .* changed after export"):
+            Scorer.from_pretrained(dst)
+        (dst / name).unlink()
+        with pytest.raises(CheckpointError, match=f"missing {name}"):
+            Scorer.from_pretrained(dst)
+        (dst / name).write_bytes(original)
+    Scorer.from_pretrained(dst)  # restored: loads again
