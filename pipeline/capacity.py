@@ -381,8 +381,8 @@ def main(argv: list[str] | None = None) -> int:
         if w.ess_sup() > 2 * MAX_TOKENS:
             raise PARSError(f"--lengths {args.lengths}: a request of {w.ess_sup():,} tokens is longer than "
                             f"{2 * MAX_TOKENS:,}; these are not token counts")
-    elif args.prompt or args.answer:
-        if not (args.prompt and args.answer):
+    elif args.prompt is not None or args.answer is not None:  # an empty one is an error, not "absent"
+        if args.prompt is None or args.answer is None:
             raise PARSError("give both --prompt and --answer distributions")
         w = th.Workload.uniform("custom", *parse_lengths(args.prompt, "--prompt"),
                                 *parse_lengths(args.answer, "--answer"))

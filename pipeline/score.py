@@ -121,7 +121,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.output and args.output.endswith(".parquet"):
         out.to_parquet(args.output, index=False)
     else:
-        text = out.to_json(orient="records", lines=True, force_ascii=False)
+        # no records: no lines (pandas would write one empty line, which is not a JSONL record)
+        text = out.to_json(orient="records", lines=True, force_ascii=False) if len(out) else ""
         if args.output:
             Path(args.output).write_text(text, encoding="utf-8")
         else:
