@@ -192,6 +192,15 @@ def plot_engine(fit: dict, path: Path) -> None:
 def run_stage(p: dict[str, Any]) -> dict[str, Any]:
     from pipeline.queueing.simulator import EngineConfig
 
+    where = getattr(p, "where", "capacity")
+    for key in ("M", "chunk", "token_budget", "max_num_seqs", "block_size"):
+        _setting(p[key], f"{where}.{key}", True)
+    _setting(p["step_time"], f"{where}.step_time", False)
+    _margin(p["margin"], f"{where}.margin")
+    for i, rate in enumerate(p["rates"]):  # an infinite rate would need infinitely many replicas
+        if isinstance(rate, bool) or not isinstance(rate, (int, float)):
+            raise PARSError(f"{where}.rates[{i}] {rate!r}: not a number")
+        check_number(rate, f"{where}.rates[{i}]", minimum=0)
     cfg = EngineConfig(M=int(p["M"]), chunk=int(p["chunk"]), token_budget=int(p["token_budget"]),
                        max_num_seqs=int(p["max_num_seqs"]), block_size=int(p["block_size"]),
                        step_c0=float(p["step_time"]), step_c1=0.0, starvation_s=float("inf"))

@@ -132,6 +132,49 @@ def read_trace(path: str | Path) -> np.ndarray:
     return times
 
 
+def check_params(p: dict[str, Any], where: str) -> None:
+    """The simulate section's numbers, named on a defect: an infinite load or a burst of -1
+    requests would otherwise end in a crash deep in the simulator, or in a meaningless table."""
+
+    def count(value: Any, key: str, minimum: int = 1) -> None:
+        if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+            raise PARSError(f"{where}.{key} {value!r}: expected a whole number >= {minimum}")
+
+    def number(value: Any, key: str, positive: bool) -> None:
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not np.isfinite(value) \
+                or value < 0 or (positive and value == 0):
+            raise PARSError(f"{where}.{key} {value!r}: expected a finite number {'> 0' if positive else '>= 0'}")
+
+    count(p["burst"], "burst")
+    count(p["poisson_requests"], "poisson_requests")
+    count(p["seed"], "seed", minimum=0)
+    curve = p.get("quality_curve") or {}
+    for key, values in (("poisson_loads", p["poisson_loads"]), ("policies", p["policies"]),
+                        ("quality_curve.noise_sigma", curve.get("noise_sigma") if isinstance(curve, dict) else 0)):
+        if not isinstance(values, (list, type(None))):
+            raise PARSError(f"{where}.{key} {values!r}: expected a list")
+    for i, load in enumerate(p["poisson_loads"] or []):
+        number(load, f"poisson_loads[{i}]", positive=True)
+    for i, sigma in enumerate(curve.get("noise_sigma") or []):
+        number(sigma, f"quality_curve.noise_sigma[{i}]", positive=False)
+    unknown = sorted(str(x) for x in set(map(str, p["policies"] or [])) - set(POLICIES))
+    if unknown:
+        raise PARSError(f"{where}.policies: unknown policy {unknown[0]!r} (known: {', '.join(POLICIES)})")
+    engine = p["engine"]
+    if not isinstance(engine, dict):
+        raise PARSError(f"{where}.engine: expected a mapping of engine settings, got {engine!r}")
+    for key in ("M", "chunk", "token_budget", "max_num_seqs", "block_size"):
+        if key in engine:
+            count(engine[key], f"engine.{key}")
+    if "step_c0" in engine:
+        number(engine["step_c0"], "engine.step_c0", positive=True)
+    if "step_c1" in engine:
+        number(engine["step_c1"], "engine.step_c1", positive=False)
+    starve = engine.get("starvation_s")
+    if starve is not None and (isinstance(starve, bool) or not isinstance(starve, (int, float)) or not starve > 0):
+        raise PARSError(f"{where}.engine.starvation_s {starve!r}: expected seconds > 0 (null: no starvation rule)")
+
+
 def draw(samples: pd.DataFrame, n: int, rng: np.random.Generator) -> pd.DataFrame:
     """n requests: distinct test prompts when there are at least n (else drawn with replacement),
     each with one of its answer samples at random."""
@@ -370,6 +413,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--params", default=None, help="params file (default params.yaml)")
     args = ap.parse_args(argv)
     p = load_params("simulate", args.params)
+    check_params(p, p.where)
     if args.workload:
         unknown = sorted(set(args.workload) - set(p["workloads"]))
         if unknown:

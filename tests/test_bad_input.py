@@ -295,6 +295,42 @@ def test_simulate_csv_and_parquet_traces(capsys, tmp_path, monkeypatch, name, ma
     assert message in one_line_error(rc, err, "simulate", tmp_path / name)
 
 
+def _params_with(tmp_path: Path, section: str, **changes) -> Path:
+    """The repository's params.yaml with keys of `section` changed (dotted keys reach into mappings)."""
+    import yaml
+
+    data = yaml.safe_load(PARAMS.read_text(encoding="utf-8"))
+    for dotted, value in changes.items():
+        *parents, key = dotted.split("__")
+        node = data[section]
+        for parent in parents:
+            node = node[parent]
+        node[key] = value
+    path = tmp_path / "params.yaml"
+    path.write_text(yaml.safe_dump(data), encoding="utf-8")
+    return path
+
+
+@pytest.mark.parametrize("cmd, section, changes, named", [
+    ("simulate", "simulate", {"burst": -1}, "simulate.burst -1"),
+    ("simulate", "simulate", {"poisson_loads": [0.5, float("inf")]}, "simulate.poisson_loads[1] inf"),
+    ("simulate", "simulate", {"poisson_loads": 0.8}, "simulate.poisson_loads 0.8: expected a list"),
+    ("simulate", "simulate", {"policies": ["fcfs", "sjf"]}, "simulate.policies: unknown policy 'sjf'"),
+    ("simulate", "simulate", {"engine__step_c0": 0}, "simulate.engine.step_c0 0"),
+    ("simulate", "simulate", {"engine__M": "lots"}, "simulate.engine.M 'lots'"),
+    ("capacity", "capacity", {"rates": [1, float("inf")]}, "capacity.rates[1] inf"),
+    ("capacity", "capacity", {"margin": 1.5}, "capacity.margin 1.5"),
+    ("capacity", "capacity", {"token_budget": 0}, "capacity.token_budget 0"),
+])
+def test_bad_params_sections_are_named(capsys, tmp_path, monkeypatch, cmd, section, changes, named):
+    monkeypatch.chdir(tmp_path)  # nothing may be written before the check; if it were, not into the repo
+    params = _params_with(tmp_path, section, **changes)
+    argv = [cmd, "--params", params] + (["--stage"] if cmd == "capacity" else ["--data-root", tmp_path / "data"])
+    rc, _, err = run_cli(capsys, *argv)
+    one_line_error(rc, err, cmd, named)
+    assert not (tmp_path / "metrics").exists() and not (tmp_path / "plots").exists()
+
+
 # ---------------------------------------------------------------- output paths under a file
 
 
