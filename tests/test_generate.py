@@ -234,3 +234,20 @@ def test_openai_bad_spec_and_non_openai_answers_are_one_line_errors():
         OpenAIBackend({"base_url": "http://x/v1", "model": "m", "timeout_s": 0})
     with pytest.raises(EndpointError, match="response without usable choices"):
         OpenAIBackend._parse({"choices": [{"message": "not a dict"}], "usage": {}}, "http://x/v1")
+
+
+def test_pars_generate_with_an_unreachable_endpoint_ends_in_one_line(tmp_path, monkeypatch, capsys):
+    from pipeline.cli import main as pars
+    from pipeline.contracts import PROMPTS, write_table
+
+    prompts = tmp_path / "prompts.parquet"
+    write_table(pd.DataFrame({"prompt_id": ["a"], "dataset": ["d"], "prompt": ["hi"], "split": ["test"],
+                              "source_id": ["1"]}), prompts, PROMPTS)
+    params = tmp_path / "params.yaml"
+    params.write_text("generate:\n  models:\n    gpt:\n      backend: openai\n      base_url: http://127.0.0.1:9/v1\n"
+                      "      model: m\n      connect_timeout_s: 0.2\n      backoff_s: 0.01\n")
+    monkeypatch.setenv("PARS_PARAMS", str(params))
+    assert pars(["generate", "--model", "gpt", "--prompts", str(prompts), "--out-root", str(tmp_path / "out")]) == 1
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+    assert err.splitlines()[-1].startswith("pars generate: error: http://127.0.0.1:9/v1 is unreachable")

@@ -42,6 +42,8 @@ class OpenAIBackend(Backend):
             if not self.spec.get(key):
                 raise ValueError(f"openai backend: params need `{key}`")
         self.base_url = str(self.spec["base_url"]).rstrip("/")
+        if not self.base_url.startswith(("http://", "https://")):
+            raise ValueError(f"openai backend: base_url {self.base_url!r} is not an http:// or https:// URL")
         self.k = int(self.spec.get("k", 1))
         self.concurrency = int(self.spec.get("concurrency", 8))
         self.max_retries = int(self.spec.get("max_retries", 6))
@@ -141,12 +143,14 @@ class OpenAIBackend(Backend):
             try:
                 await client.get(f"{self.base_url}/models", timeout=self.connect_timeout)
                 return
+            except httpx.InvalidURL as exc:
+                raise EndpointError(f"{self.base_url} is not a valid URL ({exc})") from None
             except (httpx.TimeoutException, httpx.TransportError) as exc:
                 last = f"{exc.__class__.__name__}: {exc}" if str(exc) else exc.__class__.__name__
             if attempt + 1 < tries:
                 await asyncio.sleep(self.backoff * (2**attempt))
-        raise EndpointError(f"{self.base_url} is unreachable: no answer in {tries} tries of "
-                            f"{self.connect_timeout:g} s ({last}); check base_url and that the server is up")
+        raise EndpointError(f"{self.base_url} is unreachable ({last}; {tries} tries, {self.connect_timeout:g} s "
+                            f"each); check base_url and that the server is up")
 
     async def _run(self, items: list[PromptItem], out: queue.Queue) -> None:
         import httpx
