@@ -56,8 +56,14 @@ def _one_line(exc: BaseException) -> str:
     return " ".join(text.split())  # one line, whatever the message held
 
 
+_ARGPARSE_ERROR = argparse.ArgumentParser.error
+
+
 def _usage_error(self: argparse.ArgumentParser, message: str):
-    # argparse would print a multi-line usage and exit 2; the CLI reports it in one line instead
+    # argparse would print a multi-line usage and exit 2; the CLI reports it in one line instead.
+    # Only our own parsers (prog "pars <cmd>"): a library's parser keeps argparse's behaviour.
+    if not str(self.prog).startswith("pars "):
+        return _ARGPARSE_ERROR(self, message)
     raise UsageError(f"{message} (see `{self.prog} --help`)")
 
 
@@ -76,7 +82,6 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     from pipeline.ranking.checkpoint import CheckpointError
 
-    saved_error = argparse.ArgumentParser.error
     argparse.ArgumentParser.error = _usage_error
     try:
         module = importlib.import_module(COMMANDS[name][0])
@@ -103,7 +108,7 @@ def main(argv: list[str] | None = None) -> int:
               "(run with --debug for the traceback)", file=sys.stderr)
         return 2
     finally:
-        argparse.ArgumentParser.error = saved_error
+        argparse.ArgumentParser.error = _ARGPARSE_ERROR
 
 
 if __name__ == "__main__":
