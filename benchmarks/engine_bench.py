@@ -55,6 +55,11 @@ def parse_args(argv=None):
                    help="generate round(scale x recorded length) tokens (keeps the order and ratios of "
                         "the lengths where a cap would flatten the long tail into ties)")
     p.add_argument("--max-model-len", type=int, default=2048)
+    p.add_argument("--budget", type=int, default=512, help="max_num_batched_tokens (token budget per step)")
+    p.add_argument("--chunk", type=int, default=256, help="long_prefill_token_threshold (prefill chunk)")
+    p.add_argument("--prefix-caching", action=argparse.BooleanOptionalAction, default=False,
+                   help="off by default: the simulator does not model it (ShareGPT chat prompts share "
+                        "the template's system prompt)")
     p.add_argument("--policies", default="fcfs,pars,oracle")
     p.add_argument("--starvation-s", type=float, default=120.0)
     p.add_argument("--scoring", default="background", choices=["background", "inline"],
@@ -132,20 +137,23 @@ def load_workload(args, tokenizer):
     return rows
 
 
-def workload_tau(checkpoint: Path, workload: list[dict]) -> float:
-    """Kendall tau_b of the checkpoint's scores against the lengths served: how much order PARS has."""
+def workload_scores(checkpoint: Path, workload: list[dict]) -> tuple[list[float], float]:
+    """The checkpoint's scores of the prompts served, and their Kendall tau_b against the lengths
+    served: how much order PARS has (the simulator replays the same scores)."""
     from pipeline.ranking.metrics import kendall_tau_b
     from pipeline.serving.scorer import Scorer
 
     scores = Scorer.from_pretrained(checkpoint).score([r["prompt"] for r in workload])
-    return kendall_tau_b(scores, [r["length"] for r in workload])
+    return [float(x) for x in scores], kendall_tau_b(scores, [r["length"] for r in workload])
 
 
 def run_policy(policy: str, args, checkpoint: Path, workload: list[dict]) -> dict:
     from vllm import LLM, SamplingParams
 
     kwargs = dict(model=args.model, dtype=args.dtype, enforce_eager=args.enforce_eager, seed=args.seed,
-                  max_num_seqs=args.max_num_seqs, max_model_len=args.max_model_len)
+                  max_num_seqs=args.max_num_seqs, max_model_len=args.max_model_len,
+                  enable_prefix_caching=args.prefix_caching, enable_chunked_prefill=True,
+                  max_num_batched_tokens=args.budget, long_prefill_token_threshold=args.chunk)
     if policy in ("pars", "oracle"):
         kwargs["scheduler_cls"] = SCHEDULER
         kwargs["additional_config"] = {"pars": {"checkpoint": str(checkpoint), "scoring": args.scoring,
@@ -154,16 +162,19 @@ def run_policy(policy: str, args, checkpoint: Path, workload: list[dict]) -> dic
     engine = llm.llm_engine
     scheduler = engine.engine_core.engine_core.scheduler
     # Time every schedule() call, whatever the class (instrumentation only; behaviour unchanged).
-    timing = {"schedule_s": 0.0, "steps": 0}
+    timing = {"schedule_s": 0.0, "steps": 0, "tokens": 0}
     inner = scheduler.schedule
 
     def timed_schedule(*a, **kw):
         t0 = time.perf_counter()
+        out = None
         try:
-            return inner(*a, **kw)
+            out = inner(*a, **kw)
+            return out
         finally:
             timing["schedule_s"] += time.perf_counter() - t0
             timing["steps"] += 1
+            timing["tokens"] = int(out.total_num_scheduled_tokens) if out is not None else 0
 
     scheduler.schedule = timed_schedule
     # Warm-up (not timed): one short request, so first-call costs are not charged to a policy.
@@ -172,7 +183,14 @@ def run_policy(policy: str, args, checkpoint: Path, workload: list[dict]) -> dic
                                       extra_args={"pars_score": 0.0}))
     while engine.has_unfinished_requests():
         engine.step()
-    timing.update(schedule_s=0.0, steps=0)
+    timing.update(schedule_s=0.0, steps=0, tokens=0)
+    cache_cfg = engine.vllm_config.cache_config
+    sched_cfg = engine.vllm_config.scheduler_config
+    engine_setup = {"M": int(cache_cfg.num_gpu_blocks) * int(cache_cfg.block_size),
+                    "block_size": int(cache_cfg.block_size), "blocks": int(cache_cfg.num_gpu_blocks),
+                    "token_budget": int(sched_cfg.max_num_batched_tokens),
+                    "chunk": int(sched_cfg.long_prefill_token_threshold or sched_cfg.max_num_batched_tokens),
+                    "max_num_seqs": int(sched_cfg.max_num_seqs)}
     stats0 = dict(getattr(scheduler, "pars_stats", {}))
 
     start = time.perf_counter()
@@ -184,8 +202,12 @@ def run_policy(policy: str, args, checkpoint: Path, workload: list[dict]) -> dic
         params = SamplingParams(max_tokens=req["length"], min_tokens=req["length"], ignore_eos=True,
                                 temperature=0.0, extra_args=extra)
         engine.add_request(str(i), {"prompt_token_ids": req["ids"]}, params)
+    step_time, step_tokens = [], []  # every engine step: seconds and tokens scheduled (the step model)
     while engine.has_unfinished_requests():
+        t_step = time.perf_counter()
         outputs = engine.step()
+        step_time.append(time.perf_counter() - t_step)
+        step_tokens.append(timing["tokens"])
         step += 1
         for out in outputs:
             now = time.perf_counter() - start
@@ -224,6 +246,11 @@ def run_policy(policy: str, args, checkpoint: Path, workload: list[dict]) -> dic
         "p90_per_token_latency_steps": float(np.percentile([done_step[i] for i in ids] / tokens, 90)),
         "mean_ttft_steps": float(np.mean([first_step[i] for i in ids])),
         "mean_step_s": wall / max(step, 1),
+        "engine": engine_setup,
+        "step_fit": fit_step_time(np.array(step_time), np.array(step_tokens)),
+        # per request, in workload order: what the simulator is compared with (sim_fidelity stage)
+        "per_request": {"per_token_latency": [float(x) for x in per_token],
+                        "ttft": [float(first[i]) for i in ids], "e2e": [float(x) for x in e2e]},
     }
     if hasattr(scheduler, "pars_stats"):
         stats = {k: v - stats0.get(k, 0) for k, v in scheduler.pars_stats.items()}
@@ -242,6 +269,19 @@ def run_policy(policy: str, args, checkpoint: Path, workload: list[dict]) -> dic
     del scheduler, engine, llm
     gc.collect()
     return result
+
+
+def fit_step_time(seconds: np.ndarray, tokens: np.ndarray) -> dict:
+    """Least squares step time = c0 + c1 * tokens over the steps that scheduled work."""
+    busy = tokens > 0
+    if busy.sum() < 3:
+        return {"c0_s": float(np.mean(seconds)) if seconds.size else None, "c1_s_per_token": 0.0, "r2": None,
+                "steps": int(busy.sum())}
+    c1, c0 = np.polyfit(tokens[busy], seconds[busy], 1)
+    resid = seconds[busy] - (c0 + c1 * tokens[busy])
+    return {"c0_s": float(max(c0, 1e-6)), "c1_s_per_token": float(max(c1, 0.0)),
+            "r2": float(1 - resid.var() / seconds[busy].var()), "steps": int(busy.sum()),
+            "mean_step_s": float(seconds[busy].mean())}
 
 
 def plot(results: dict, path: Path, title: str) -> None:
@@ -288,13 +328,16 @@ def main(argv=None) -> int:
           f"{args.max_num_seqs}, answer lengths {min(lengths)}..{max(lengths)} (mean {np.mean(lengths):.0f}), "
           f"checkpoint {checkpoint} (method {meta.get('method')}, test tau_b {meta.get('test_tau_b')})",
           flush=True)
-    tau = workload_tau(checkpoint, workload)
+    scores, tau = workload_scores(checkpoint, workload)
     print(f"engine_bench: checkpoint Kendall tau_b on this workload: {tau:.3f}", flush=True)
     results = {}
     for policy in [p.strip() for p in args.policies.split(",") if p.strip()]:
         results[policy] = run_policy(policy, args, checkpoint, workload)
     report = {
         **results,
+        # the burst as served, in order: what `pars sim-fidelity` replays through the simulator
+        "workload": {"prompt_tokens": [len(r["ids"]) for r in workload],
+                     "output_tokens": [r["length"] for r in workload], "pars_scores": scores},
         "setup": {
             "vllm_version": vllm.__version__, "model": args.model, "checkpoint": str(checkpoint),
             "checkpoint_method": meta.get("method"), "checkpoint_test_tau_b": meta.get("test_tau_b"),
@@ -303,6 +346,7 @@ def main(argv=None) -> int:
             "max_tokens_cap": args.max_tokens_cap, "length_scale": args.length_scale,
             "generations": args.generations, "split": args.split, "seed": args.seed,
             "starvation_s": args.starvation_s, "scoring": args.scoring, "cpu_count": os.cpu_count(),
+            "budget": args.budget, "chunk": args.chunk, "prefix_caching": args.prefix_caching,
             "lengths": "max_tokens = min(cap, round(scale x mean recorded output_tokens)), ignore_eos, greedy",
         },
     }

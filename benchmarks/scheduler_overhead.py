@@ -57,9 +57,10 @@ def load_prompt_ids(args) -> list[list[int]]:
         raise SystemExit(f"{args.prompts}: only {len(texts)} {args.dataset}/{args.split} prompts, "
                          f"--arrivals {args.arrivals}")
     tokenizer = AutoTokenizer.from_pretrained(args.served_model)
-    return [tokenizer.apply_chat_template([{"role": "user", "content": t}], tokenize=True,
-                                          add_generation_prompt=True)[:3000]
-            for t in texts[: args.arrivals]]
+    # as the server would: the chat template rendered, then tokenized (prompts cut to 3,000 tokens)
+    rendered = [tokenizer.apply_chat_template([{"role": "user", "content": t}], tokenize=False,
+                                              add_generation_prompt=True) for t in texts[: args.arrivals]]
+    return [ids[:3000] for ids in tokenizer(rendered, add_special_tokens=False)["input_ids"]]
 
 
 def run_mode(mode: str, args, model_cfg, prompt_ids: list[list[int]]) -> dict:

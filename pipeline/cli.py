@@ -28,6 +28,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "score": ("pipeline.score", "score a JSONL/parquet file of prompts with an exported checkpoint"),
     "capacity": ("pipeline.capacity", "queueing theory: stable service rate, stability, replicas needed"),
     "simulate": ("pipeline.simulate", "KV-bound serving simulator: compare queue policies on real data"),
+    "sim-fidelity": ("pipeline.sim_fidelity", "simulator vs the real engine, policy by policy (latency errors)"),
     "profile": ("pipeline.profile", "switch params.yaml to a profile (e.g. profiles/production.yaml)"),
 }
 

@@ -14,7 +14,8 @@ from pipeline.ranking.report_tables import render_markdown
 from pipeline.serving.results import render_serving
 
 SERVING_FILES = {"simulation": "metrics/simulation.json", "engine_bench": "metrics/engine_bench.json",
-                 "scheduler_overhead": "metrics/scheduler_overhead.json", "capacity": "metrics/capacity.json"}
+                 "scheduler_overhead": "metrics/scheduler_overhead.json",
+                 "sim_fidelity": "metrics/sim_fidelity.json", "capacity": "metrics/capacity.json"}
 
 
 def main(argv: list[str] | None = None) -> int:

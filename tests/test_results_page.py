@@ -31,3 +31,19 @@ def test_render_serving_tables_and_missing_files():
     assert "| 1.00 | 5.00× | 4.50× |" in text  # the quality curve
     assert "| pars | 0.1000 | 0.2000 | 4.00 | 1.000 | 2.00× | 0.120 % | 2.0 % |" in text
     assert "no `metrics/scheduler_overhead.json` yet" in text and "no `metrics/capacity.json` yet" in text
+
+
+def test_render_fidelity_section():
+    from pipeline.serving.results import render_serving
+
+    stats = {"mean_per_token_latency": 0.2, "p90_per_token_latency": 0.5, "mean_ttft": 9.0, "throughput_rps": 1.0}
+    fid = {"requests": 200, "calibration": "metrics/engine_bench_fit.json",
+           "step_model": {"c0_s": 0.03, "c1_s_per_token": 1e-4},
+           "fcfs": {"engine": stats, "simulator": {**stats, "mean_per_token_latency": 0.22},
+                    "error": {"mean_per_token_latency": 0.1, "p90_per_token_latency": 0.0, "mean_ttft": -0.05,
+                              "throughput_rps": 0.02}},
+           "speedup_fcfs_over_pars": {"mean_per_token_latency": {"engine": 2.0, "simulator": 2.1, "error": 0.05}}}
+    text = render_serving({"sim_fidelity": fid})
+    assert "30.0 ms + 0.100 ms/token" in text
+    assert "| fcfs | 0.2000 / 0.2200 / +10.0 % | 0.5000 / 0.5000 / +0.0 % | -5.0 % | +2.0 % |" in text
+    assert "engine 2.00×, simulator 2.10× (+5.0 %)" in text

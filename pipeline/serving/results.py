@@ -101,6 +101,29 @@ def overhead_section(over: dict[str, Any]) -> list[str]:
     return lines + [""]
 
 
+def fidelity_section(fid: dict[str, Any]) -> list[str]:
+    step = fid.get("step_model", {})
+    lines = ["## Simulator fidelity: engine vs simulator on a validation burst (`metrics/sim_fidelity.json`)", "",
+             f"{fid.get('requests')} requests; step time {_num(1000 * step.get('c0_s', float('nan')), '.1f')} ms + "
+             f"{_num(1000 * step.get('c1_s_per_token', float('nan')), '.3f')} ms/token, fitted on another burst "
+             f"(`{fid.get('calibration')}`). Error = (simulator − engine) / engine.", "",
+             "| policy | mean per-token latency: engine / sim / error | p90: engine / sim / error "
+             "| mean TTFT error | throughput error |", "|---|---|---|---|---|"]
+    for policy in ("fcfs", "pars", "oracle"):
+        r = fid.get(policy)
+        if not r:
+            continue
+        e, m, err = r["engine"], r["simulator"], r["error"]
+        lines.append(f"| {policy} | {_num(e['mean_per_token_latency'], '.4f')} / {_num(m['mean_per_token_latency'], '.4f')} / "
+                     f"{_num(100 * err['mean_per_token_latency'], '+.1f')} % | {_num(e['p90_per_token_latency'], '.4f')} / "
+                     f"{_num(m['p90_per_token_latency'], '.4f')} / {_num(100 * err['p90_per_token_latency'], '+.1f')} % | "
+                     f"{_num(100 * err['mean_ttft'], '+.1f')} % | {_num(100 * err['throughput_rps'], '+.1f')} % |")
+    for stat, r in fid.get("speedup_fcfs_over_pars", {}).items():
+        lines.append(f"\nFCFS/PARS {stat.replace('_', ' ')}: engine {_num(r['engine'], '.2f')}×, simulator "
+                     f"{_num(r['simulator'], '.2f')}× ({_num(100 * r['error'], '+.1f')} %).")
+    return lines + [""]
+
+
 def capacity_section(cap: dict[str, Any]) -> list[str]:
     setting = cap.get("setting", {})
     lines = ["## Capacity: μ = M / (b̄·E[g]) against simulation and the engine (`metrics/capacity.json`)", "",
@@ -116,9 +139,11 @@ def capacity_section(cap: dict[str, Any]) -> list[str]:
 
 
 def render_serving(files: dict[str, dict[str, Any] | None]) -> str:
-    """`files`: {"simulation"|"engine_bench"|"scheduler_overhead"|"capacity": parsed JSON or None}."""
+    """`files`: {"simulation"|"engine_bench"|"scheduler_overhead"|"sim_fidelity"|"capacity": parsed JSON
+    or None}."""
     sections = {"simulation": simulation_section, "engine_bench": engine_section,
-                "scheduler_overhead": overhead_section, "capacity": capacity_section}
+                "scheduler_overhead": overhead_section, "sim_fidelity": fidelity_section,
+                "capacity": capacity_section}
     lines: list[str] = []
     for key, render in sections.items():
         data = files.get(key)

