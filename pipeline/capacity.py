@@ -8,8 +8,8 @@ Ask a question (plain words and numbers back):
 
 The DVC stage (`pars capacity --stage`) checks the theory against the simulator on the
 document's workloads (a lambda sweep per workload: saturation throughput vs mu), against a real
-engine (benchmarks/engine_step_fit.py's metrics/engine_fit.json), plans capacity for this
-project's answers, and writes metrics/capacity.json and plots/capacity_*.png.
+engine (`pars engine-fit`'s metrics/engine_fit.json), plans capacity for this project's answers,
+and writes metrics/capacity.json and plots/capacity_*.png.
 """
 
 from __future__ import annotations
@@ -265,7 +265,7 @@ def run_stage(p: dict[str, Any]) -> dict[str, Any]:
         plot_engine(fit, PLOT_ENGINE)
         print(f"engine mu_theory {fit['mu_theory']:.3f}  measured {fit['mu_measured']:.3f}  gap {fit['gap']:.2%}")
     else:
-        print(f"note: {fit_path} not found; run benchmarks/engine_step_fit.py for the theory-vs-engine row")
+        print(f"note: {fit_path} not found; run `pars engine-fit` for the theory-vs-engine row")
 
     # this project's answers: what one replica sustains, and replicas for the planned rates
     model = p["model"]
@@ -357,7 +357,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--M", type=int, help="KV cache tokens (default: capacity.M)")
     ap.add_argument("--chunk", type=int, help="prefill chunk size (default: capacity.chunk)")
     ap.add_argument("--step-time", type=float, help="b_bar, seconds per step (default: capacity.step_time)")
-    ap.add_argument("--engine-fit", help="take M, chunk and b_bar from an engine_step_fit.py JSON")
+    ap.add_argument("--engine-fit", help="take M, chunk and b_bar from a `pars engine-fit` JSON")
     ap.add_argument("--margin", type=float, help="safety margin for replicas (default: capacity.margin)")
     ap.add_argument("--params", default=None, help="params file (default params.yaml)")
     ap.add_argument("--json", action="store_true", help="print the numbers as JSON too")

