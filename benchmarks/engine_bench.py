@@ -186,7 +186,8 @@ def run_policy(policy: str, args, checkpoint: Path, workload: list[dict]) -> dic
     timing.update(schedule_s=0.0, steps=0, tokens=0)
     cache_cfg = engine.vllm_config.cache_config
     sched_cfg = engine.vllm_config.scheduler_config
-    engine_setup = {"M": int(cache_cfg.num_gpu_blocks) * int(cache_cfg.block_size),
+    # vLLM keeps one null block out of the pool: usable KV memory is (blocks - 1) blocks
+    engine_setup = {"M": (int(cache_cfg.num_gpu_blocks) - 1) * int(cache_cfg.block_size),
                     "block_size": int(cache_cfg.block_size), "blocks": int(cache_cfg.num_gpu_blocks),
                     "token_budget": int(sched_cfg.max_num_batched_tokens),
                     "chunk": int(sched_cfg.long_prefill_token_threshold or sched_cfg.max_num_batched_tokens),

@@ -330,7 +330,7 @@ def parse_lengths(spec: str, flag: str) -> tuple[int, int]:
 
 
 def read_engine_fit(path: str | Path) -> tuple[int, int, float]:
-    """(M, chunk, b_bar) from benchmarks/engine_step_fit.py's JSON, naming the file and key on a defect."""
+    """(M, chunk, b_bar) from the engine_fit stage's JSON (pars engine-fit), naming the file and key on a defect."""
     try:
         fit = json.loads(Path(path).read_bytes())
         values = fit["M_tokens"], fit["chunk"], fit["step_time"]["mean_s"]
@@ -338,7 +338,7 @@ def read_engine_fit(path: str | Path) -> tuple[int, int, float]:
         raise PARSError(f"--engine-fit {path}: not a JSON file ({exc.__class__.__name__})") from None
     except (KeyError, TypeError, IndexError):
         raise PARSError(f"--engine-fit {path}: expected keys M_tokens, chunk and step_time.mean_s "
-                        f"(benchmarks/engine_step_fit.py writes them)") from None
+                        f"(`pars engine-fit` writes them)") from None
     return (_setting(values[0], f"{path}: M_tokens", True), _setting(values[1], f"{path}: chunk", True),
             _setting(values[2], f"{path}: step_time.mean_s", False))
 

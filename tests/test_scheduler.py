@@ -323,6 +323,7 @@ def test_scoring_failure_keeps_a_provisional_place(make_scheduler, tokenizer, ca
     ({"starvation_s": "soon"}, "starvation_s.*number"),
     ({"scoring": "lazy"}, "scoring.*background"),
     ({"batchsize": 8}, "unknown key.*batchsize"),
+    ({"device": "gpu0"}, "device.*not a torch device"),
 ])
 def test_bad_config_stops_startup_with_one_line(make_scheduler, pars, match):
     from pipeline.serving.vllm_scheduler import PARSConfigError, PARSScheduler
@@ -330,6 +331,60 @@ def test_bad_config_stops_startup_with_one_line(make_scheduler, pars, match):
     with pytest.raises(PARSConfigError, match=match) as info:
         make_scheduler(PARSScheduler, pars=pars)
     assert "\n" not in str(info.value) and "additional_config['pars']" in str(info.value)
+
+
+def test_a_client_score_that_is_not_a_number_is_ignored_not_fatal(make_scheduler, tokenizer):
+    from pipeline.serving.vllm_scheduler import PARSScheduler
+
+    sched = make_scheduler(PARSScheduler, max_num_seqs=1, pars={"scoring": "inline"})
+    eng = FakeEngine(sched)
+    eng.add("huge", 0, out_len=2, score="soon", prompt_ids=tokenizer("a prompt")["input_ids"])
+    eng.add("ok", 0, out_len=2, score=-1.0, prompt_ids=tokenizer("another prompt")["input_ids"])
+    eng.run()
+    assert sorted(eng.finished) == ["huge", "ok"] and sched.pars_stats["num_client_scores"] == 1
+
+
+def test_queue_keeps_every_request_when_keying_fails():
+    """A fault in the keying function must not drop the requests it was handed."""
+    from pipeline.serving.pars_queue import PARSRequestQueue
+
+    class Req:
+        def __init__(self, i):
+            self.priority, self.arrival_time, self.request_id = 0, float(i), str(i)
+
+    def broken(requests):
+        requests[0].pars_key = (0, 1.0)
+        raise RuntimeError("boom")
+
+    queue = PARSRequestQueue(broken, starvation_s=100.0)
+    reqs = [Req(i) for i in range(3)]
+    for r in reqs:
+        queue.add_request(r)
+    with pytest.raises(RuntimeError, match="boom"):
+        queue.flush()
+    assert len(queue) == 3
+    assert [queue.pop_request().request_id for _ in range(3)] == ["0", "1", "2"]
+
+
+def test_scoring_worker_close_drops_the_backlog_and_joins():
+    import threading
+
+    from pipeline.serving.scoring_worker import ScoringWorker
+
+    gate = threading.Event()
+
+    def slow(items):
+        gate.wait(5)
+        return [1.0] * len(items)
+
+    worker = ScoringWorker(slow, batch_size=1)
+    for i in range(5):
+        worker.submit(i)
+    gate.set()
+    worker.close(timeout=5)
+    assert not worker._thread.is_alive() and worker.backlog == 0
+    with pytest.raises(RuntimeError, match="closed"):
+        worker.submit(9)
 
 
 def test_bad_config_from_environment_names_the_variable(make_scheduler, monkeypatch):

@@ -21,7 +21,8 @@ def _bench_file(path, seed: int, c0: float, c1: float, n: int = 60):
     s, o = rng.integers(16, 200, n), rng.integers(4, 120, n)
     scores = np.log(o) + rng.normal(0, 0.5, n)
     arrival = burst(n)
-    out = {"workload": {"prompt_tokens": s.tolist(), "output_tokens": o.tolist(), "pars_scores": scores.tolist()}}
+    out = {"workload": {"prompt_tokens": s.tolist(), "output_tokens": o.tolist(), "pars_scores": scores.tolist()},
+           "setup": {"starvation_s": 120.0}}
     for policy in ("fcfs", "pars", "oracle"):
         cfg = EngineConfig(M=ENGINE["M"], chunk=ENGINE["chunk"], token_budget=ENGINE["token_budget"],
                            max_num_seqs=ENGINE["max_num_seqs"], block_size=ENGINE["block_size"], step_c0=c0,
@@ -44,7 +45,7 @@ def test_prediction_exact_with_the_right_step_model(tmp_path, monkeypatch, valid
     monkeypatch.chdir(tmp_path)
     cal = _bench_file(tmp_path / "cal.json", seed=1, c0=0.02, c1=1e-4)
     val = _bench_file(tmp_path / "val.json", seed=2, c0=validation_c0, c1=1e-4)
-    out = stage.run({"calibration": str(cal), "validation": str(val), "starvation_s": 120.0})
+    out = stage.run({"calibration": str(cal), "validation": str(val)})
     assert out["step_model"]["c0_s"] == pytest.approx(0.02)
     saved = json.loads((tmp_path / "metrics/sim_fidelity.json").read_text())
     for policy in ("fcfs", "pars", "oracle"):
@@ -63,7 +64,7 @@ def test_same_burst_twice_is_refused(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     f = _bench_file(tmp_path / "b.json", seed=1, c0=0.02, c1=0.0)
     with pytest.raises(ValueError, match="same burst"):
-        stage.run({"calibration": str(f), "validation": str(f), "starvation_s": 120.0})
+        stage.run({"calibration": str(f), "validation": str(f)})
     (tmp_path / "old.json").write_text(json.dumps({"fcfs": {}, "pars": {}, "oracle": {}}))
     with pytest.raises(ValueError, match="per-request"):
-        stage.run({"calibration": str(tmp_path / "old.json"), "validation": str(f), "starvation_s": 120.0})
+        stage.run({"calibration": str(tmp_path / "old.json"), "validation": str(f)})

@@ -99,6 +99,20 @@ def _text(raw, where: str) -> str:
     return raw
 
 
+def _device(raw, where: str) -> str:
+    """A torch device string the machine has (a bad one would otherwise fail deep in torch)."""
+    raw = _text(raw, where)
+    import torch
+
+    try:
+        device = torch.device(raw)
+    except (RuntimeError, ValueError):
+        raise PARSConfigError(f"{where} {raw!r} is not a torch device (e.g. cpu, cuda, cuda:1)") from None
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise PARSConfigError(f"{where} is {raw!r} but torch sees no CUDA device")
+    return raw
+
+
 def _scoring(raw, where: str) -> str:
     if raw not in SCORING_MODES:
         raise PARSConfigError(f"{where} must be one of {list(SCORING_MODES)}, got {raw!r}")
@@ -106,5 +120,5 @@ def _scoring(raw, where: str) -> str:
 
 
 _CHECKS = {"checkpoint": _text, "starvation_s": _positive_seconds, "batch_size": _batch_size,
-           "device": _text, "score_key": _text, "scoring": _scoring,
+           "device": _device, "score_key": _text, "scoring": _scoring,
            "fault_log_interval_s": _positive_seconds}

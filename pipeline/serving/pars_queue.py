@@ -65,9 +65,13 @@ class PARSRequestQueue(RequestQueue):
         self.now = self.clock()
         if self._pending:
             pending, self._pending = self._pending, []
-            self._score_fn(pending)
-            for request in pending:
-                self._push(request)
+            try:
+                self._score_fn(pending)
+            finally:  # whatever score_fn did, every request stays queued (keyed last if it has no key)
+                for request in pending:
+                    if not hasattr(request, "pars_key"):
+                        request.pars_key = (request.priority, math.inf)
+                    self._push(request)
 
     def rekey(self, request: Request) -> bool:
         """Re-place a queued request after its `pars_key` changed; False when it is not queued."""

@@ -41,12 +41,15 @@ class ScoringWorker:
         self._done: deque[ScoredBatch] = deque()  # append/popleft are atomic: no lock needed
         self._submitted = 0
         self._finished = 0  # items, updated by the worker thread only
+        self._closed = False
         self._idle = threading.Event()
         self._idle.set()
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._thread.start()
 
     def submit(self, item: Any) -> None:
+        if self._closed:
+            raise RuntimeError("the scoring worker is closed")
         self._submitted += 1
         self._idle.clear()
         self._inbox.put(item)
@@ -75,10 +78,19 @@ class ScoringWorker:
                 time.sleep(0.001)
         return True
 
-    def close(self) -> None:
-        """Stop the thread after the work already submitted (idempotent)."""
+    def close(self, timeout: float = 5.0) -> None:
+        """Stop the thread: the backlog is dropped (the engine is going away), the batch in hand is
+        finished, then the thread is joined (idempotent)."""
+        self._closed = True
+        while True:
+            try:
+                self._inbox.get_nowait()
+                self._finished += 1  # dropped, not scored: wait_idle must not wait for it
+            except queue.Empty:
+                break
         if self._thread.is_alive():
             self._inbox.put(_STOP)
+            self._thread.join(timeout)
 
     def _run(self) -> None:
         while True:

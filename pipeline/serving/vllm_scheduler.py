@@ -186,7 +186,7 @@ class PARSSchedulerMixin:
             return None
         try:
             value = float(extra[self.pars_config.score_key])
-        except (TypeError, ValueError):
+        except (TypeError, ValueError, OverflowError):  # e.g. a 400-digit integer: not a usable score
             return None
         return value if math.isfinite(value) else None
 
@@ -250,6 +250,8 @@ class PARSSchedulerMixin:
         Runs on the worker thread in background mode: reads requests, writes nothing shared."""
         texts, where = [], []
         for i, request in enumerate(requests):
+            if request.is_finished():  # aborted while it waited for the worker: nothing to order
+                continue
             try:
                 texts.append(self._pars_prompt_text(request.prompt_token_ids))
                 where.append(i)
