@@ -76,7 +76,7 @@ def parse_args(argv=None):
 def packaged_smollm2() -> Path:
     """The packaged SmolLM2-135M-Instruct as an HF dir, when the materialize stage's copy is absent
     (the same build and cache as the tests' smollm2_dir fixture)."""
-    from pipeline.materialize import materialize_gguf
+    from pipeline.backends.gguf import materialize_gguf
 
     cache = Path.home() / ".cache" / "pars-tests" / "smollm2"
     if not (cache / "model.safetensors").is_file():

@@ -35,7 +35,7 @@ def main() -> None:
 
     model = args.model
     if model is None:
-        from pipeline.materialize import materialize_gguf
+        from pipeline.backends.gguf import materialize_gguf
 
         model = Path("models/base/smollm2")
         if not (model / "model.safetensors").exists():

