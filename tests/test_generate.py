@@ -251,3 +251,12 @@ def test_pars_generate_with_an_unreachable_endpoint_ends_in_one_line(tmp_path, m
     err = capsys.readouterr().err
     assert "Traceback" not in err
     assert err.splitlines()[-1].startswith("pars generate: error: http://127.0.0.1:9/v1 is unreachable")
+
+
+@pytest.mark.parametrize("bad, key", [({"concurrency": "abc"}, "concurrency"), ({"k": 2.5}, "k"),
+                                      ({"temperature": "hot"}, "temperature"), ({"max_tokens": None}, "max_tokens")])
+def test_openai_spec_numbers_are_named(bad, key):
+    from pipeline.backends.openai_backend import OpenAIBackend
+
+    with pytest.raises(ValueError, match=f"`{key}` must be"):
+        OpenAIBackend({"base_url": "http://localhost:1", "model": "m", **bad})

@@ -44,12 +44,15 @@ class OpenAIBackend(Backend):
         self.base_url = str(self.spec["base_url"]).rstrip("/")
         if not self.base_url.startswith(("http://", "https://")):
             raise ValueError(f"openai backend: base_url {self.base_url!r} is not an http:// or https:// URL")
-        self.k = int(self.spec.get("k", 1))
-        self.concurrency = int(self.spec.get("concurrency", 8))
-        self.max_retries = int(self.spec.get("max_retries", 6))
-        self.timeout = float(self.spec.get("timeout_s", 60))
-        self.connect_timeout = float(self.spec.get("connect_timeout_s", 10))
-        self.backoff = float(self.spec.get("backoff_s", 1.0))
+        number = self._number
+        self.k = number("k", 1, int)
+        self.concurrency = number("concurrency", 8, int)
+        self.max_retries = number("max_retries", 6, int)
+        self.timeout = number("timeout_s", 60, float)
+        self.connect_timeout = number("connect_timeout_s", 10, float)
+        self.backoff = number("backoff_s", 1.0, float)
+        for key, default, kind in (("temperature", 0.7, float), ("top_p", 1.0, float), ("max_tokens", 1024, int)):
+            number(key, default, kind)  # checked here, used in identity()
         for key, value in (("concurrency", self.concurrency), ("k", self.k), ("timeout_s", self.timeout),
                            ("connect_timeout_s", self.connect_timeout)):
             if not value > 0 or value == float("inf"):
@@ -59,6 +62,17 @@ class OpenAIBackend(Backend):
         self.api_key = os.environ.get(self.spec.get("api_key_env", "OPENAI_API_KEY"), "EMPTY")
         self.skipped: dict[str, str] = {}
         self.retries = 0
+
+    def _number(self, key: str, default, kind):
+        """A numeric spec value, or one line naming the key (`concurrency: abc` is not a traceback)."""
+        raw = self.spec.get(key, default)
+        try:
+            if isinstance(raw, bool) or (kind is int and isinstance(raw, float) and not raw.is_integer()):
+                raise ValueError
+            return kind(raw)
+        except (TypeError, ValueError, OverflowError):
+            raise ValueError(f"openai backend: `{key}` must be {'an integer' if kind is int else 'a number'}, "
+                             f"got {raw!r}") from None
 
     def identity(self) -> dict[str, Any]:
         s = self.spec
