@@ -35,6 +35,8 @@ os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 
 import numpy as np  # noqa: E402
 
+from pipeline.queueing.theory import fit_step_time  # noqa: E402  (numpy only: no numba before vLLM)
+
 SCHEDULER = "pipeline.serving.vllm_scheduler.PARSAsyncScheduler"  # builds the sync twin on CPU
 
 
@@ -248,7 +250,7 @@ def run_policy(policy: str, args, checkpoint: Path, workload: list[dict]) -> dic
         "mean_ttft_steps": float(np.mean([first_step[i] for i in ids])),
         "mean_step_s": wall / max(step, 1),
         "engine": engine_setup,
-        "step_fit": fit_step_time(np.array(step_time), np.array(step_tokens)),
+        "step_fit": fit_step_time(step_time, step_tokens),
         # per request, in workload order: what the simulator is compared with (sim_fidelity stage)
         "per_request": {"per_token_latency": [float(x) for x in per_token],
                         "ttft": [float(first[i]) for i in ids], "e2e": [float(x) for x in e2e]},
@@ -270,19 +272,6 @@ def run_policy(policy: str, args, checkpoint: Path, workload: list[dict]) -> dic
     del scheduler, engine, llm
     gc.collect()
     return result
-
-
-def fit_step_time(seconds: np.ndarray, tokens: np.ndarray) -> dict:
-    """Least squares step time = c0 + c1 * tokens over the steps that scheduled work."""
-    busy = tokens > 0
-    if busy.sum() < 3:
-        return {"c0_s": float(np.mean(seconds)) if seconds.size else None, "c1_s_per_token": 0.0, "r2": None,
-                "steps": int(busy.sum())}
-    c1, c0 = np.polyfit(tokens[busy], seconds[busy], 1)
-    resid = seconds[busy] - (c0 + c1 * tokens[busy])
-    return {"c0_s": float(max(c0, 1e-6)), "c1_s_per_token": float(max(c1, 0.0)),
-            "r2": float(1 - resid.var() / seconds[busy].var()), "steps": int(busy.sum()),
-            "mean_step_s": float(seconds[busy].mean())}
 
 
 def plot(results: dict, path: Path, title: str) -> None:

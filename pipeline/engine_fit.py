@@ -170,10 +170,8 @@ def main(argv: list[str] | None = None) -> int:
     wall = time.perf_counter() - t_start
 
     st, tok = run["step_time"], run["tokens"]
-    c1, c0 = np.polyfit(tok, st, 1)
-    c0, c1 = float(max(c0, 1e-6)), float(max(c1, 0.0))
-    resid = st - (c0 + c1 * tok)
-    r2 = 1 - resid.var() / st.var()
+    fit = theory.fit_step_time(st, tok)
+    c0, c1, r2 = fit["c0_s"], fit["c1_s_per_token"], fit["r2"]
     # b_bar over the saturated window (the same 20-80% of completions the throughput is measured
     # on): the ramp-up and the draining tail have smaller batches and shorter steps
     f = np.sort(run["finish"])

@@ -189,20 +189,25 @@ def draw(samples: pd.DataFrame, n: int, rng: np.random.Generator) -> pd.DataFram
 
 
 def run_policies(req: pd.DataFrame, arrival: np.ndarray, scores: pd.DataFrame, policies: list[str], cfg,
-                 seed: int) -> dict[str, Any]:
+                 seed: int) -> tuple[dict[str, Any], dict[str, float]]:
+    """Each policy's simulation, and the tau_b of its key against the true lengths: the ranking
+    quality it had on these very requests."""
     from pipeline.queueing.simulator import simulate
 
     s, o = req.s.to_numpy(), req.o.to_numpy()
-    out = {}
+    results, taus = {}, {}
     for policy in policies:
         sc = scores[policy].reindex(req.prompt_id).to_numpy() if policy in SCORE_METHODS else None
         key = policy_key(policy, arrival, o, sc, rng=np.random.default_rng(seed))
-        out[policy] = simulate(arrival, s, o, key=key, config=cfg)
-    return out
+        results[policy] = simulate(arrival, s, o, key=key, config=cfg)
+        tau = kendall_tau_b(key, o)
+        # a constant key (FCFS in a burst) is served in arrival order: that order's tau
+        taus[policy] = tau if np.isfinite(tau) else kendall_tau_b(np.arange(o.size), o)
+    return results, taus
 
 
-def summarise(results: dict[str, Any]) -> dict[str, dict[str, float]]:
-    table = {p: r.summary() for p, r in results.items()}
+def summarise(results: dict[str, Any], taus: dict[str, float]) -> dict[str, dict[str, float]]:
+    table = {p: {**r.summary(), "kendall_tau_b": taus[p]} for p, r in results.items()}
     base, orac = table["fcfs"], table.get("oracle")
     for row in table.values():
         for stat in ("mean", "p90"):
@@ -334,14 +339,8 @@ def run_workload(name: str, w: dict[str, Any], p: dict[str, Any], cfg, data_root
     print(f"{name}: burst of {n} requests from {n_prompts} test prompts ({len(samples)} answers), "
           f"policies {policies}")
     arrival = burst(n)
-    burst_res = run_policies(req, arrival, scores, policies, cfg, seed)
-    table = summarise(burst_res)
-    o = req.o.to_numpy()
-    for policy in policies:  # the ranking quality each policy had on these very requests
-        key = policy_key(policy, arrival, o, scores[policy].reindex(req.prompt_id).to_numpy()
-                         if policy in SCORE_METHODS else None, rng=np.random.default_rng(seed))
-        table[policy]["kendall_tau_b"] = kendall_tau_b(key, o) if policy != "fcfs" else 0.0
-    scen[f"burst_{n}"] = table
+    burst_res, taus = run_policies(req, arrival, scores, policies, cfg, seed)
+    scen[f"burst_{n}"] = summarise(burst_res, taus)
     curve = None
     if name == (p.get("quality_curve") or {}).get("workload"):
         curve = quality_curve(req, arrival, cfg, list(p["quality_curve"]["noise_sigma"]), seed)
@@ -350,14 +349,14 @@ def run_workload(name: str, w: dict[str, Any], p: dict[str, Any], cfg, data_root
     for load in tqdm([float(x) for x in p["poisson_loads"]], desc=f"{name}: poisson loads", unit="load"):
         m = int(p["poisson_requests"])
         sub = draw(samples, m, rng)
-        table = summarise(run_policies(sub, poisson(m, load * capacity_rate, rng), scores, policies, cfg, seed))
+        table = summarise(*run_policies(sub, poisson(m, load * capacity_rate, rng), scores, policies, cfg, seed))
         scen[f"poisson_{load:g}"] = table
         sweep[load] = table
     if p.get("trace"):
         # a recorded arrival trace: one arrival time (seconds) per line, or a parquet/CSV column `arrival`
         times = read_trace(p["trace"])
         sub = draw(samples, times.size, rng)
-        scen["trace"] = summarise(run_policies(sub, trace(times), scores, policies, cfg, seed))
+        scen["trace"] = summarise(*run_policies(sub, trace(times), scores, policies, cfg, seed))
     measured = {x: scen[f"burst_{n}"][x] for x in policies if x in SCORE_METHODS}
     plots(name, burst_res, sweep, curve, measured)
     out = {

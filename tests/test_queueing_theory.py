@@ -126,3 +126,15 @@ def test_slot_rate():
     w = th.Workload.empirical("e", [100, 700], [10, 30])
     # mean steps = (1 + 10 + 2 + 30) / 2 = 21.5 with chunk 512
     assert th.slot_rate(w, 8, 512, 0.1) == pytest.approx(8 / (0.1 * 21.5))
+
+
+def test_fit_step_time_known_values():
+    from pipeline.queueing.theory import fit_step_time
+
+    tokens = np.array([0, 10, 20, 30, 40])
+    seconds = 0.02 + 0.001 * tokens  # an idle step (0 tokens) is left out of the fit
+    seconds[0] = 5.0
+    fit = fit_step_time(seconds, tokens)
+    assert fit["c0_s"] == pytest.approx(0.02) and fit["c1_s_per_token"] == pytest.approx(0.001)
+    assert fit["r2"] == pytest.approx(1.0) and fit["steps"] == 4
+    assert fit_step_time([0.1, 0.2], [5, 6])["c1_s_per_token"] == 0.0  # too few steps: the mean

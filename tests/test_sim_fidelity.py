@@ -30,7 +30,8 @@ def _bench_file(path, seed: int, c0: float, c1: float, n: int = 60):
         r = simulate(arrival, s, o, key=policy_key(policy, arrival, o, scores if policy == "pars" else None),
                      config=cfg)
         summary = r.summary()
-        out[policy] = {"throughput_rps": summary["throughput_rps"], "engine": ENGINE,
+        out[policy] = {**{k: summary[k] for k in ("mean_per_token_latency", "p90_per_token_latency", "mean_ttft",
+                                                  "throughput_rps")}, "engine": ENGINE,
                        "step_fit": {"c0_s": c0, "c1_s_per_token": c1, "r2": 1.0, "steps": int(r.steps)},
                        "per_request": {"per_token_latency": r.per_token.tolist(), "ttft": r.ttft.tolist(),
                                        "e2e": r.e2e.tolist()}}

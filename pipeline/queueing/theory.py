@@ -237,3 +237,19 @@ def replicas_needed(rate: float, cap: Capacity, margin: float = 0.1) -> dict[str
         "per_replica_rate": rate / guaranteed,
         "utilisation": rate / (guaranteed * cap.mu),
     }
+
+
+def fit_step_time(seconds, tokens) -> dict[str, Any]:
+    """The simulator's step model from a real engine's steps: least squares step time = c0 + c1 *
+    tokens over the steps that scheduled work, clamped to c0 > 0, c1 >= 0; r2 of the clamped model."""
+    seconds, tokens = np.asarray(seconds, dtype=float), np.asarray(tokens, dtype=float)
+    busy = tokens > 0
+    st, tok = seconds[busy], tokens[busy]
+    if st.size < 3:
+        return {"c0_s": float(st.mean()) if st.size else None, "c1_s_per_token": 0.0, "r2": None,
+                "steps": int(st.size)}
+    c1, c0 = np.polyfit(tok, st, 1)
+    c0, c1 = float(max(c0, 1e-6)), float(max(c1, 0.0))
+    resid = st - (c0 + c1 * tok)
+    return {"c0_s": c0, "c1_s_per_token": c1, "r2": float(1 - resid.var() / st.var()), "steps": int(st.size),
+            "mean_step_s": float(st.mean())}
