@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 import math
 import re
+import time
 from collections import defaultdict
 
 import pytest
@@ -132,13 +133,13 @@ def test_background_scoring_never_waits_and_replaces_requests(make_scheduler, ch
     sched = make_scheduler(PARSScheduler, max_num_seqs=1)
     assert sched.pars_config.scoring == "background" and sched.pars_worker is not None
     release = threading.Event()
-    real_score = sched.pars_scorer.score
+    real_parts = sched.pars_scorer.score_parts
 
-    def held(texts, **kw):  # the real ranker, held until the test lets it finish
+    def held(texts, *args, **kw):  # the real ranker, held until the test lets it finish
         assert release.wait(10)
-        return real_score(texts, **kw)
+        yield from real_parts(texts, *args, **kw)
 
-    sched.pars_scorer.score = held
+    sched.pars_scorer.score_parts = held
     eng = FakeEngine(sched)
     prompts = ["write a long essay about the history of rome", "say hi", "list three colors",
                "explain quantum computing in detail with examples", "what is two plus two"]
@@ -287,7 +288,7 @@ def test_scoring_failure_keeps_a_provisional_place(make_scheduler, tokenizer, ca
     def broken(texts, batch_size=None):
         raise RuntimeError("ranker exploded")
 
-    sched.pars_scorer.score = broken  # a fault in our ranker, not a fake of vLLM
+    sched.pars_scorer.score_parts = broken  # a fault in our ranker, not a fake of vLLM
     eng = FakeEngine(sched)
     pars_logger = logging.getLogger(LOGGER_NAME)
     pars_logger.addHandler(caplog.handler)  # vLLM's loggers do not propagate to the root logger
@@ -324,6 +325,7 @@ def test_scoring_failure_keeps_a_provisional_place(make_scheduler, tokenizer, ca
     ({"scoring": "lazy"}, "scoring.*background"),
     ({"batchsize": 8}, "unknown key.*batchsize"),
     ({"device": "gpu0"}, "device.*not a torch device"),
+    ({"scorer_threads": -1}, "scorer_threads.*integer >= 0"),
 ])
 def test_bad_config_stops_startup_with_one_line(make_scheduler, pars, match):
     from pipeline.serving.vllm_scheduler import PARSConfigError, PARSScheduler
@@ -385,6 +387,74 @@ def test_scoring_worker_close_drops_the_backlog_and_joins():
     assert not worker._thread.is_alive() and worker.backlog == 0
     with pytest.raises(RuntimeError, match="closed"):
         worker.submit(9)
+
+
+def test_scoring_worker_delivers_parts_as_they_finish():
+    """A scorer that yields (positions, scores) parts: each part reaches take() as soon as it is
+    yielded; a failure mid-batch reports only the prompts not yet delivered; a repeated position is
+    an error, not a double count."""
+    import threading
+
+    from pipeline.serving.scoring_worker import ScoringWorker
+
+    gate = threading.Event()
+
+    def parts(items):
+        yield [1], [10.0]
+        assert gate.wait(5)
+        if items[0] == "boom":
+            raise RuntimeError("second forward pass failed")
+        if items[0] == "twice":
+            yield [1], [10.0]
+        yield [0, 2], [0.0, 20.0]
+
+    worker = ScoringWorker(parts, batch_size=3)
+    for item in ("a", "b", "c"):
+        worker.submit(item)
+    deadline = time.monotonic() + 5
+    first = []
+    while not first and time.monotonic() < deadline:
+        first = worker.take()
+        time.sleep(0.01)
+    assert [(b.items, b.scores) for b in first] == [(["b"], [10.0])]  # before the rest is released
+    assert worker.backlog == 2
+    gate.set()
+    assert worker.wait_idle(5)
+    assert [(b.items, b.scores, b.error) for b in worker.take()] == [(["a", "c"], [0.0, 20.0], None)]
+    for head in ("boom", "twice"):
+        for item in (head, "x", "y"):
+            worker.submit(item)
+        assert worker.wait_idle(5)
+        got = worker.take()
+        assert [b.items for b in got] == [["x"], [head, "y"]] and got[1].scores == [None, None]
+        assert isinstance(got[1].error, (RuntimeError, ValueError)) and worker.backlog == 0
+    worker.close()
+
+
+def test_scorer_thread_uses_its_own_torch_threads(make_scheduler, tokenizer):
+    """The background scorer runs with scorer_threads torch threads (1 by default: a second OpenMP
+    pool slows every engine step on a shared CPU) and leaves the engine thread's count alone."""
+    import torch
+
+    from pipeline.serving.vllm_scheduler import PARSScheduler
+
+    main_threads = torch.get_num_threads()
+    sched = make_scheduler(PARSScheduler)
+    assert sched.pars_config.scorer_threads == 1
+    seen = []
+    real_parts = sched.pars_scorer.score_parts
+
+    def recording(texts, *args, **kw):
+        seen.append(torch.get_num_threads())
+        yield from real_parts(texts, *args, **kw)
+
+    sched.pars_scorer.score_parts = recording
+    eng = FakeEngine(sched)
+    eng.add("a", 0, out_len=1, prompt_ids=tokenizer("how are you")["input_ids"])
+    eng.step()
+    assert sched.pars_worker.wait_idle(10)
+    eng.run()
+    assert seen == [1] and torch.get_num_threads() == main_threads
 
 
 def test_bad_config_from_environment_names_the_variable(make_scheduler, monkeypatch):

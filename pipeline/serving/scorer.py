@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Sequence
+from typing import Iterator, Sequence
 
 import numpy as np
 
@@ -110,11 +110,21 @@ class Scorer:
         Prompts are tokenized once (cut to max_length head + tail, as in training), then batched in
         order of token length so each batch is padded only to its own longest prompt: on mixed
         lengths this does much less padded work than batching in input order."""
+        texts = list(texts)
+        out = np.empty(len(texts), dtype=np.float32)
+        for rows, scores in self.score_parts(texts, batch_size, progress):
+            out[rows] = scores
+        return out
+
+    def score_parts(self, texts: Sequence[str], batch_size: int | None = None,
+                    progress: bool = False) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+        """(rows of `texts`, their scores) for each forward batch as it finishes, shortest prompts
+        first: what `score` computes, delivered incrementally (the scheduler's background worker)."""
         import torch
 
         texts = list(texts)
         if not texts:
-            return np.empty(0, dtype=np.float32)
+            return
         for i, text in enumerate(texts):
             if not isinstance(text, str):
                 raise TypeError(f"score: item {i} is {type(text).__name__}, not str")
@@ -123,17 +133,14 @@ class Scorer:
 
         ids = encode_prompts(self.tokenizer, texts, self.max_length, self.head_fraction)
         order = np.argsort([len(x) for x in ids], kind="stable")
-        out = np.empty(len(texts), dtype=np.float32)
         starts = range(0, len(texts), batch_size)
         if progress:
             from tqdm.auto import tqdm
 
             starts = tqdm(starts, desc="scoring", unit="batch", leave=False)
-        with torch.inference_mode():
-            for start in starts:
-                rows = order[start : start + batch_size]
-                input_ids, attention_mask = pad_batch([ids[r] for r in rows], self.pad_id)
+        for start in starts:
+            rows = order[start : start + batch_size]
+            input_ids, attention_mask = pad_batch([ids[r] for r in rows], self.pad_id)
+            with torch.inference_mode():
                 scores = self.model(input_ids=input_ids.to(self.device), attention_mask=attention_mask.to(self.device))
-                out[rows] = scores.float().cpu().numpy()
-        return out
-
+            yield rows, scores.float().cpu().numpy()

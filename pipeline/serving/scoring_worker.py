@@ -2,6 +2,8 @@
 
 The scheduler hands over work with `submit()` (O(1)) and collects finished results with `take()`
 (non-blocking). The worker batches whatever has queued up, up to `batch_size`, in arrival order.
+A scorer may deliver a batch in parts, as each forward pass finishes, so the first scores of a
+burst reach the queue in a fraction of a second instead of after the whole batch.
 A batch that fails is reported as failed (its error travels with the results); the thread never dies.
 Torch and the Rust tokenizer release the GIL for their heavy parts, so the engine keeps stepping.
 No vLLM import.
@@ -13,14 +15,16 @@ import queue
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 _STOP = object()
 
-# score_batch(items) -> one float (or None: nothing to score from) per item, in order
-ScoreBatch = Callable[[Sequence[Any]], Sequence[float | None]]
+# score_batch(items) -> one float (or None: nothing to score from) per item, in order; or an
+# iterable of parts (positions in items, their scores), each delivered as soon as it is yielded
+ScoreParts = Iterable[tuple[Sequence[int], Sequence[float | None]]]
+ScoreBatch = Callable[[Sequence[Any]], Sequence[float | None] | ScoreParts]
 
 
 @dataclass
@@ -32,10 +36,13 @@ class ScoredBatch:
 
 
 class ScoringWorker:
-    def __init__(self, score_batch: ScoreBatch, batch_size: int, name: str = "pars-scorer"):
+    def __init__(self, score_batch: ScoreBatch, batch_size: int, name: str = "pars-scorer",
+                 thread_init: Callable[[], None] | None = None):
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
         self._score_batch = score_batch
+        self._thread_init = thread_init  # run once on the worker thread before its first batch
+        self.init_error: BaseException | None = None  # what thread_init raised, if it did
         self._batch_size = int(batch_size)
         self._inbox: queue.SimpleQueue = queue.SimpleQueue()
         self._done: deque[ScoredBatch] = deque()  # append/popleft are atomic: no lock needed
@@ -92,7 +99,19 @@ class ScoringWorker:
             self._inbox.put(_STOP)
             self._thread.join(timeout)
 
+    def _deliver(self, items: list[Any], scores: list[float | None], error: BaseException | None,
+                 seconds: float) -> None:
+        self._done.append(ScoredBatch(items, scores, error, seconds))
+        self._finished += len(items)
+        if self._finished == self._submitted:
+            self._idle.set()
+
     def _run(self) -> None:
+        if self._thread_init is not None:
+            try:
+                self._thread_init()
+            except Exception as exc:  # a thread setting that cannot be applied must not stop scoring
+                self.init_error = exc
         while True:
             batch = [self._inbox.get()]
             while len(batch) < self._batch_size and batch[-1] is not _STOP:
@@ -106,16 +125,25 @@ class ScoringWorker:
                 if not batch:
                     return
             start = time.perf_counter()
+            delivered: set[int] = set()
             try:
-                scores = list(self._score_batch(batch))
-                if len(scores) != len(batch):
-                    raise ValueError(f"scorer returned {len(scores)} scores for {len(batch)} prompts")
-                error = None
+                result = self._score_batch(batch)
+                parts = [(range(len(batch)), result)] if hasattr(result, "__len__") else result
+                for positions, scores in parts:
+                    positions, scores = list(positions), list(scores)
+                    if delivered.intersection(positions):
+                        raise ValueError("scorer returned a prompt's score twice")
+                    if len(scores) != len(positions):
+                        raise ValueError(f"scorer returned {len(scores)} scores for {len(positions)} prompts")
+                    now = time.perf_counter()
+                    self._deliver([batch[i] for i in positions], scores, None, now - start)
+                    delivered.update(positions)
+                    start = now
+                if len(delivered) != len(batch):
+                    raise ValueError(f"scorer returned scores for {len(delivered)} of {len(batch)} prompts")
             except Exception as exc:  # reported to the scheduler; the worker keeps serving
-                scores, error = [None] * len(batch), exc
-            self._done.append(ScoredBatch(batch, scores, error, time.perf_counter() - start))
-            self._finished += len(batch)
-            if self._finished == self._submitted:
-                self._idle.set()
+                rest = [batch[i] for i in range(len(batch)) if i not in delivered]
+                if rest:
+                    self._deliver(rest, [None] * len(rest), exc, time.perf_counter() - start)
             if stop:
                 return

