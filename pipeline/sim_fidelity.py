@@ -12,14 +12,14 @@ Per policy: mean and p90 per-token latency, mean TTFT and throughput, engine vs 
 relative error; and the FCFS/PARS speedup each predicts -> metrics/sim_fidelity.json, and the latency
 CDFs side by side -> plots/sim_fidelity.png.
 
-What the simulator does not capture (the errors are partly these): the engine's PARS scores arrive
-from a background thread, so its first admissions are in arrival order (the simulator knows every
-score at t = 0); the simulator's first token comes one step after the prefill completes, vLLM samples
-it in that step (about one step per request: ~1/mean answer length of the latency); CPU step time is
-not exactly affine in the step's tokens (attention grows with the context held, prefill and decode
-tokens cost differently, the scoring thread competes for the cores); vLLM skips the prefill chunk
-limit when a single request is eligible and orders running prefills by PARS score, the simulator
-chunks always and in admission order.
+The replay samples the first token in the step that completes the prefill, as vLLM does
+(`first_token_at_prefill`). What the simulator does not capture (the errors are partly these): the
+engine's PARS scores arrive from a background thread over the first seconds of the burst, so its
+first admissions wait in the middle of the queue unscored (the simulator knows every score at
+t = 0), and that thread's CPU time slows the engine's steps meanwhile; CPU step time is not exactly
+affine in the step's tokens (attention grows with the context held, prefill and decode tokens cost
+differently); vLLM skips the prefill chunk limit when a single request is eligible and orders
+running prefills by PARS score, the simulator chunks always and in admission order.
 """
 
 from __future__ import annotations
@@ -34,6 +34,7 @@ import numpy as np
 from pipeline.contracts import write_json
 from pipeline.params import load_params
 from pipeline.queueing.policies import policy_key
+from pipeline.serving.pars_config import SCORING_CHUNK_BATCHES, PARSConfig
 
 METRICS = Path("metrics/sim_fidelity.json")
 PLOT = Path("plots/sim_fidelity.png")
@@ -66,7 +67,34 @@ def pooled_step_model(calibration: dict[str, Any]) -> dict[str, float]:
             "r2_by_policy": {p: f["r2"] for p, f in zip(POLICIES, fits)}}
 
 
-def replay(validation: dict[str, Any], step: dict[str, float], starvation_s: float) -> dict[str, Any]:
+def scoring_rate(calibration: dict[str, Any]) -> float:
+    """Prompts per second the PARS scheduler's background scorer scored in the calibration burst
+    (beside the engine, on the same cores)."""
+    stats = calibration["pars"].get("pars_stats") or {}
+    if not stats.get("num_scored") or not stats.get("score_s"):
+        raise ValueError("the calibration run has no PARS scoring counts (pars_stats): rerun "
+                         "benchmarks/engine_bench.py --seed 1")
+    return float(stats["num_scored"]) / float(stats["score_s"])
+
+
+def score_ready_times(prompt_tokens: np.ndarray, rate: float, batch_size: int = PARSConfig.batch_size,
+                      chunk_batches: int = SCORING_CHUNK_BATCHES) -> np.ndarray:
+    """When each request of a burst (arrival order) has its PARS score, as the background worker
+    delivers them: chunks of chunk_batches * batch_size arrivals, each sorted by prompt length and
+    scored batch by batch, each batch delivered when done, at `rate` prompts per second."""
+    n = len(prompt_tokens)
+    chunk = chunk_batches * batch_size
+    order = np.concatenate([start + np.argsort(prompt_tokens[start:start + chunk], kind="stable")
+                            for start in range(0, n, chunk)])
+    ready = np.empty(n)
+    ready[order] = np.minimum((np.arange(n) // batch_size + 1) * batch_size, n) / rate
+    return ready
+
+
+def replay(validation: dict[str, Any], step: dict[str, float], starvation_s: float,
+           rate: float | None = None) -> dict[str, Any]:
+    """The validation burst through the simulator under each policy; PARS scores arrive at the
+    background scorer's `rate` (prompts/s; None: all known at t = 0)."""
     from pipeline.queueing.simulator import EngineConfig, burst, simulate
 
     w = validation["workload"]
@@ -80,9 +108,12 @@ def replay(validation: dict[str, Any], step: dict[str, float], starvation_s: flo
         # vLLM's FCFS scheduler has no starvation rule; the PARS scheduler (pars, oracle) has one
         cfg = EngineConfig(M=e["M"], chunk=e["chunk"], token_budget=e["token_budget"], max_num_seqs=e["max_num_seqs"],
                            block_size=e["block_size"], step_c0=step["c0_s"], step_c1=step["c1_s_per_token"],
-                           starvation_s=math.inf if policy == "fcfs" else starvation_s)
+                           starvation_s=math.inf if policy == "fcfs" else starvation_s,
+                           first_token_at_prefill=True)  # as vLLM samples it
         key = policy_key(policy, arrival, o, scores if policy == "pars" else None)
-        out[policy] = simulate(arrival, s, o, key=key, config=cfg)
+        # oracle sends its key with the request (a client score); PARS's come from the scorer
+        ready = score_ready_times(s, rate) if policy == "pars" and rate else None
+        out[policy] = simulate(arrival, s, o, key=key, config=cfg, key_ready=ready)
     return out
 
 
@@ -137,11 +168,13 @@ def run(p: dict[str, Any]) -> dict[str, Any]:
             raise ValueError(f"{p['calibration']} and {p['validation']} ran different engine settings "
                              f"({policy}: {a} vs {b}): the step model would not transfer")
     step = pooled_step_model(calibration)
+    rate = scoring_rate(calibration)
     # the PARS scheduler's starvation threshold as the validation run used it
-    sims = replay(validation, step, float(validation.get("setup", {}).get("starvation_s", 120.0)))
+    sims = replay(validation, step, float(validation.get("setup", {}).get("starvation_s", 120.0)), rate)
     table = compare(validation, sims)
     plot(validation, sims, PLOT)
     out = {"calibration": str(p["calibration"]), "validation": str(p["validation"]), "step_model": step,
+           "scoring_rate_prompts_per_s": rate,
            "requests": len(validation["workload"]["prompt_tokens"]),
            "engine": validation["fcfs"]["engine"], **table}
     write_json(out, METRICS)

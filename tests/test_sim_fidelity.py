@@ -12,10 +12,12 @@ import pytest
 ENGINE = {"M": 4096, "block_size": 16, "blocks": 256, "token_budget": 256, "chunk": 128, "max_num_seqs": 4}
 
 
-def _bench_file(path, seed: int, c0: float, c1: float, n: int = 60):
-    """An engine_bench.json-shaped record whose 'engine' is the simulator with step model (c0, c1)."""
+def _bench_file(path, seed: int, c0: float, c1: float, n: int = 60, rate: float = 200.0):
+    """An engine_bench.json-shaped record whose 'engine' is the simulator with step model (c0, c1),
+    the first token sampled at prefill and PARS scores delivered at `rate` prompts/s."""
     from pipeline.queueing.policies import policy_key
     from pipeline.queueing.simulator import EngineConfig, burst, simulate
+    from pipeline.sim_fidelity import score_ready_times
 
     rng = np.random.default_rng(seed)
     s, o = rng.integers(16, 200, n), rng.integers(4, 120, n)
@@ -26,15 +28,18 @@ def _bench_file(path, seed: int, c0: float, c1: float, n: int = 60):
     for policy in ("fcfs", "pars", "oracle"):
         cfg = EngineConfig(M=ENGINE["M"], chunk=ENGINE["chunk"], token_budget=ENGINE["token_budget"],
                            max_num_seqs=ENGINE["max_num_seqs"], block_size=ENGINE["block_size"], step_c0=c0,
-                           step_c1=c1, starvation_s=math.inf if policy == "fcfs" else 120.0)
+                           step_c1=c1, starvation_s=math.inf if policy == "fcfs" else 120.0,
+                           first_token_at_prefill=True)
+        ready = score_ready_times(s, rate) if policy == "pars" else None
         r = simulate(arrival, s, o, key=policy_key(policy, arrival, o, scores if policy == "pars" else None),
-                     config=cfg)
+                     config=cfg, key_ready=ready)
         summary = r.summary()
         out[policy] = {**{k: summary[k] for k in ("mean_per_token_latency", "p90_per_token_latency", "mean_ttft",
                                                   "throughput_rps")}, "engine": ENGINE,
                        "step_fit": {"c0_s": c0, "c1_s_per_token": c1, "r2": 1.0, "steps": int(r.steps)},
                        "per_request": {"per_token_latency": r.per_token.tolist(), "ttft": r.ttft.tolist(),
-                                       "e2e": r.e2e.tolist()}}
+                                       "e2e": r.e2e.tolist()},
+                       "pars_stats": {"num_scored": n, "score_s": n / rate}}
     path.write_text(json.dumps(out))
     return path
 
@@ -57,6 +62,15 @@ def test_prediction_exact_with_the_right_step_model(tmp_path, monkeypatch, valid
             assert err < -0.05
     assert (tmp_path / "plots/sim_fidelity.png").is_file()
     assert saved["speedup_fcfs_over_pars"]["mean_per_token_latency"]["engine"] > 1.0
+
+
+def test_late_scores_arrive_shortest_prompts_first_batch_by_batch():
+    from pipeline.sim_fidelity import score_ready_times
+
+    tokens = np.array([50, 10, 40, 20, 30])
+    ready = score_ready_times(tokens, rate=10.0, batch_size=2, chunk_batches=2)
+    # chunk [50, 10, 40, 20] sorted: 10, 20 (ready 0.2 s), 40, 50 (0.4 s); then chunk [30] (0.5 s)
+    np.testing.assert_allclose(ready, [0.4, 0.2, 0.4, 0.2, 0.5])
 
 
 def test_same_burst_twice_is_refused(tmp_path, monkeypatch):

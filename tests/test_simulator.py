@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import numpy as np
@@ -28,6 +29,11 @@ def test_every_request_finishes_once_and_area_is_sum_of_g():
     one = simulate([0.0], [300], [7], config=big)
     assert one.finish[0] == pytest.approx(0.01 * (3 + 7))
     assert one.ttft[0] == pytest.approx(0.01 * 4)
+    # as vLLM: the step completing the prefill samples the first token (ceil(s/chunk) + o - 1 steps)
+    vllm_like = dataclasses.replace(big, first_token_at_prefill=True)
+    one = simulate([0.0, 0.0], [300, 40], [7, 1], config=vllm_like)
+    assert one.finish[0] == pytest.approx(0.01 * (3 + 6)) and one.ttft[0] == pytest.approx(0.01 * 3)
+    assert one.finish[1] == pytest.approx(0.01) and one.ttft[1] == one.finish[1] - one.arrival[1]
 
 
 @pytest.mark.parametrize("block", [1, 16])
@@ -97,23 +103,44 @@ def test_stable_below_mu_grows_above():
     assert end_q > 1.6 * mid_q > 100
 
 
+@pytest.mark.parametrize("first_at_prefill, late_keys", [(False, False), (True, False), (True, True)])
 @pytest.mark.parametrize("block", [1, 8])
-def test_skip_ahead_matches_ticking(block):
+def test_skip_ahead_matches_ticking(block, first_at_prefill, late_keys):
     """Jumping over pure-decode stretches gives exactly the step-by-step result (arrivals,
     starvation promotions, preemptions and block allocation included)."""
     rng = np.random.default_rng(4)
     s, o = th.Workload.uniform("u", 10, 200, 10, 300).sample(400, rng)
     cfg = EngineConfig(M=3000, chunk=64, token_budget=256, max_num_seqs=32, block_size=block, step_c0=0.01,
-                       step_c1=0.0001, starvation_s=5.0)
+                       step_c1=0.0001, starvation_s=5.0, first_token_at_prefill=first_at_prefill)
     arrival = poisson(400, 20.0, rng)  # past saturation: queue, promotions, preemptions
     key = policy_key("oracle", arrival, o)
-    fast = simulate(arrival, s, o, key=key, config=cfg)
-    slow = simulate(arrival, s, o, key=key, config=cfg, skip=False)
+    ready = arrival + rng.uniform(0, 3, arrival.size) if late_keys else None
+    fast = simulate(arrival, s, o, key=key, config=cfg, key_ready=ready)
+    slow = simulate(arrival, s, o, key=key, config=cfg, skip=False, key_ready=ready)
     assert fast.skipped_steps > 0 and slow.skipped_steps == 0
     assert fast.steps == slow.steps and fast.area == slow.area
     np.testing.assert_allclose(fast.finish, slow.finish, rtol=1e-9)
     np.testing.assert_allclose(fast.first_token, slow.first_token, rtol=1e-9)
     assert (fast.preemptions == slow.preemptions).all() and fast.preemptions.sum() > 0
+
+
+def test_late_keys_wait_in_the_middle_then_move():
+    """Keys known late (the PARS scheduler's background scorer): until a key is known its request
+    waits with the mean of the keys known so far, in arrival order; then it moves to its place."""
+    cfg = EngineConfig(M=10**6, chunk=64, token_budget=64, max_num_seqs=1, step_c0=0.01, starvation_s=math.inf)
+    n = 6
+    key = np.array([5.0, 4.0, 3.0, 2.0, 1.0, 0.0])  # the reverse of arrival order
+    on_time = simulate(burst(n), np.full(n, 8), np.full(n, 10), key=key, config=cfg)
+    assert list(np.argsort(on_time.admitted)) == [5, 4, 3, 2, 1, 0]
+    # every key known after 0.05 s (5 steps): request 0 was admitted unscored at t = 0
+    late = simulate(burst(n), np.full(n, 8), np.full(n, 10), key=key, config=cfg, key_ready=np.full(n, 0.05))
+    assert list(np.argsort(late.admitted)) == [0, 5, 4, 3, 2, 1]
+    # request 0's key is late: it waits at the mean of the known keys (2.0; ties go by arrival)
+    ready = np.array([1.0, 0.0, 0.0, 0.0, 0.0, 0.0])
+    mixed = simulate(burst(n), np.full(n, 8), np.full(n, 10), key=key, config=cfg, key_ready=ready)
+    assert list(np.argsort(mixed.admitted)) == [5, 4, 0, 3, 2, 1]
+    with pytest.raises(ValueError, match="key_ready"):
+        simulate(burst(n), np.full(n, 8), np.full(n, 10), key=key, config=cfg, key_ready=np.ones(n - 1))
 
 
 def test_arrival_helpers_and_validation():

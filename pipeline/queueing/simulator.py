@@ -16,7 +16,9 @@ Per step (one forward pass of the engine):
 Memory follows the document: after prefill chunk k a request holds min(k*chunk, s) tokens, decode
 step j holds s + j, freed at completion; with `block_size` > 1 memory is allocated in blocks
 (as paged attention does) and M is rounded down to whole blocks. The first answer token is
-emitted by the first decode step (the document's model: o decode steps for o tokens).
+emitted by the first decode step (the document's model: o decode steps for o tokens); with
+`first_token_at_prefill` it is sampled by the step that completes the prefill, as vLLM does
+(o - 1 decode steps; the last token sampled has no KV until the next step).
 
 Speed: the loop is compiled with numba when it is importable (plain Python otherwise, far
 slower: fine for tests and small runs). Stretches of pure decoding in which nothing can change the
@@ -81,6 +83,8 @@ REQUEST = np.dtype([
     ("first_token", np.float64),  # times; NaN until they happen (admitted: the first admission)
     ("finish", np.float64),
     ("admitted", np.float64),
+    ("ready", np.float64),      # input: when the policy key is known (late scores); <= arrival: at once
+    ("final_key", np.float64),  # input: the policy key
 ], align=True)
 # the waiting queue: a binary min-heap of (key, request, version) entries
 HEAP_ENTRY = np.dtype([("key", np.float64), ("req", np.int64), ("version", np.int64)], align=True)
@@ -97,6 +101,7 @@ _Engine = namedtuple("_Engine", [
     "max_seqs",      # running requests at most (max_num_seqs)
     "c0", "c1",      # step time = c0 + c1 * tokens in the step, seconds
     "starvation_s",  # promote after waiting this long since arrival (1e308: never)
+    "first_at_prefill",  # 1: the step completing a prefill samples a token (vLLM); 0: the document
 ])
 
 
@@ -208,13 +213,15 @@ def _heap_drop_stale(heap, size, req):
 
 
 @njit(cache=True)
-def _arrive_and_promote(req, t, starvation_s, next_arrival, next_promotion, heap, heap_size):
-    """Queue the requests that arrived by time t, then promote those that have waited
-    `starvation_s` (in arrival order, so `next_promotion` is the oldest not yet promoted).
-    Returns (next_arrival, next_promotion, heap_size)."""
+def _arrive_and_promote(req, t, starvation_s, next_arrival, next_promotion, heap, heap_size, provisional):
+    """Queue the requests that arrived by time t (one whose key is not known yet waits with the
+    `provisional` key), then promote those that have waited `starvation_s` (in arrival order, so
+    `next_promotion` is the oldest not yet promoted). Returns (next_arrival, next_promotion, heap_size)."""
     n = req.shape[0]
     while next_arrival < n and req[next_arrival].arrival <= t:
-        req[next_arrival].state = WAITING
+        rq = req[next_arrival]
+        rq.state = WAITING
+        rq.key = rq.final_key if rq.ready <= t else provisional
         heap_size = _heap_push(heap, heap_size, req, next_arrival)
         next_arrival += 1
     while next_promotion < next_arrival and req[next_promotion].arrival + starvation_s <= t:
@@ -225,6 +232,25 @@ def _arrive_and_promote(req, t, starvation_s, next_arrival, next_promotion, heap
             heap_size = _heap_push(heap, heap_size, req, next_promotion)
         next_promotion += 1
     return next_arrival, next_promotion, _heap_drop_stale(heap, heap_size, req)
+
+
+@njit(cache=True)
+def _deliver_scores(req, t, by_ready, next_ready, heap, heap_size, score_sum):
+    """Late scores known by time t (in `by_ready` order): each joins the running mean that places
+    the next unscored arrivals, and a waiting request moves to its real place (a promoted one keeps
+    its place at the front). Returns (next_ready, heap_size, score_sum)."""
+    n = req.shape[0]
+    while next_ready < n and req[by_ready[next_ready]].ready <= t:
+        r = by_ready[next_ready]
+        rq = req[r]
+        score_sum += rq.final_key
+        if rq.key != PROMOTED_BASE and rq.key != rq.final_key:
+            rq.key = rq.final_key
+            if rq.state == WAITING:
+                rq.version += 1
+                heap_size = _heap_push(heap, heap_size, req, r)
+        next_ready += 1
+    return next_ready, _heap_drop_stale(heap, heap_size, req), score_sum
 
 
 @njit(cache=True)
@@ -276,7 +302,8 @@ def _retire_finished(req, running, n_run, t_done, free, kv_total):
 
 
 @njit(cache=True)
-def _stretch_length(req, eng, running, n_run, heap, heap_size, free, t, dt, next_arrival, next_promotion):
+def _stretch_length(req, eng, running, n_run, heap, heap_size, free, t, dt, next_arrival, next_promotion,
+                    next_ready_t):
     """How many steps of pure decoding (each `dt` long) nothing can interrupt from now: no arrival,
     promotion or completion before the last, no admission possible, memory for all of them.
     0: simulate the next step normally."""
@@ -298,6 +325,8 @@ def _stretch_length(req, eng, running, n_run, heap, heap_size, free, t, dt, next
         k = min(k, rq.answer - rq.generated)
     if next_arrival < req.shape[0]:
         k = min(k, max(1, int(math.ceil((req[next_arrival].arrival - t) / dt))))
+    if next_ready_t < 1e300:  # a late score may change the head of the queue
+        k = min(k, max(1, int(math.ceil((next_ready_t - t) / dt))))
     if next_promotion < next_arrival and eng.starvation_s < 1e300:
         k = min(k, max(1, int(math.ceil((req[next_promotion].arrival + eng.starvation_s - t) / dt))))
     # memory: the largest k whose new blocks fit
@@ -435,9 +464,10 @@ def _admit_waiting(req, eng, t, running, n_run, free, kv_total, heap, heap_size,
 
 
 @njit(cache=True)
-def _advance_scheduled(req, running, n_run, t_end):
+def _advance_scheduled(req, running, n_run, t_end, first_at_prefill):
     """The step ran: scheduled prefill tokens are computed, decoding requests emit a token (the
-    first at t_end is the first token). Returns how many have now generated their whole answer."""
+    first at t_end is the first token), and so does a request whose prefill this step completed
+    when `first_at_prefill`. Returns how many have now generated their whole answer."""
     finished = 0
     for q in range(n_run):
         rq = req[running[q]]
@@ -447,7 +477,8 @@ def _advance_scheduled(req, running, n_run, t_end):
         rq.scheduled = 0
         if rq.prefilled < rq.prefill_len:
             rq.prefilled += tok
-            continue
+            if not first_at_prefill or rq.prefilled < rq.prefill_len:
+                continue
         rq.generated += 1
         if rq.generated == 1:
             rq.first_token = t_end
@@ -460,11 +491,12 @@ def _advance_scheduled(req, running, n_run, t_end):
 
 
 @njit(cache=True)
-def _simulate(req, heap, eng, series, skip):
+def _simulate(req, heap, eng, series, skip, by_ready):
     """Serve the requests in `req` (REQUEST records in arrival order, not yet arrived) on engine
     `eng` (an _Engine) until all are done, filling their result fields and `series` (SAMPLE
     records); `heap` (HEAP_ENTRY records) is the waiting queue's room; `skip` jumps over
-    uninterruptible stretches of decoding.
+    uninterruptible stretches of decoding; `by_ready` orders the requests by the time their key
+    is known.
     Returns (steps, skipped steps, area = KV token-steps, peak used blocks, samples recorded)."""
     n = req.shape[0]
     heap_size = 0
@@ -483,10 +515,15 @@ def _simulate(req, heap, eng, series, skip):
     n_rec = 0
     stride = 1
     tick = 0
+    next_ready = 0  # late scores delivered so far (by_ready order) and the sum of their keys
+    score_sum = 0.0
 
     while n_done < n:
+        next_ready, heap_size, score_sum = _deliver_scores(req, t, by_ready, next_ready, heap, heap_size,
+                                                           score_sum)
+        provisional = score_sum / next_ready if next_ready else 0.0
         next_arrival, next_promotion, heap_size = _arrive_and_promote(req, t, eng.starvation_s, next_arrival,
-                                                                      next_promotion, heap, heap_size)
+                                                                      next_promotion, heap, heap_size, provisional)
         n_rec, stride = _record(series, n_rec, stride, tick, t, next_arrival - n_run - n_done, n_run, kv_total)
         tick += 1
 
@@ -498,7 +535,9 @@ def _simulate(req, heap, eng, series, skip):
 
         if skip:  # fast path: k steps of pure decoding in one jump
             dt = eng.c0 + eng.c1 * n_run
-            k = _stretch_length(req, eng, running, n_run, heap, heap_size, free, t, dt, next_arrival, next_promotion)
+            next_ready_t = req[by_ready[next_ready]].ready if next_ready < n else 1e308
+            k = _stretch_length(req, eng, running, n_run, heap, heap_size, free, t, dt, next_arrival, next_promotion,
+                                next_ready_t)
             if k >= 1:
                 area += k * kv_total + n_run * k * (k + 1) // 2
                 free, kv_total = _decode_stretch(req, eng.block_size, running, n_run, free, kv_total, t, dt, k)
@@ -529,7 +568,7 @@ def _simulate(req, heap, eng, series, skip):
         area += kv_total
         dt = eng.c0 + eng.c1 * tokens
         t_end = t + dt
-        if _advance_scheduled(req, running, n_run, t_end) > 0:
+        if _advance_scheduled(req, running, n_run, t_end, eng.first_at_prefill) > 0:
             n_run, free, kv_total, completed = _retire_finished(req, running, n_run, t_end, free, kv_total)
             n_done += completed
         t = t_end
@@ -553,6 +592,9 @@ class EngineConfig:
     step_c0: float = 0.04  # seconds per step, constant part (b_bar when step_c1 = 0)
     step_c1: float = 0.0  # seconds per token in the step
     starvation_s: float = 120.0  # math.inf disables the starvation rule
+    # the step completing a prefill samples the first token (vLLM; o - 1 decode steps for o tokens);
+    # False: the first decode step does (the document's model, which the queueing theory follows)
+    first_token_at_prefill: bool = False
 
     @property
     def M_blocks(self) -> int:
@@ -638,24 +680,30 @@ def _engine_args(c: EngineConfig) -> _Engine:
     """The kernel's engine tuple (an infinite starvation_s becomes 1e308)."""
     starve = float(c.starvation_s) if math.isfinite(c.starvation_s) else 1e308
     return _Engine(int(c.M_blocks), int(c.block_size), int(c.chunk), int(c.token_budget), int(c.max_num_seqs),
-                   float(c.step_c0), float(c.step_c1), starve)
+                   float(c.step_c0), float(c.step_c1), starve, int(bool(c.first_token_at_prefill)))
 
 
-def _new_requests(arrival: np.ndarray, s: np.ndarray, o: np.ndarray, key: np.ndarray) -> np.recarray:
+def _new_requests(arrival: np.ndarray, s: np.ndarray, o: np.ndarray, key: np.ndarray,
+                  ready: np.ndarray) -> np.recarray:
     """The kernel's request table, none arrived yet (a recarray, so that the kernel's record
     attributes work in plain Python too)."""
     req = np.zeros(arrival.size, REQUEST).view(np.recarray)
     req.arrival, req.prompt, req.answer, req.key, req.prefill_len = arrival, s, o, key, s
+    req.final_key, req.ready = key, ready
     req.state = NOT_ARRIVED
     req.first_token = req.finish = req.admitted = np.nan
     return req
 
 
 def simulate(arrival, s, o, key=None, config: EngineConfig = EngineConfig(), record: int = 4096,
-             skip: bool = True) -> SimResult:
+             skip: bool = True, key_ready=None) -> SimResult:
     """Serve requests (arrival times in s, prompt and answer lengths in tokens, policy keys:
     lower first; default FCFS) on `config`; returns per-request times and time series.
-    `skip=False` ticks every step (same results, slower: for checking the jumps)."""
+    `skip=False` ticks every step (same results, slower: for checking the jumps).
+
+    `key_ready` (seconds, per request; default: at arrival) is when each key becomes known, as
+    with the PARS scheduler's background scorer: until then the request waits with the mean of the
+    keys known so far (0 before any), then moves to its place."""
     arrival = np.asarray(arrival, dtype=np.float64)
     s = np.asarray(s, dtype=np.int64)
     o = np.asarray(o, dtype=np.int64)
@@ -682,14 +730,19 @@ def simulate(arrival, s, o, key=None, config: EngineConfig = EngineConfig(), rec
         raise ValueError(f"a request of {int((s + o).max())} tokens does not fit in M = {c.M} tokens")
     if record < 1:
         raise ValueError("record must be >= 1 sample")
+    ready = arrival.copy() if key_ready is None else np.asarray(key_ready, dtype=np.float64)
+    if ready.shape != arrival.shape or np.isnan(ready).any():
+        raise ValueError("key_ready must be one time per request")
+    ready = np.maximum(ready, arrival)
     # the kernel wants arrival order (index order breaks ties FCFS)
     order = np.argsort(arrival, kind="stable")
     inv = np.empty_like(order)
     inv[order] = np.arange(n)
-    req = _new_requests(arrival[order], s[order], o[order], key[order])
+    req = _new_requests(arrival[order], s[order], o[order], key[order], ready[order])
+    by_ready = np.argsort(req.ready, kind="stable").astype(np.int64)
     heap = np.zeros(2 * n + 1024, HEAP_ENTRY).view(np.recarray)  # compacted when full
     series = np.zeros(int(record), SAMPLE).view(np.recarray)
-    steps, skipped, area, peak, n_rec = _simulate(req, heap, _engine_args(c), series, bool(skip))
+    steps, skipped, area, peak, n_rec = _simulate(req, heap, _engine_args(c), series, bool(skip), by_ready)
     if np.isnan(req.finish).any():
         raise RuntimeError("simulation ended with unfinished requests")
     return SimResult(

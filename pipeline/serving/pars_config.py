@@ -16,6 +16,9 @@ from dataclasses import dataclass, fields
 
 CLIENT_SCORE_KEY = "pars_score"
 SCORING_MODES = ("background", "inline")
+# background scoring: the worker takes up to this many forward batches per call and the scorer
+# sorts them by token length (far less padding on a burst than arrival-order batches)
+SCORING_CHUNK_BATCHES = 8
 
 
 class PARSConfigError(ValueError):

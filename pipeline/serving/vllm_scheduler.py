@@ -85,10 +85,14 @@ def check_vllm_version(version: str | None = None) -> None:
 
 check_vllm_version()
 
-SCORING_CHUNK_BATCHES = 8  # background scoring: forward batches per scoring call (see __init__)
 
 # After the guard: these modules build on vLLM's classes.
-from pipeline.serving.pars_config import CLIENT_SCORE_KEY, PARSConfig, PARSConfigError  # noqa: E402
+from pipeline.serving.pars_config import (  # noqa: E402
+    CLIENT_SCORE_KEY,
+    SCORING_CHUNK_BATCHES,
+    PARSConfig,
+    PARSConfigError,
+)
 from pipeline.serving.pars_queue import FIRST_SCORE, PARSRequestQueue  # noqa: E402
 from pipeline.serving.scoring_worker import ScoredBatch, ScoringWorker  # noqa: E402
 
