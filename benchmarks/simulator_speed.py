@@ -33,8 +33,9 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
 
     rng = np.random.default_rng(0)
-    cfg = EngineConfig(M=131_000, chunk=512, token_budget=8192, max_num_seqs=256, block_size=args.block_size,
-                       step_c0=0.04)
+    cfg = EngineConfig(
+        M=131_000, chunk=512, token_budget=8192, max_num_seqs=256, block_size=args.block_size, step_c0=0.04
+    )
     w = theory.document_workloads()["1:1"]
     cap = theory.capacity(w, cfg.M, cfg.chunk, cfg.step_c0)
     s, o = w.sample(args.requests, rng)
@@ -53,9 +54,11 @@ def main(argv: list[str] | None = None) -> int:
         t = time.perf_counter()
         r = simulate(arrival, s, o, key=key, config=cfg)
         el = time.perf_counter() - t
-        print(f"{name:28s} {args.requests:>9,d} requests in {el:6.2f} s = {args.requests / el:12,.0f} requests/s "
-              f"({r.steps:,d} engine steps, {r.skipped_steps / max(r.steps, 1):.0%} skipped, "
-              f"{int(r.preemptions.sum()):,d} preemptions, simulated {r.finish.max() / 3600:.1f} h)")
+        print(
+            f"{name:28s} {args.requests:>9,d} requests in {el:6.2f} s = {args.requests / el:12,.0f} requests/s "
+            f"({r.steps:,d} engine steps, {r.skipped_steps / max(r.steps, 1):.0%} skipped, "
+            f"{int(r.preemptions.sum()):,d} preemptions, simulated {r.finish.max() / 3600:.1f} h)"
+        )
     return 0
 
 

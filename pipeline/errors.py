@@ -17,8 +17,15 @@ class UsageError(PARSError):
     """A command line argparse refused (unknown flag, a value of the wrong type)."""
 
 
-def check_number(value: float | int | None, flag: str, *, positive: bool = False, minimum: float | None = None,
-                 below: float | None = None, maximum: float | None = None) -> None:
+def check_number(
+    value: float | int | None,
+    flag: str,
+    *,
+    positive: bool = False,
+    minimum: float | None = None,
+    below: float | None = None,
+    maximum: float | None = None,
+) -> None:
     """Refuse a number that would give a silently wrong answer: NaN, infinite or out of range."""
     if value is None:
         return

@@ -58,8 +58,9 @@ def prompt_token_counts(texts: list[str], tokenizer_name: str) -> np.ndarray:
     return np.array([len(x) for x in ids], dtype=float)
 
 
-def score_predictors(test: pd.DataFrame, predictors: list[tuple[str, str]], models_root: Path,
-                     batch_size: int) -> pd.DataFrame:
+def score_predictors(
+    test: pd.DataFrame, predictors: list[tuple[str, str]], models_root: Path, batch_size: int
+) -> pd.DataFrame:
     """Scores of each predictor on each test prompt, one Scorer pass per predictor."""
     from pipeline.serving.scorer import Scorer
 
@@ -69,28 +70,44 @@ def score_predictors(test: pd.DataFrame, predictors: list[tuple[str, str]], mode
         path = predictor_dir(model, method, models_root)
         print(f"evaluate: scoring {len(texts)} test prompts with {path}", flush=True)
         scorer = Scorer.from_pretrained(path, batch_size=batch_size)
-        frames.append(pd.DataFrame({"prompt_id": test["prompt_id"].to_numpy(), "dataset": test["dataset"].to_numpy(),
-                                    "train_model": model, "method": method,
-                                    "score": scorer.score(texts, progress=True)}))
+        frames.append(
+            pd.DataFrame(
+                {
+                    "prompt_id": test["prompt_id"].to_numpy(),
+                    "dataset": test["dataset"].to_numpy(),
+                    "train_model": model,
+                    "method": method,
+                    "score": scorer.score(texts, progress=True),
+                }
+            )
+        )
     if not frames:
         return pd.DataFrame({name: pd.Series(dtype=object) for name in SCORES.names})
     return pd.concat(frames, ignore_index=True)
 
 
-def _tau_block(scores: pd.Series, lab: pd.DataFrame, idx: np.ndarray, level: float,
-               delta: float) -> tuple[dict, np.ndarray]:
+def _tau_block(
+    scores: pd.Series, lab: pd.DataFrame, idx: np.ndarray, level: float, delta: float
+) -> tuple[dict, np.ndarray]:
     """tau_b of `scores` against `lab`'s lengths with its bootstrap (over `idx`) and pair accuracy."""
     s = scores.to_numpy(dtype=float)
     lengths = lab["length"].to_numpy()
     boot = M.bootstrap_taus(s, lengths, idx)
     low, high = M.percentile_ci(boot, level)
     acc, n_pairs = M.delta_pair_accuracy(s, lengths, lab["truncated"].to_numpy(), delta=delta)
-    return {"kendall_tau_b": M.kendall_tau_b(s, lengths), "ci_low": low, "ci_high": high,
-            "n_prompts": int(len(lab)), "pair_accuracy": acc, "n_pairs": n_pairs}, boot
+    return {
+        "kendall_tau_b": M.kendall_tau_b(s, lengths),
+        "ci_low": low,
+        "ci_high": high,
+        "n_prompts": int(len(lab)),
+        "pair_accuracy": acc,
+        "n_pairs": n_pairs,
+    }, boot
 
 
-def tfidf_ridge_scores(train_texts, train_lengths, val_texts, val_lengths, test_texts, *,
-                       alphas, ngram_max: int, min_df: int) -> tuple[np.ndarray, float, float]:
+def tfidf_ridge_scores(
+    train_texts, train_lengths, val_texts, val_lengths, test_texts, *, alphas, ngram_max: int, min_df: int
+) -> tuple[np.ndarray, float, float]:
     """TF-IDF (lowercased word 1..ngram_max-grams, sublinear tf) + ridge on log1p(length): the
     bag-of-words reference. Returns (test scores, chosen alpha, its val tau_b).
 
@@ -104,8 +121,7 @@ def tfidf_ridge_scores(train_texts, train_lengths, val_texts, val_lengths, test_
     alphas = [float(a) for a in alphas]
     if not alphas:
         raise ValueError("tfidf_ridge_scores: empty alpha grid")
-    vectorizer = TfidfVectorizer(ngram_range=(1, int(ngram_max)), min_df=int(min_df), sublinear_tf=True,
-                                 lowercase=True)
+    vectorizer = TfidfVectorizer(ngram_range=(1, int(ngram_max)), min_df=int(min_df), sublinear_tf=True, lowercase=True)
     x_train = vectorizer.fit_transform(list(train_texts))
     y_train = np.log1p(np.asarray(train_lengths, dtype=float))
     val_texts = list(val_texts)
@@ -119,28 +135,53 @@ def tfidf_ridge_scores(train_texts, train_lengths, val_texts, val_lengths, test_
     return best_fit.predict(vectorizer.transform(list(test_texts))), best_alpha, best_tau
 
 
-def _tfidf_reference(prompts: pd.DataFrame, gens: pd.DataFrame, eval_model: str, test: pd.DataFrame,
-                     settings: dict) -> tuple[pd.Series, dict] | None:
+def _tfidf_reference(
+    prompts: pd.DataFrame, gens: pd.DataFrame, eval_model: str, test: pd.DataFrame, settings: dict
+) -> tuple[pd.Series, dict] | None:
     """TF-IDF + ridge scores of every test prompt (indexed by prompt_id) and the fit's facts, for
     one eval model; None (with a printed line) when it has too few labelled train prompts."""
     fit_prompts = prompts[prompts["split"].isin(["train", "val"])].set_index("prompt_id")[["split", "prompt"]]
     answered = gens[gens["prompt_id"].isin(fit_prompts.index)]
-    labels = (prompt_labels(answered, where=f"generations of {eval_model}").set_index("prompt_id")
-              .join(fit_prompts, how="inner").sort_index()) if len(answered) else fit_prompts.iloc[:0]
+    labels = (
+        (
+            prompt_labels(answered, where=f"generations of {eval_model}")
+            .set_index("prompt_id")
+            .join(fit_prompts, how="inner")
+            .sort_index()
+        )
+        if len(answered)
+        else fit_prompts.iloc[:0]
+    )
     train = labels[labels["split"] == "train"]
     val = labels[labels["split"] == "val"]
     if len(train) < int(settings["min_train_prompts"]):
-        print(f"evaluate: no TF-IDF + ridge reference for {eval_model}: {len(train)} labelled train prompts "
-              f"(< min_train_prompts={settings['min_train_prompts']}); written as null", flush=True)
+        print(
+            f"evaluate: no TF-IDF + ridge reference for {eval_model}: {len(train)} labelled train prompts "
+            f"(< min_train_prompts={settings['min_train_prompts']}); written as null",
+            flush=True,
+        )
         return None
     scores, alpha, val_tau = tfidf_ridge_scores(
-        train["prompt"].tolist(), train["length"].to_numpy(), val["prompt"].tolist(), val["length"].to_numpy(),
-        test["prompt"].tolist(), alphas=settings["alphas"], ngram_max=settings["ngram_max"],
-        min_df=settings["min_df"])
-    print(f"evaluate: TF-IDF + ridge for {eval_model}: {len(train)} train prompts, alpha={alpha:g} "
-          f"(val tau_b {val_tau:.3f} on {len(val)} prompts)", flush=True)
-    return pd.Series(scores, index=test.index), {"n_train_prompts": int(len(train)), "n_val_prompts": int(len(val)),
-                                                 "alpha": alpha, "val_kendall_tau_b": val_tau}
+        train["prompt"].tolist(),
+        train["length"].to_numpy(),
+        val["prompt"].tolist(),
+        val["length"].to_numpy(),
+        test["prompt"].tolist(),
+        alphas=settings["alphas"],
+        ngram_max=settings["ngram_max"],
+        min_df=settings["min_df"],
+    )
+    print(
+        f"evaluate: TF-IDF + ridge for {eval_model}: {len(train)} train prompts, alpha={alpha:g} "
+        f"(val tau_b {val_tau:.3f} on {len(val)} prompts)",
+        flush=True,
+    )
+    return pd.Series(scores, index=test.index), {
+        "n_train_prompts": int(len(train)),
+        "n_val_prompts": int(len(val)),
+        "alpha": alpha,
+        "val_kendall_tau_b": val_tau,
+    }
 
 
 def _no_nan(obj):
@@ -158,9 +199,18 @@ def _public(stat: dict) -> dict:
     return {k: v for k, v in stat.items() if not k.startswith("_")}
 
 
-def evaluate(prompts: pd.DataFrame, generations: dict[str, pd.DataFrame], scores: pd.DataFrame,
-             prompt_tokens: pd.Series, *, delta: float, n_boot: int, seed: int, level: float,
-             tfidf_ridge: dict) -> dict:
+def evaluate(
+    prompts: pd.DataFrame,
+    generations: dict[str, pd.DataFrame],
+    scores: pd.DataFrame,
+    prompt_tokens: pd.Series,
+    *,
+    delta: float,
+    n_boot: int,
+    seed: int,
+    level: float,
+    tfidf_ridge: dict,
+) -> dict:
     """All metrics from in-memory tables (no files, no neural models): the testable core of the stage.
 
     `generations` maps eval model -> its generations (all splits: train and val prompts feed the
@@ -194,8 +244,9 @@ def evaluate(prompts: pd.DataFrame, generations: dict[str, pd.DataFrame], scores
             ceiling = M.noise_ceiling(samples[rows], n_boot=n_boot, seed=seed, level=level)
             tfidf_block = None
             if tfidf is not None:
-                tfidf_block, tfidf_boot[group] = _tau_block(tfidf[0].reindex(lab.index), lab, idx_of[group],
-                                                            level, delta)
+                tfidf_block, tfidf_boot[group] = _tau_block(
+                    tfidf[0].reindex(lab.index), lab, idx_of[group], level, delta
+                )
                 tfidf_block.update(tfidf[1])
             references[eval_model][group] = {
                 "n_prompts": int(len(lab)),
@@ -213,28 +264,46 @@ def evaluate(prompts: pd.DataFrame, generations: dict[str, pd.DataFrame], scores
                     raise ValueError(f"evaluate: {model}/{method} has no score for some {eval_model} test prompts")
                 stat, boot = _tau_block(s, lab, idx_of[group], level, delta)
                 gain_low, gain_high = M.percentile_ci(boot - base_boot[group], level)
-                stat.update({
-                    "gain_over_prompt_length": stat["kendall_tau_b"] - references[eval_model][group]["prompt_length"]["kendall_tau_b"],
-                    "gain_ci_low": gain_low, "gain_ci_high": gain_high,
-                    # "beats" only when the paired 95% interval of the gain lies above zero
-                    "beats_prompt_length": bool(gain_low > 0),
-                })
+                stat.update(
+                    {
+                        "gain_over_prompt_length": stat["kendall_tau_b"]
+                        - references[eval_model][group]["prompt_length"]["kendall_tau_b"],
+                        "gain_ci_low": gain_low,
+                        "gain_ci_high": gain_high,
+                        # "beats" only when the paired 95% interval of the gain lies above zero
+                        "beats_prompt_length": bool(gain_low > 0),
+                    }
+                )
                 tfidf_ref = references[eval_model][group]["tfidf_ridge"]
                 if tfidf_ref is None:  # no reference for this eval model: no gain, and not "beaten"
-                    stat.update({"gain_over_tfidf_ridge": None, "tfidf_gain_ci_low": None,
-                                 "tfidf_gain_ci_high": None, "beats_tfidf_ridge": False})
+                    stat.update(
+                        {
+                            "gain_over_tfidf_ridge": None,
+                            "tfidf_gain_ci_low": None,
+                            "tfidf_gain_ci_high": None,
+                            "beats_tfidf_ridge": False,
+                        }
+                    )
                 else:
                     t_low, t_high = M.percentile_ci(boot - tfidf_boot[group], level)
-                    stat.update({"gain_over_tfidf_ridge": stat["kendall_tau_b"] - tfidf_ref["kendall_tau_b"],
-                                 "tfidf_gain_ci_low": t_low, "tfidf_gain_ci_high": t_high,
-                                 "beats_tfidf_ridge": bool(t_low > 0)})
+                    stat.update(
+                        {
+                            "gain_over_tfidf_ridge": stat["kendall_tau_b"] - tfidf_ref["kendall_tau_b"],
+                            "tfidf_gain_ci_low": t_low,
+                            "tfidf_gain_ci_high": t_high,
+                            "beats_tfidf_ridge": bool(t_low > 0),
+                        }
+                    )
                 cell[group] = stat
                 boot_of[(model, method, eval_model, group)] = boot
     return {
-        "settings": {"delta": delta, "bootstrap": {"n": n_boot, "seed": seed, "level": level},
-                     "length_label": "mean output_tokens over samples (reasoning included)",
-                     "split": "test",
-                     "tfidf_ridge": {**tfidf_ridge, "fit_on": "train split", "alpha_chosen_on": "val split"}},
+        "settings": {
+            "delta": delta,
+            "bootstrap": {"n": n_boot, "seed": seed, "level": level},
+            "length_label": "mean output_tokens over samples (reasoning included)",
+            "split": "test",
+            "tfidf_ridge": {**tfidf_ridge, "fit_on": "train split", "alpha_chosen_on": "val split"},
+        },
         "predictors": results,
         "references": references,
         "method_differences": method_differences(results, boot_of, level),
@@ -254,10 +323,15 @@ def method_differences(results: dict, boot_of: dict, level: float) -> dict:
             for eval_model, by_group in by_eval.items():
                 for group, stat in by_group.items():
                     pairwise = results[model][PAIRWISE][eval_model][group]
-                    low, high = M.percentile_ci(boot_of[(model, PAIRWISE, eval_model, group)]
-                                                - boot_of[(model, method, eval_model, group)], level)
+                    low, high = M.percentile_ci(
+                        boot_of[(model, PAIRWISE, eval_model, group)] - boot_of[(model, method, eval_model, group)],
+                        level,
+                    )
                     out.setdefault(model, {}).setdefault(eval_model, {}).setdefault(group, {})[method] = {
-                        "diff": pairwise["kendall_tau_b"] - stat["kendall_tau_b"], "ci_low": low, "ci_high": high}
+                        "diff": pairwise["kendall_tau_b"] - stat["kendall_tau_b"],
+                        "ci_low": low,
+                        "ci_high": high,
+                    }
     return out
 
 
@@ -269,8 +343,12 @@ def transfer_matrix(ranking: dict, group: str = OVERALL) -> dict:
             for eval_model, by_group in by_eval.items():
                 if group in by_group:
                     out.setdefault(method, {}).setdefault(model, {})[eval_model] = by_group[group]["kendall_tau_b"]
-    return {"group": group, "kendall_tau_b": out,
-            "train_models": list(ranking["predictors"]), "eval_models": list(ranking["references"])}
+    return {
+        "group": group,
+        "kendall_tau_b": out,
+        "train_models": list(ranking["predictors"]),
+        "eval_models": list(ranking["references"]),
+    }
 
 
 def write_plots(ranking: dict, transfer: dict, out_dir: Path) -> list[Path]:
@@ -285,10 +363,14 @@ def write_plots(ranking: dict, transfer: dict, out_dir: Path) -> list[Path]:
     out_dir.mkdir(parents=True, exist_ok=True)
     rows = ranking_rows(ranking)
     overall = rows[rows["dataset"] == OVERALL]
-    overall.assign(predictor=overall["train_model"] + "/" + overall["method"],
-                   cell=overall["eval_model"] + " | " + overall["train_model"] + "/" + overall["method"]).to_csv(
-        out_dir / "tau_b.csv", index=False,
-        columns=["cell", "eval_model", "train_model", "method", "kendall_tau_b", "ci_low", "ci_high", "n_prompts"])
+    overall.assign(
+        predictor=overall["train_model"] + "/" + overall["method"],
+        cell=overall["eval_model"] + " | " + overall["train_model"] + "/" + overall["method"],
+    ).to_csv(
+        out_dir / "tau_b.csv",
+        index=False,
+        columns=["cell", "eval_model", "train_model", "method", "kendall_tau_b", "ci_low", "ci_high", "n_prompts"],
+    )
 
     eval_models = list(ranking["references"])
     ncol = min(3, max(1, len(eval_models)))
@@ -302,20 +384,26 @@ def write_plots(ranking: dict, transfer: dict, out_dir: Path) -> list[Path]:
         sub = pd.concat([sub[sub["train_model"] == eval_model], sub[sub["train_model"] != eval_model]])
         x = np.arange(len(sub))
         yerr = np.vstack([sub["kendall_tau_b"] - sub["ci_low"], sub["ci_high"] - sub["kendall_tau_b"]])
-        ax.bar(x, sub["kendall_tau_b"], yerr=np.nan_to_num(yerr), capsize=3,
-               color=[colors[m] for m in sub["method"]], edgecolor="black", linewidth=0.4)
+        ax.bar(
+            x,
+            sub["kendall_tau_b"],
+            yerr=np.nan_to_num(yerr),
+            capsize=3,
+            color=[colors[m] for m in sub["method"]],
+            edgecolor="black",
+            linewidth=0.4,
+        )
         ax.set_xticks(x, [f"{m}\n({t})" for t, m in zip(sub["train_model"], sub["method"])], fontsize=7, rotation=30)
         ref = ranking["references"][eval_model][OVERALL]
         if ref["noise_ceiling"]:
             ax.axhline(ref["noise_ceiling"]["kendall_tau_b"], color="tab:green", ls="--", lw=1.2, label="noise ceiling")
         ax.axhline(ref["prompt_length"]["kendall_tau_b"], color="tab:red", ls=":", lw=1.5, label="prompt length")
         if ref.get("tfidf_ridge"):
-            ax.axhline(ref["tfidf_ridge"]["kendall_tau_b"], color="tab:purple", ls="-.", lw=1.3,
-                       label="TF-IDF + ridge")
+            ax.axhline(ref["tfidf_ridge"]["kendall_tau_b"], color="tab:purple", ls="-.", lw=1.3, label="TF-IDF + ridge")
         ax.axhline(0, color="black", lw=0.5)
         ax.set_title(f"{eval_model} (n={ref['n_prompts']})", fontsize=9)
         ax.legend(fontsize=7, loc="lower right")
-    for ax in list(axes.flat)[len(eval_models):]:
+    for ax in list(axes.flat)[len(eval_models) :]:
         ax.axis("off")
     axes[0][0].set_ylabel("Kendall τ_b (test, 95% CI)")
     fig.suptitle("Predicted rank vs. true answer length, by eval model (x: method (trained on))", fontsize=10)
@@ -328,11 +416,14 @@ def write_plots(ranking: dict, transfer: dict, out_dir: Path) -> list[Path]:
     if not methods:  # nothing to draw (no predictor results)
         return sorted(out_dir.iterdir())
     width = (1.3 + 1.1 * len(eval_models)) * max(1, len(methods))
-    fig, axes = plt.subplots(1, max(1, len(methods)), figsize=(width, 1.6 + 0.5 * len(transfer["train_models"])),
-                             squeeze=False)
+    fig, axes = plt.subplots(
+        1, max(1, len(methods)), figsize=(width, 1.6 + 0.5 * len(transfer["train_models"])), squeeze=False
+    )
     for ax, method in zip(axes[0], methods):
         train_models = transfer["train_models"]
-        grid = np.array([[tm[method].get(t, {}).get(e, np.nan) for e in eval_models] for t in train_models], dtype=float)
+        grid = np.array(
+            [[tm[method].get(t, {}).get(e, np.nan) for e in eval_models] for t in train_models], dtype=float
+        )
         im = ax.imshow(grid, vmin=-1, vmax=1, cmap="RdBu_r", aspect="auto")
         for (i, j), v in np.ndenumerate(grid):
             ax.text(j, i, "–" if np.isnan(v) else f"{v:.2f}", ha="center", va="center", fontsize=8)
@@ -358,9 +449,13 @@ def log_wandb(ranking: dict, params: dict) -> None:
     rows = ranking_rows(ranking)
     mode = os.environ.get("WANDB_MODE", cfg["mode"])
     # dir given explicitly: wandb otherwise keeps the directory of an earlier run in this process
-    run = wandb.init(project=cfg["project"], job_type="evaluate", mode=mode,
-                     dir=os.environ.get("WANDB_DIR") or ".",
-                     config={k: v for k, v in params.items() if k != "wandb"})
+    run = wandb.init(
+        project=cfg["project"],
+        job_type="evaluate",
+        mode=mode,
+        dir=os.environ.get("WANDB_DIR") or ".",
+        config={k: v for k, v in params.items() if k != "wandb"},
+    )
     try:
         run.log({"ranking": wandb.Table(dataframe=rows)})
         for r in rows[rows["dataset"] == OVERALL].itertuples():
@@ -369,13 +464,22 @@ def log_wandb(ranking: dict, params: dict) -> None:
         run.finish()
 
 
-def run(params: dict, *, data_root: str | Path = "data", models_root: str | Path = "models",
-        metrics_dir: str | Path = "metrics", plots_dir: str | Path = "plots/evaluate") -> dict:
+def run(
+    params: dict,
+    *,
+    data_root: str | Path = "data",
+    models_root: str | Path = "models",
+    metrics_dir: str | Path = "metrics",
+    plots_dir: str | Path = "plots/evaluate",
+) -> dict:
     data_root, models_root, metrics_dir = Path(data_root), Path(models_root), Path(metrics_dir)
     predictors = [(m, meth) for m in params["train_models"] for meth in params["methods"]]
     predictors += [(m, "pairwise") for m in params["cross_models"] or []]  # cross-model: pairwise only
-    missing = [str(predictor_dir(m, meth, models_root)) for m, meth in predictors
-               if not predictor_dir(m, meth, models_root).is_dir()]
+    missing = [
+        str(predictor_dir(m, meth, models_root))
+        for m, meth in predictors
+        if not predictor_dir(m, meth, models_root).is_dir()
+    ]
     if missing:  # fail before any slow work, naming every one
         raise FileNotFoundError(f"predictor checkpoint(s) missing: {', '.join(missing)} (has train run for them?)")
     tfidf = params["tfidf_ridge"]
@@ -398,10 +502,10 @@ def run(params: dict, *, data_root: str | Path = "data", models_root: str | Path
         torch.set_num_threads(int(params["torch_threads"]))
     scores = score_predictors(test, predictors, models_root, batch_size)
     write_table(scores, scores_path(data_root), SCORES)
-    ptoks = pd.Series(prompt_token_counts(test["prompt"].tolist(), tokenizer),
-                      index=test["prompt_id"].to_numpy())
-    ranking = evaluate(prompts, generations, scores, ptoks, delta=delta, n_boot=n_boot, seed=boot_seed,
-                       level=level, tfidf_ridge=tfidf)
+    ptoks = pd.Series(prompt_token_counts(test["prompt"].tolist(), tokenizer), index=test["prompt_id"].to_numpy())
+    ranking = evaluate(
+        prompts, generations, scores, ptoks, delta=delta, n_boot=n_boot, seed=boot_seed, level=level, tfidf_ridge=tfidf
+    )
     ranking["settings"]["baseline_tokenizer"] = tokenizer
     transfer = transfer_matrix(ranking)
     write_json(_no_nan(ranking), metrics_dir / "ranking.json")
@@ -424,8 +528,7 @@ def main(argv: list[str] | None = None) -> int:
     params = load_params("evaluate", args.params)
     if args.no_wandb:
         params["wandb"] = {**(params.get("wandb") or {}), "enabled": False}
-    ranking = run(params, data_root=args.data, models_root=args.models, metrics_dir=args.metrics,
-                  plots_dir=args.plots)
+    ranking = run(params, data_root=args.data, models_root=args.models, metrics_dir=args.metrics, plots_dir=args.plots)
 
     print(render_markdown(ranking))
     return 0

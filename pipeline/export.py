@@ -31,21 +31,25 @@ def record_file_hashes(dst: Path) -> dict[str, str]:
     from pipeline.serving.scorer import FILES_SHA256
 
     meta = json.loads((dst / META).read_text(encoding="utf-8"))
-    meta[FILES_SHA256] = {f.relative_to(dst).as_posix(): sha256_file(f)
-                          for f in sorted(dst.rglob("*")) if f.is_file() and f != dst / META}
+    meta[FILES_SHA256] = {
+        f.relative_to(dst).as_posix(): sha256_file(f) for f in sorted(dst.rglob("*")) if f.is_file() and f != dst / META
+    }
     write_json(meta, dst / META)
     return meta[FILES_SHA256]
 
 
-def in_domain_metrics(ranking: dict, model: str, method: str, path: str | Path = "metrics/ranking.json",
-                      eval_model: str | None = None) -> dict:
+def in_domain_metrics(
+    ranking: dict, model: str, method: str, path: str | Path = "metrics/ranking.json", eval_model: str | None = None
+) -> dict:
     """The predictor's test results on `eval_model`'s answers (default: its own model's), overall
     and per dataset."""
     eval_model = eval_model or model
     by_group = ranking.get("predictors", {}).get(model, {}).get(method, {}).get(eval_model)
     if not by_group or "overall" not in by_group:
-        raise ValueError(f"{path} has no test tau_b for {model}/{method} on {eval_model}'s answers "
-                         f"(evaluate needs {model} among its predictors and {eval_model} in evaluate.eval_models)")
+        raise ValueError(
+            f"{path} has no test tau_b for {model}/{method} on {eval_model}'s answers "
+            f"(evaluate needs {model} among its predictors and {eval_model} in evaluate.eval_models)"
+        )
     overall = by_group["overall"]
     refs = ranking.get("references", {}).get(eval_model, {}).get("overall", {})
     return {
@@ -71,8 +75,13 @@ def export_metrics(ranking: dict, model: str, method: str, members: list[str], p
     return {"by_eval_model": by_model, "summary": "test_tau_b = the lowest over by_eval_model"}, min(taus, default=None)
 
 
-def run(params: dict, *, models_root: str | Path = "models", ranking_path: str | Path = "metrics/ranking.json",
-        out_root: str | Path = "models/export") -> Path:
+def run(
+    params: dict,
+    *,
+    models_root: str | Path = "models",
+    ranking_path: str | Path = "metrics/ranking.json",
+    out_root: str | Path = "models/export",
+) -> Path:
     from pipeline.contracts import ensure_parent, predictor_dir
     from pipeline.serving.scorer import Scorer
 
@@ -85,11 +94,18 @@ def run(params: dict, *, models_root: str | Path = "models", ranking_path: str |
     source_meta = read_meta(src)  # validates the source (files, version, hash) with a clear message
     trained_on = {"model": model, **(source_meta.get("trained_on") or {})}
     members = list(trained_on.get("members") or [model])
-    metrics, tau = export_metrics(json.loads(ranking_path.read_text(encoding="utf-8")), model, method, members,
-                                ranking_path)
-    dst = copy_checkpoint(src, export_dir(name, out_root), name=name, trained_on=trained_on,
-                          test_tau_b=None if tau is None or math.isnan(tau) else float(tau),
-                          test_metrics=metrics, exported_from=str(src))
+    metrics, tau = export_metrics(
+        json.loads(ranking_path.read_text(encoding="utf-8")), model, method, members, ranking_path
+    )
+    dst = copy_checkpoint(
+        src,
+        export_dir(name, out_root),
+        name=name,
+        trained_on=trained_on,
+        test_tau_b=None if tau is None or math.isnan(tau) else float(tau),
+        test_metrics=metrics,
+        exported_from=str(src),
+    )
     record_file_hashes(dst)
     # the acceptance test of an export: the serving loader takes it and gives finite scores
     probe = Scorer.from_pretrained(dst).score(["How are you?", "Write a detailed essay on the history of Rome."])
@@ -105,9 +121,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--ranking", default="metrics/ranking.json", help="evaluate's metrics (test tau_b)")
     parser.add_argument("--out", default="models/export", help="writes <out>/<name>/")
     args = parser.parse_args(argv)
-    dst = run(load_params("export", args.params), models_root=args.models, ranking_path=args.ranking,
-              out_root=args.out)
+    dst = run(load_params("export", args.params), models_root=args.models, ranking_path=args.ranking, out_root=args.out)
     meta = read_meta(dst)
-    print(f"export: {dst} ({meta['method']}, trained on {meta['trained_on'].get('model')}, "
-          f"test tau_b {meta['test_tau_b']}, sha256 {meta['weights_sha256'][:12]}…)")
+    print(
+        f"export: {dst} ({meta['method']}, trained on {meta['trained_on'].get('model')}, "
+        f"test tau_b {meta['test_tau_b']}, sha256 {meta['weights_sha256'][:12]}…)"
+    )
     return 0

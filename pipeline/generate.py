@@ -49,8 +49,11 @@ class GenerationCache:
                         entry = json.loads(raw)
                     except (json.JSONDecodeError, UnicodeDecodeError):
                         entry = None
-                if not (isinstance(entry, dict) and isinstance(entry.get("key"), str)
-                        and isinstance(entry.get("samples"), list)):
+                if not (
+                    isinstance(entry, dict)
+                    and isinstance(entry.get("key"), str)
+                    and isinstance(entry.get("samples"), list)
+                ):
                     damaged.append((lineno, raw))
                     continue
                 self.entries[entry["key"]] = entry
@@ -67,8 +70,11 @@ class GenerationCache:
             os.fsync(fh.fileno())
         os.replace(tmp, self.path)
         lines = ", ".join(str(n) for n, _ in damaged[:10]) + (" …" if len(damaged) > 10 else "")
-        print(f"generate: {self.path}: skipped {len(damaged)} damaged line(s) (line {lines}); kept "
-              f"{len(good)} valid entries; the damaged bytes are in {self.path}.damaged", flush=True)
+        print(
+            f"generate: {self.path}: skipped {len(damaged)} damaged line(s) (line {lines}); kept "
+            f"{len(good)} valid entries; the damaged bytes are in {self.path}.damaged",
+            flush=True,
+        )
 
     def add(self, key: str, prompt_id: str, samples: list[Sample]) -> None:
         entry = {"key": key, "prompt_id": prompt_id, "samples": [s.to_dict() for s in samples]}
@@ -91,7 +97,9 @@ def select_prompts(prompts: pd.DataFrame, spec: dict[str, Any]) -> pd.DataFrame:
     if datasets:
         unknown = sorted(set(datasets) - set(prompts["dataset"]))
         if unknown:
-            raise ValueError(f"datasets {unknown} are not in the prompts file (prepare made {sorted(set(prompts['dataset']))})")
+            raise ValueError(
+                f"datasets {unknown} are not in the prompts file (prepare made {sorted(set(prompts['dataset']))})"
+            )
         prompts = prompts[prompts["dataset"].isin(datasets)]
     cap = spec.get("max_prompts_per_dataset")
     prompts = prompts.sort_values("prompt_id", kind="stable")
@@ -106,8 +114,9 @@ def _progress(total: int, model: str):
     return tqdm(total=total, desc=f"generate {model}", unit="prompt", dynamic_ncols=True)
 
 
-def run(model: str, spec: dict[str, Any], prompts: pd.DataFrame, out_dir: Path,
-        recorded_tokenizer: str | None = None) -> dict[str, Any]:
+def run(
+    model: str, spec: dict[str, Any], prompts: pd.DataFrame, out_dir: Path, recorded_tokenizer: str | None = None
+) -> dict[str, Any]:
     backend_name = spec.get("backend")
     if not backend_name:
         raise ValueError(f"generate.models.{model} has no `backend` (vllm, openai or recorded)")
@@ -119,8 +128,11 @@ def run(model: str, spec: dict[str, Any], prompts: pd.DataFrame, out_dir: Path,
     identity = backend.identity()
     cache = GenerationCache(out_dir / "cache.jsonl")
     keys = {pid: cache_key(identity, text) for pid, text in zip(selected["prompt_id"], selected["prompt"])}
-    todo = [PromptItem(r.prompt_id, r.prompt, r.dataset, r.source_id)
-            for r in selected.itertuples() if keys[r.prompt_id] not in cache.entries]
+    todo = [
+        PromptItem(r.prompt_id, r.prompt, r.dataset, r.source_id)
+        for r in selected.itertuples()
+        if keys[r.prompt_id] not in cache.entries
+    ]
     print(f"generate {model}: {len(selected)} prompts, {len(selected) - len(todo)} already cached, {len(todo)} to do")
 
     t0, new_tokens = time.perf_counter(), 0
@@ -152,17 +164,25 @@ def run(model: str, spec: dict[str, Any], prompts: pd.DataFrame, out_dir: Path,
     write_table(df, out_dir / "generations.parquet", GENERATIONS)
     skipped = getattr(backend, "skipped", {})
     meta = {
-        **backend.describe(), "generation_model": model,
-        "prompts": int(df["prompt_id"].nunique()), "samples": len(df),
-        "skipped_prompts": len(skipped), "skipped": dict(list(skipped.items())[:50]),
-        "this_run": {"prompts_generated": len(todo) - len([p for p in todo if p.prompt_id in skipped]),
-                     "output_tokens": new_tokens, "wall_s": round(wall, 1),
-                     "tokens_per_s": round(new_tokens / wall, 1) if wall > 0 and new_tokens else None},
+        **backend.describe(),
+        "generation_model": model,
+        "prompts": int(df["prompt_id"].nunique()),
+        "samples": len(df),
+        "skipped_prompts": len(skipped),
+        "skipped": dict(list(skipped.items())[:50]),
+        "this_run": {
+            "prompts_generated": len(todo) - len([p for p in todo if p.prompt_id in skipped]),
+            "output_tokens": new_tokens,
+            "wall_s": round(wall, 1),
+            "tokens_per_s": round(new_tokens / wall, 1) if wall > 0 and new_tokens else None,
+        },
         "python": platform.python_version(),
     }
     write_json(meta, out_dir / "meta.json")
-    print(f"generate {model}: {meta['prompts']} prompts, {len(df)} samples -> {out_dir}"
-          + (f"; {len(skipped)} prompts skipped (see meta.json)" if skipped else ""))
+    print(
+        f"generate {model}: {meta['prompts']} prompts, {len(df)} samples -> {out_dir}"
+        + (f"; {len(skipped)} prompts skipped (see meta.json)" if skipped else "")
+    )
     return meta
 
 
@@ -177,6 +197,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.model not in models:
         raise KeyError(f"model {args.model!r} is not in generate.models (have {sorted(models)})")
     prompts = read_table(args.prompts, PROMPTS)
-    run(args.model, models[args.model], prompts, Path(args.out_root) / args.model,
-        recorded_tokenizer=params.get("recorded_tokenizer"))
+    run(
+        args.model,
+        models[args.model],
+        prompts,
+        Path(args.out_root) / args.model,
+        recorded_tokenizer=params.get("recorded_tokenizer"),
+    )
     return 0

@@ -54,8 +54,14 @@ def plot(frames: dict[str, pd.DataFrame], out: Path) -> None:
     fig, ax = plt.subplots(figsize=(9, 4.5))
     bins = np.logspace(0, np.log10(max(int(f["output_tokens"].max()) for f in frames.values()) + 1), 50)
     for model, gens in frames.items():
-        ax.hist(gens["output_tokens"].clip(lower=1), bins=bins, histtype="step", linewidth=1.6,
-                density=True, label=f"{model} (n={len(gens)})")
+        ax.hist(
+            gens["output_tokens"].clip(lower=1),
+            bins=bins,
+            histtype="step",
+            linewidth=1.6,
+            density=True,
+            label=f"{model} (n={len(gens)})",
+        )
     ax.set_xscale("log")
     ax.set_xlabel("answer length (output tokens, log scale)")
     ax.set_ylabel("density")
@@ -68,14 +74,18 @@ def plot(frames: dict[str, pd.DataFrame], out: Path) -> None:
 
 
 def print_table(table: dict) -> None:
-    head = f"{'model':<18} {'dataset':<12} {'prompts':>7} {'samples':>7} {'mean':>7} {'median':>7} {'cv':>6} {'trunc':>6}"
+    head = (
+        f"{'model':<18} {'dataset':<12} {'prompts':>7} {'samples':>7} {'mean':>7} {'median':>7} {'cv':>6} {'trunc':>6}"
+    )
     print(head)
     print("-" * len(head))
     for model, rows in table.items():
         for dataset, s in rows.items():
             cv = f"{s['mean_cv']:.3f}" if s["mean_cv"] is not None else "-"
-            print(f"{model:<18} {dataset:<12} {s['prompts']:>7} {s['samples']:>7} {s['mean_output_tokens']:>7.1f} "
-                  f"{s['median_output_tokens']:>7.0f} {cv:>6} {s['truncated_fraction']:>6.3f}")
+            print(
+                f"{model:<18} {dataset:<12} {s['prompts']:>7} {s['samples']:>7} {s['mean_output_tokens']:>7.1f} "
+                f"{s['median_output_tokens']:>7.0f} {cv:>6} {s['truncated_fraction']:>6.3f}"
+            )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -89,8 +99,11 @@ def main(argv: list[str] | None = None) -> int:
     for out in (args.metrics, args.plot):  # an output under a file: one line, before any work
         ensure_parent(out)
     root = Path(args.generations)
-    models = args.models or sorted(p.name for p in root.iterdir() if (p / "generations.parquet").exists()) \
-        if root.exists() else []
+    models = (
+        args.models or sorted(p.name for p in root.iterdir() if (p / "generations.parquet").exists())
+        if root.exists()
+        else []
+    )
     if not models:
         raise FileNotFoundError(f"no generations found under {root} (run `pars generate` first)")
     table, frames = length_table(models, read_table(args.prompts, PROMPTS), root)

@@ -45,8 +45,9 @@ from pipeline.ranking.labels import keep_mask, prompt_labels
 PAIR_SPLITS = ("train", "val")
 
 
-def sample_pairs(labels: pd.DataFrame, partners: int, max_tries_factor: int, delta: float,
-                 rng: np.random.Generator) -> tuple[pd.DataFrame, dict[str, Any]]:
+def sample_pairs(
+    labels: pd.DataFrame, partners: int, max_tries_factor: int, delta: float, rng: np.random.Generator
+) -> tuple[pd.DataFrame, dict[str, Any]]:
     """Draw up to `partners` kept partners per prompt of one split (module doc)."""
     labels = labels.sort_values("prompt_id").reset_index(drop=True)
     ids = labels["prompt_id"].to_numpy()
@@ -76,12 +77,15 @@ def sample_pairs(labels: pd.DataFrame, partners: int, max_tries_factor: int, del
         kept += got
         short += got < partners
     a, b = np.asarray(rows_a, dtype=np.int64), np.asarray(rows_b, dtype=np.int64)
-    pairs = pd.DataFrame({
-        "a": ids[a] if len(a) else np.array([], dtype=object),
-        "b": ids[b] if len(b) else np.array([], dtype=object),
-        "len_a": lengths[a], "len_b": lengths[b],
-        "label": np.where(lengths[a] > lengths[b], 1, -1).astype(np.int8),
-    })
+    pairs = pd.DataFrame(
+        {
+            "a": ids[a] if len(a) else np.array([], dtype=object),
+            "b": ids[b] if len(b) else np.array([], dtype=object),
+            "len_a": lengths[a],
+            "len_b": lengths[b],
+            "label": np.where(lengths[a] > lengths[b], 1, -1).astype(np.int8),
+        }
+    )
     # Exact pass rates over all unordered pairs of the split (n is at most a few thousand here).
     iu, ju = np.triu_indices(n, k=1)
     delta_ok = keep_mask(lengths[iu], lengths[ju], np.zeros(len(iu), bool), np.zeros(len(iu), bool), delta)
@@ -101,8 +105,9 @@ def sample_pairs(labels: pd.DataFrame, partners: int, max_tries_factor: int, del
     return pairs, stats
 
 
-def build_pairs(generations: pd.DataFrame, prompts: pd.DataFrame, params: dict[str, Any],
-                model: str = "model") -> tuple[dict[str, pd.DataFrame], pd.DataFrame, dict[str, Any]]:
+def build_pairs(
+    generations: pd.DataFrame, prompts: pd.DataFrame, params: dict[str, Any], model: str = "model"
+) -> tuple[dict[str, pd.DataFrame], pd.DataFrame, dict[str, Any]]:
     """Labels and δ-filtered pairs per split; raises a clear error when pairs cannot be formed."""
     delta = float(params["delta"])
     partners = int(params["partners"])
@@ -117,25 +122,30 @@ def build_pairs(generations: pd.DataFrame, prompts: pd.DataFrame, params: dict[s
     split_of = prompts.drop_duplicates("prompt_id").set_index("prompt_id")["split"]
     unknown = ~labels["prompt_id"].isin(split_of.index)
     if unknown.any():
-        raise ValueError(f"generations of {model}: {int(unknown.sum())} prompt_id(s) are not in the prompts "
-                         f"table (e.g. {labels.loc[unknown, 'prompt_id'].iloc[0]!r}); stale generations?")
+        raise ValueError(
+            f"generations of {model}: {int(unknown.sum())} prompt_id(s) are not in the prompts "
+            f"table (e.g. {labels.loc[unknown, 'prompt_id'].iloc[0]!r}); stale generations?"
+        )
     labels["split"] = labels["prompt_id"].map(split_of).astype(str)
 
     out: dict[str, pd.DataFrame] = {}
-    metrics: dict[str, Any] = {"model": model, "delta": delta, "partners": partners,
-                               "n_labelled_prompts": len(labels)}
+    metrics: dict[str, Any] = {"model": model, "delta": delta, "partners": partners, "n_labelled_prompts": len(labels)}
     # One generator per split, seeded from (seed, split), so val pairs do not move when train changes.
     for k, split in enumerate(PAIR_SPLITS):
         part = labels[labels["split"] == split]
         if len(part) < 2:
-            raise ValueError(f"model {model}: the {split} split has {len(part)} prompt(s) with answers; "
-                             f"at least 2 are needed to form pairs")
+            raise ValueError(
+                f"model {model}: the {split} split has {len(part)} prompt(s) with answers; "
+                f"at least 2 are needed to form pairs"
+            )
         rng = np.random.default_rng([seed, k])
         pairs, stats = sample_pairs(part, partners, factor, delta, rng)
         if pairs.empty:
-            raise ValueError(f"model {model}: no {split} pair passes the filter (delta={delta}, "
-                             f"{len(part)} prompts, {stats['n_truncated_prompts']} truncated); "
-                             f"answer lengths are too alike or too many answers hit max_tokens")
+            raise ValueError(
+                f"model {model}: no {split} pair passes the filter (delta={delta}, "
+                f"{len(part)} prompts, {stats['n_truncated_prompts']} truncated); "
+                f"answer lengths are too alike or too many answers hit max_tokens"
+            )
         out[split] = pairs
         metrics[split] = stats
     return out, labels[LABELS.names], metrics
@@ -152,8 +162,10 @@ def main(argv: list[str]) -> int:
     params = load_params("pairs", args.params)
     gen_file = generations_path(args.model, args.data)
     if not gen_file.exists():
-        raise FileNotFoundError(f"model {args.model!r} has no generations: {gen_file} does not exist "
-                                f"(run `dvc repro generate@{args.model}`)")
+        raise FileNotFoundError(
+            f"model {args.model!r} has no generations: {gen_file} does not exist "
+            f"(run `dvc repro generate@{args.model}`)"
+        )
     generations = read_table(gen_file, GENERATIONS)
     prompts = read_table(prompts_path(args.data), PROMPTS)
     pairs, labels, metrics = build_pairs(generations, prompts, params, model=args.model)
@@ -165,12 +177,16 @@ def main(argv: list[str]) -> int:
         write_table(df, out / f"{split}.parquet", PAIRS)
     write_table(labels, labels_path(args.model, args.data), LABELS)
     # train forms in-batch pairs with the same δ: it reads it here rather than from another section
-    write_json({k: metrics[k] for k in ("model", "delta", "partners")} |
-               {"max_tries_factor": int(params["max_tries_factor"]), "seed": int(params["seed"])},
-               out / "meta.json")
+    write_json(
+        {k: metrics[k] for k in ("model", "delta", "partners")}
+        | {"max_tries_factor": int(params["max_tries_factor"]), "seed": int(params["seed"])},
+        out / "meta.json",
+    )
     write_json(metrics, Path(args.metrics) / f"{args.model}.json")
     t, v = metrics["train"], metrics["val"]
-    print(f"pairs {args.model}: train {t['n_pairs']} pairs from {t['n_prompts']} prompts "
-          f"(balance {t['label_balance']:.2f}, kept {t['kept_fraction_of_draws']:.2f} of draws), "
-          f"val {v['n_pairs']} pairs from {v['n_prompts']} prompts -> {out}")
+    print(
+        f"pairs {args.model}: train {t['n_pairs']} pairs from {t['n_prompts']} prompts "
+        f"(balance {t['label_balance']:.2f}, kept {t['kept_fraction_of_draws']:.2f} of draws), "
+        f"val {v['n_pairs']} pairs from {v['n_prompts']} prompts -> {out}"
+    )
     return 0

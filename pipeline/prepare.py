@@ -72,8 +72,10 @@ def source_options(name: str, options: Any, where: str) -> tuple[str, dict]:
     if not isinstance(kind, str):
         raise PARSError(f"{where}: source {kind!r} is not a source name")
     if kind not in SOURCES:
-        raise PARSError(f"{where}: unknown source {kind!r} (known: {', '.join(sorted(SOURCES))}; "
-                        f"a prompt file of your own: {{path: prompts.jsonl}})")
+        raise PARSError(
+            f"{where}: unknown source {kind!r} (known: {', '.join(sorted(SOURCES))}; "
+            f"a prompt file of your own: {{path: prompts.jsonl}})"
+        )
     params = inspect.signature(SOURCES[kind].__init__).parameters
     takes = [n for n in params if n != "self" and params[n].kind is inspect.Parameter.POSITIONAL_OR_KEYWORD]
     for option in options:
@@ -88,14 +90,22 @@ def source_options(name: str, options: Any, where: str) -> tuple[str, dict]:
     return kind, options
 
 
-def load_source(name: str, options: dict, fractions: dict, max_chars: int,
-                where: str | None = None) -> tuple[pd.DataFrame, dict]:
+def load_source(
+    name: str, options: dict, fractions: dict, max_chars: int, where: str | None = None
+) -> tuple[pd.DataFrame, dict]:
     kind, options = source_options(name, options, where or f"prepare.sources.{name}")
     cap = options.pop("cap", None)
     dataset = options.pop("dataset", name)  # several entries may read one source kind
     options.pop("source", None)
-    counts = {"records": 0, "empty": 0, "non_utf8": 0, "malformed": 0, "missing_text": 0,
-              "oversized": 0, "duplicates": 0}
+    counts = {
+        "records": 0,
+        "empty": 0,
+        "non_utf8": 0,
+        "malformed": 0,
+        "missing_text": 0,
+        "oversized": 0,
+        "duplicates": 0,
+    }
     rows, seen = [], set()
     for rec in get_source(kind, **options).records():
         counts["records"] += 1
@@ -134,11 +144,17 @@ def main(argv: list[str] | None = None) -> int:
     if not sources:
         raise ValueError("params prepare.sources is empty: name at least one prompt source")
     fractions = params["split"]
-    if (not isinstance(fractions, dict) or set(fractions) - {"train", "val", "test"}
-            or not all(isinstance(v, (int, float)) and not isinstance(v, bool) and 0 <= v < float("inf")
-                       for v in fractions.values())):
-        raise PARSError(f"{params.where}.split: expected {{train: F, val: F, test: F}} with fractions >= 0, "
-                        f"got {fractions!r}")
+    if (
+        not isinstance(fractions, dict)
+        or set(fractions) - {"train", "val", "test"}
+        or not all(
+            isinstance(v, (int, float)) and not isinstance(v, bool) and 0 <= v < float("inf")
+            for v in fractions.values()
+        )
+    ):
+        raise PARSError(
+            f"{params.where}.split: expected {{train: F, val: F, test: F}} with fractions >= 0, " f"got {fractions!r}"
+        )
     max_chars = params["max_prompt_chars"]
     if isinstance(max_chars, bool) or not isinstance(max_chars, int) or max_chars < 1:
         raise PARSError(f"{params.where}.max_prompt_chars {max_chars!r}: expected a whole number >= 1")
@@ -151,8 +167,10 @@ def main(argv: list[str] | None = None) -> int:
         frames.append(df)
         report[name] = counts
         problems = {k: v for k, v in counts.items() if k not in ("records", "kept") and v}
-        print(f"prepare: {name}: {counts['kept']} prompts kept of {counts['records']} records"
-              + (f"; dropped {problems}" if problems else ""))
+        print(
+            f"prepare: {name}: {counts['kept']} prompts kept of {counts['records']} records"
+            + (f"; dropped {problems}" if problems else "")
+        )
         if counts["kept"] == 0:
             raise ValueError(f"source {name!r} gave no usable prompt ({counts})")
     prompts = pd.concat(frames, ignore_index=True)

@@ -13,9 +13,13 @@ from pathlib import Path
 from pipeline.ranking.report_tables import render_markdown
 from pipeline.serving.results import render_serving
 
-SERVING_FILES = {"simulation": "metrics/simulation.json", "engine_bench": "metrics/engine_bench.json",
-                 "scheduler_overhead": "metrics/scheduler_overhead.json",
-                 "sim_fidelity": "metrics/sim_fidelity.json", "capacity": "metrics/capacity.json"}
+SERVING_FILES = {
+    "simulation": "metrics/simulation.json",
+    "engine_bench": "metrics/engine_bench.json",
+    "scheduler_overhead": "metrics/scheduler_overhead.json",
+    "sim_fidelity": "metrics/sim_fidelity.json",
+    "capacity": "metrics/capacity.json",
+}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -32,8 +36,10 @@ def main(argv: list[str] | None = None) -> int:
         raise FileNotFoundError(f"{path} does not exist (run `pars evaluate` or `dvc repro evaluate` first)")
     text = render_markdown(json.loads(path.read_text(encoding="utf-8")))
     if not args.ranking_only:
-        serving = {key: json.loads(Path(f).read_text(encoding="utf-8")) if Path(f).is_file() else None
-                   for key, f in SERVING_FILES.items()}
+        serving = {
+            key: json.loads(Path(f).read_text(encoding="utf-8")) if Path(f).is_file() else None
+            for key, f in SERVING_FILES.items()
+        }
         text = text.rstrip() + "\n\n" + render_serving(serving)
     ensure_parent(args.out).write_text(text, encoding="utf-8")
     print(text, end="")

@@ -68,8 +68,9 @@ def _check_text(record: dict, field: str, where: str) -> None:
     try:
         value.encode("utf-8")
     except UnicodeEncodeError as exc:  # JSON can escape a lone surrogate (\ud800); no tokenizer takes it
-        raise ValueError(f"{where}: field {field!r} holds {exc.object[exc.start:exc.end]!r}, not text "
-                         f"(a lone UTF-16 surrogate)") from None
+        raise ValueError(
+            f"{where}: field {field!r} holds {exc.object[exc.start:exc.end]!r}, not text " f"(a lone UTF-16 surrogate)"
+        ) from None
 
 
 def read_prompts(path: str | Path, field: str = "prompt") -> list[dict]:
@@ -99,7 +100,9 @@ def main(argv: list[str] | None = None) -> int:
 
     parser = argparse.ArgumentParser(prog="pars score", description=__doc__.split("\n")[0])
     parser.add_argument("input", help="JSONL or parquet file of prompts")
-    parser.add_argument("--checkpoint", required=True, help="exported checkpoint dir (e.g. models/export/pars-recorded)")
+    parser.add_argument(
+        "--checkpoint", required=True, help="exported checkpoint dir (e.g. models/export/pars-recorded)"
+    )
     parser.add_argument("-o", "--output", help="write .jsonl or .parquet here (default: JSONL to stdout)")
     parser.add_argument("--field", default="prompt", help="the prompt's field/column (default: %(default)s)")
     parser.add_argument("--id-field", help=f"id to carry to the output (default: the first of {ID_FIELDS} present)")

@@ -47,13 +47,17 @@ def _read(path: str | Path) -> dict[str, Any]:
 
     path = Path(path)
     if not path.is_file():
-        raise FileNotFoundError(f"{path} not found: run `python benchmarks/engine_bench.py` first "
-                                f"(see this stage's doc for the calibration run)")
+        raise FileNotFoundError(
+            f"{path} not found: run `python benchmarks/engine_bench.py` first "
+            f"(see this stage's doc for the calibration run)"
+        )
     data = json.loads(path.read_text(encoding="utf-8"))
     missing = [p for p in POLICIES if "per_request" not in data.get(p, {})]
     if missing or "workload" not in data:
-        raise ValueError(f"{path}: no per-request results for {missing or 'the workload'}; rerun "
-                         f"benchmarks/engine_bench.py (this file predates the per-request record)")
+        raise ValueError(
+            f"{path}: no per-request results for {missing or 'the workload'}; rerun "
+            f"benchmarks/engine_bench.py (this file predates the per-request record)"
+        )
     return data
 
 
@@ -63,8 +67,12 @@ def pooled_step_model(calibration: dict[str, Any]) -> dict[str, float]:
     weights = np.array([f["steps"] for f in fits], dtype=float)
     c0 = float(np.average([f["c0_s"] for f in fits], weights=weights))
     c1 = float(np.average([f["c1_s_per_token"] for f in fits], weights=weights))
-    return {"c0_s": c0, "c1_s_per_token": c1, "steps": int(weights.sum()),
-            "r2_by_policy": {p: f["r2"] for p, f in zip(POLICIES, fits)}}
+    return {
+        "c0_s": c0,
+        "c1_s_per_token": c1,
+        "steps": int(weights.sum()),
+        "r2_by_policy": {p: f["r2"] for p, f in zip(POLICIES, fits)},
+    }
 
 
 def scoring_rate(calibration: dict[str, Any]) -> float:
@@ -72,27 +80,34 @@ def scoring_rate(calibration: dict[str, Any]) -> float:
     (beside the engine, on the same cores)."""
     stats = calibration["pars"].get("pars_stats") or {}
     if not stats.get("num_scored") or not stats.get("score_s"):
-        raise ValueError("the calibration run has no PARS scoring counts (pars_stats): rerun "
-                         "benchmarks/engine_bench.py --seed 1")
+        raise ValueError(
+            "the calibration run has no PARS scoring counts (pars_stats): rerun " "benchmarks/engine_bench.py --seed 1"
+        )
     return float(stats["num_scored"]) / float(stats["score_s"])
 
 
-def score_ready_times(prompt_tokens: np.ndarray, rate: float, batch_size: int = PARSConfig.batch_size,
-                      chunk_batches: int = SCORING_CHUNK_BATCHES) -> np.ndarray:
+def score_ready_times(
+    prompt_tokens: np.ndarray,
+    rate: float,
+    batch_size: int = PARSConfig.batch_size,
+    chunk_batches: int = SCORING_CHUNK_BATCHES,
+) -> np.ndarray:
     """When each request of a burst (arrival order) has its PARS score, as the background worker
     delivers them: chunks of chunk_batches * batch_size arrivals, each sorted by prompt length and
     scored batch by batch, each batch delivered when done, at `rate` prompts per second."""
     n = len(prompt_tokens)
     chunk = chunk_batches * batch_size
-    order = np.concatenate([start + np.argsort(prompt_tokens[start:start + chunk], kind="stable")
-                            for start in range(0, n, chunk)])
+    order = np.concatenate(
+        [start + np.argsort(prompt_tokens[start : start + chunk], kind="stable") for start in range(0, n, chunk)]
+    )
     ready = np.empty(n)
     ready[order] = np.minimum((np.arange(n) // batch_size + 1) * batch_size, n) / rate
     return ready
 
 
-def replay(validation: dict[str, Any], step: dict[str, float], starvation_s: float,
-           rate: float | None = None) -> dict[str, Any]:
+def replay(
+    validation: dict[str, Any], step: dict[str, float], starvation_s: float, rate: float | None = None
+) -> dict[str, Any]:
     """The validation burst through the simulator under each policy; PARS scores arrive at the
     background scorer's `rate` (prompts/s; None: all known at t = 0)."""
     from pipeline.queueing.simulator import EngineConfig, burst, simulate
@@ -106,10 +121,17 @@ def replay(validation: dict[str, Any], step: dict[str, float], starvation_s: flo
     for policy in POLICIES:
         e = validation[policy]["engine"]
         # vLLM's FCFS scheduler has no starvation rule; the PARS scheduler (pars, oracle) has one
-        cfg = EngineConfig(M=e["M"], chunk=e["chunk"], token_budget=e["token_budget"], max_num_seqs=e["max_num_seqs"],
-                           block_size=e["block_size"], step_c0=step["c0_s"], step_c1=step["c1_s_per_token"],
-                           starvation_s=math.inf if policy == "fcfs" else starvation_s,
-                           first_token_at_prefill=True)  # as vLLM samples it
+        cfg = EngineConfig(
+            M=e["M"],
+            chunk=e["chunk"],
+            token_budget=e["token_budget"],
+            max_num_seqs=e["max_num_seqs"],
+            block_size=e["block_size"],
+            step_c0=step["c0_s"],
+            step_c1=step["c1_s_per_token"],
+            starvation_s=math.inf if policy == "fcfs" else starvation_s,
+            first_token_at_prefill=True,
+        )  # as vLLM samples it
         key = policy_key(policy, arrival, o, scores if policy == "pars" else None)
         # oracle sends its key with the request (a client score); PARS's come from the scorer
         ready = score_ready_times(s, rate) if policy == "pars" and rate else None
@@ -123,8 +145,7 @@ def compare(validation: dict[str, Any], sims: dict[str, Any]) -> dict[str, Any]:
         eng = {k: float(validation[policy][k]) for k in STATS}  # the benchmark's own summary
         summary = sims[policy].summary()
         sim = {k: float(summary[k]) for k in STATS}
-        table[policy] = {"engine": eng, "simulator": sim,
-                         "error": {k: (sim[k] - eng[k]) / eng[k] for k in STATS}}
+        table[policy] = {"engine": eng, "simulator": sim, "error": {k: (sim[k] - eng[k]) / eng[k] for k in STATS}}
     for stat in ("mean_per_token_latency", "p90_per_token_latency"):
         e = table["fcfs"]["engine"][stat] / table["pars"]["engine"][stat]
         m = table["fcfs"]["simulator"][stat] / table["pars"]["simulator"][stat]
@@ -140,8 +161,10 @@ def plot(validation: dict[str, Any], sims: dict[str, Any], path: Path) -> None:
 
     fig, axes = plt.subplots(1, len(POLICIES), figsize=(4 * len(POLICIES), 3.4), sharey=True)
     for ax, policy in zip(axes, POLICIES):
-        for label, values, style in (("engine", validation[policy]["per_request"]["per_token_latency"], "-"),
-                                     ("simulator", sims[policy].per_token, "--")):
+        for label, values, style in (
+            ("engine", validation[policy]["per_request"]["per_token_latency"], "-"),
+            ("simulator", sims[policy].per_token, "--"),
+        ):
             x = np.sort(np.asarray(values))
             ax.plot(x, np.arange(1, x.size + 1) / x.size, style, label=label)
         ax.set_xscale("log")
@@ -159,24 +182,33 @@ def plot(validation: dict[str, Any], sims: dict[str, Any], path: Path) -> None:
 def run(p: dict[str, Any]) -> dict[str, Any]:
     calibration, validation = _read(p["calibration"]), _read(p["validation"])
     if calibration["workload"]["prompt_tokens"] == validation["workload"]["prompt_tokens"]:
-        raise ValueError(f"{p['calibration']} and {p['validation']} hold the same burst: the calibration run "
-                         f"needs other prompts (engine_bench.py --seed 1)")
+        raise ValueError(
+            f"{p['calibration']} and {p['validation']} hold the same burst: the calibration run "
+            f"needs other prompts (engine_bench.py --seed 1)"
+        )
     same = ("M", "block_size", "token_budget", "chunk", "max_num_seqs")
     for policy in POLICIES:
         a, b = calibration[policy]["engine"], validation[policy]["engine"]
         if any(a[k] != b[k] for k in same):
-            raise ValueError(f"{p['calibration']} and {p['validation']} ran different engine settings "
-                             f"({policy}: {a} vs {b}): the step model would not transfer")
+            raise ValueError(
+                f"{p['calibration']} and {p['validation']} ran different engine settings "
+                f"({policy}: {a} vs {b}): the step model would not transfer"
+            )
     step = pooled_step_model(calibration)
     rate = scoring_rate(calibration)
     # the PARS scheduler's starvation threshold as the validation run used it
     sims = replay(validation, step, float(validation.get("setup", {}).get("starvation_s", 120.0)), rate)
     table = compare(validation, sims)
     plot(validation, sims, PLOT)
-    out = {"calibration": str(p["calibration"]), "validation": str(p["validation"]), "step_model": step,
-           "scoring_rate_prompts_per_s": rate,
-           "requests": len(validation["workload"]["prompt_tokens"]),
-           "engine": validation["fcfs"]["engine"], **table}
+    out = {
+        "calibration": str(p["calibration"]),
+        "validation": str(p["validation"]),
+        "step_model": step,
+        "scoring_rate_prompts_per_s": rate,
+        "requests": len(validation["workload"]["prompt_tokens"]),
+        "engine": validation["fcfs"]["engine"],
+        **table,
+    }
     write_json(out, METRICS)
     return out
 
@@ -186,14 +218,18 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--params", default=None, help="params file (default params.yaml)")
     args = ap.parse_args(argv)
     out = run(load_params("sim_fidelity", args.params))
-    print(f"step model from {out['calibration']}: {1000 * out['step_model']['c0_s']:.1f} ms + "
-          f"{1000 * out['step_model']['c1_s_per_token']:.3f} ms/token")
+    print(
+        f"step model from {out['calibration']}: {1000 * out['step_model']['c0_s']:.1f} ms + "
+        f"{1000 * out['step_model']['c1_s_per_token']:.3f} ms/token"
+    )
     print(f"{'policy':8s} {'stat':24s} {'engine':>9s} {'simulator':>9s} {'error':>7s}")
     for policy in POLICIES:
         row = out[policy]
         for stat in STATS:
-            print(f"{policy:8s} {stat:24s} {row['engine'][stat]:9.4f} {row['simulator'][stat]:9.4f} "
-                  f"{row['error'][stat]:+7.1%}")
+            print(
+                f"{policy:8s} {stat:24s} {row['engine'][stat]:9.4f} {row['simulator'][stat]:9.4f} "
+                f"{row['error'][stat]:+7.1%}"
+            )
     for stat, r in out["speedup_fcfs_over_pars"].items():
         print(f"FCFS/PARS {stat}: engine {r['engine']:.2f}x, simulator {r['simulator']:.2f}x ({r['error']:+.1%})")
     print(f"wrote {METRICS}, {PLOT}")

@@ -38,8 +38,9 @@ PLOTS = Path("plots/simulation")
 ORDER = POLICIES
 
 
-def load_requests(model: str, score_model: str | dict[str, str], data_root: str | Path = "data",
-                  scores_file: str | Path | None = None) -> tuple[pd.DataFrame, pd.DataFrame, list[str]]:
+def load_requests(
+    model: str, score_model: str | dict[str, str], data_root: str | Path = "data", scores_file: str | Path | None = None
+) -> tuple[pd.DataFrame, pd.DataFrame, list[str]]:
     """Test prompts with their answer samples, and a (prompt_id x policy) score table.
 
     `score_model` names the predictors: one train model for every learned policy, or a mapping
@@ -53,8 +54,14 @@ def load_requests(model: str, score_model: str | dict[str, str], data_root: str 
     g = gens[gens.prompt_id.isin(test_ids) & (gens.output_tokens > 0) & (gens.prompt_tokens > 0)]
     if g.empty:
         raise ValueError(f"{generations_path(model, data_root)} has no answers to test-split prompts")
-    samples = pd.DataFrame({"prompt_id": g.prompt_id.to_numpy(), "sample": g["sample"].to_numpy(),
-                            "s": g.prompt_tokens.to_numpy(np.int64), "o": g.output_tokens.to_numpy(np.int64)})
+    samples = pd.DataFrame(
+        {
+            "prompt_id": g.prompt_id.to_numpy(),
+            "sample": g["sample"].to_numpy(),
+            "s": g.prompt_tokens.to_numpy(np.int64),
+            "o": g.output_tokens.to_numpy(np.int64),
+        }
+    )
     notes = []
     truncated = float((g.finish_reason == "length").mean())
     if truncated > 0:
@@ -100,8 +107,9 @@ def read_trace(path: str | Path) -> np.ndarray:
         try:
             df = pd.read_parquet(path) if path.suffix == ".parquet" else pd.read_csv(path)
         except Exception as exc:  # pandas/pyarrow raise many types for a damaged file
-            raise PARSError(f"arrival trace {path}: not a readable {path.suffix[1:]} file "
-                            f"({exc.__class__.__name__}: {exc})") from None
+            raise PARSError(
+                f"arrival trace {path}: not a readable {path.suffix[1:]} file " f"({exc.__class__.__name__}: {exc})"
+            ) from None
         if "arrival" not in df.columns:
             raise PARSError(f"arrival trace {path}: no column 'arrival' (columns: {list(df.columns)[:10]})")
         values = list(df["arrival"])
@@ -124,8 +132,10 @@ def read_trace(path: str | Path) -> np.ndarray:
         except (TypeError, ValueError):
             t = float("nan")
         if not 0 <= t <= MAX_TRACE_S:  # also NaN
-            raise PARSError(f"arrival trace {at}: {str(value)[:40]!r} is not a time in seconds "
-                            f"(a number from 0 to {MAX_TRACE_S:g})")
+            raise PARSError(
+                f"arrival trace {at}: {str(value)[:40]!r} is not a time in seconds "
+                f"(a number from 0 to {MAX_TRACE_S:g})"
+            )
         times[i] = t
     if times.size == 0:
         raise PARSError(f"arrival trace {path}: no arrival times")
@@ -141,16 +151,24 @@ def check_params(p: dict[str, Any], where: str) -> None:
             raise PARSError(f"{where}.{key} {value!r}: expected a whole number >= {minimum}")
 
     def number(value: Any, key: str, positive: bool) -> None:
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not np.isfinite(value) \
-                or value < 0 or (positive and value == 0):
+        if (
+            isinstance(value, bool)
+            or not isinstance(value, (int, float))
+            or not np.isfinite(value)
+            or value < 0
+            or (positive and value == 0)
+        ):
             raise PARSError(f"{where}.{key} {value!r}: expected a finite number {'> 0' if positive else '>= 0'}")
 
     count(p["burst"], "burst")
     count(p["poisson_requests"], "poisson_requests")
     count(p["seed"], "seed", minimum=0)
     curve = p.get("quality_curve") or {}
-    for key, values in (("poisson_loads", p["poisson_loads"]), ("policies", p["policies"]),
-                        ("quality_curve.noise_sigma", curve.get("noise_sigma") if isinstance(curve, dict) else 0)):
+    for key, values in (
+        ("poisson_loads", p["poisson_loads"]),
+        ("policies", p["policies"]),
+        ("quality_curve.noise_sigma", curve.get("noise_sigma") if isinstance(curve, dict) else 0),
+    ):
         if not isinstance(values, (list, type(None))):
             raise PARSError(f"{where}.{key} {values!r}: expected a list")
     for i, load in enumerate(p["poisson_loads"] or []):
@@ -158,8 +176,10 @@ def check_params(p: dict[str, Any], where: str) -> None:
     for i, sigma in enumerate(curve.get("noise_sigma") or []):
         number(sigma, f"quality_curve.noise_sigma[{i}]", positive=False)
     if curve and curve.get("workload") not in (p.get("workloads") or {}):
-        raise PARSError(f"{where}.quality_curve.workload {curve.get('workload')!r} is not one of "
-                        f"simulate.workloads {sorted(p.get('workloads') or {})}")
+        raise PARSError(
+            f"{where}.quality_curve.workload {curve.get('workload')!r} is not one of "
+            f"simulate.workloads {sorted(p.get('workloads') or {})}"
+        )
     unknown = sorted(str(x) for x in set(map(str, p["policies"] or [])) - set(POLICIES))
     if unknown:
         raise PARSError(f"{where}.policies: unknown policy {unknown[0]!r} (known: {', '.join(POLICIES)})")
@@ -188,8 +208,9 @@ def draw(samples: pd.DataFrame, n: int, rng: np.random.Generator) -> pd.DataFram
     return samples.loc[rows].reset_index(drop=True)
 
 
-def run_policies(req: pd.DataFrame, arrival: np.ndarray, scores: pd.DataFrame, policies: list[str], cfg,
-                 seed: int) -> tuple[dict[str, Any], dict[str, float]]:
+def run_policies(
+    req: pd.DataFrame, arrival: np.ndarray, scores: pd.DataFrame, policies: list[str], cfg, seed: int
+) -> tuple[dict[str, Any], dict[str, float]]:
     """Each policy's simulation, and the tau_b of its key against the true lengths: the ranking
     quality it had on these very requests."""
     from pipeline.queueing.simulator import simulate
@@ -232,14 +253,24 @@ def quality_curve(req: pd.DataFrame, arrival: np.ndarray, cfg, noise: list[float
     for sigma in noise:
         scores = np.log1p(o) + rng.normal(0.0, float(sigma), size=o.size)
         row = simulate(arrival, s, o, key=scores, config=cfg).summary()
-        points.append({"noise_sigma": float(sigma), "kendall_tau_b": kendall_tau_b(scores, o),
-                       "speedup_mean_over_fcfs": fcfs["mean_per_token_latency"] / row["mean_per_token_latency"],
-                       "speedup_p90_over_fcfs": fcfs["p90_per_token_latency"] / row["p90_per_token_latency"]})
+        points.append(
+            {
+                "noise_sigma": float(sigma),
+                "kendall_tau_b": kendall_tau_b(scores, o),
+                "speedup_mean_over_fcfs": fcfs["mean_per_token_latency"] / row["mean_per_token_latency"],
+                "speedup_p90_over_fcfs": fcfs["p90_per_token_latency"] / row["p90_per_token_latency"],
+            }
+        )
     return points
 
 
-def plots(name: str, burst_results: dict[str, Any], sweep: dict[float, dict], curve: list[dict] | None,
-          measured: dict[str, dict] | None) -> None:
+def plots(
+    name: str,
+    burst_results: dict[str, Any],
+    sweep: dict[float, dict],
+    curve: list[dict] | None,
+    measured: dict[str, dict] | None,
+) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -297,8 +328,13 @@ def plots(name: str, burst_results: dict[str, Any], sweep: dict[float, dict], cu
         ax.plot(tau, [c["speedup_p90_over_fcfs"] for c in curve], "s--", label="p90, noisy true length")
         for policy, row in (measured or {}).items():
             ax.plot([row["kendall_tau_b"]], [row["speedup_mean_over_fcfs"]], "k*", ms=10)
-            ax.annotate(policy, (row["kendall_tau_b"], row["speedup_mean_over_fcfs"]),
-                        textcoords="offset points", xytext=(5, -10), fontsize=8)
+            ax.annotate(
+                policy,
+                (row["kendall_tau_b"], row["speedup_mean_over_fcfs"]),
+                textcoords="offset points",
+                xytext=(5, -10),
+                fontsize=8,
+            )
         ax.axhline(1.0, color="grey", ls=":")
         ax.set_xlabel("Kendall tau_b of the scores (burst requests)")
         ax.set_ylabel("per-token latency speedup over FCFS")
@@ -336,8 +372,9 @@ def run_workload(name: str, w: dict[str, Any], p: dict[str, Any], cfg, data_root
     rng = np.random.default_rng(seed)
     req = draw(samples, n, rng)
     scen: dict[str, Any] = {}
-    print(f"{name}: burst of {n} requests from {n_prompts} test prompts ({len(samples)} answers), "
-          f"policies {policies}")
+    print(
+        f"{name}: burst of {n} requests from {n_prompts} test prompts ({len(samples)} answers), " f"policies {policies}"
+    )
     arrival = burst(n)
     burst_res, taus = run_policies(req, arrival, scores, policies, cfg, seed)
     scen[f"burst_{n}"] = summarise(burst_res, taus)
@@ -360,12 +397,22 @@ def run_workload(name: str, w: dict[str, Any], p: dict[str, Any], cfg, data_root
     measured = {x: scen[f"burst_{n}"][x] for x in policies if x in SCORE_METHODS}
     plots(name, burst_res, sweep, curve, measured)
     out = {
-        "model": w["model"], "score_model": w["score_model"], "test_prompts": int(n_prompts),
-        "answers": int(len(samples)), "policies": policies, "notes": notes,
+        "model": w["model"],
+        "score_model": w["score_model"],
+        "test_prompts": int(n_prompts),
+        "answers": int(len(samples)),
+        "policies": policies,
+        "notes": notes,
         "resampled": n > n_prompts,
-        "requests": (f"{n_prompts} test prompts resampled with replacement; each request one real answer sample"
-                     if n > n_prompts else f"{n} distinct test prompts; each request one real answer sample"),
-        "mu_theory": cap.mu, "delta": cap.delta, "slot_rate": slots, "capacity_rate": capacity_rate,
+        "requests": (
+            f"{n_prompts} test prompts resampled with replacement; each request one real answer sample"
+            if n > n_prompts
+            else f"{n} distinct test prompts; each request one real answer sample"
+        ),
+        "mu_theory": cap.mu,
+        "delta": cap.delta,
+        "slot_rate": slots,
+        "capacity_rate": capacity_rate,
         "load_unit": f"Poisson loads are fractions of capacity_rate (bound by {binding})",
         "scenarios": scen,
     }
@@ -386,9 +433,10 @@ def run(p: dict[str, Any], data_root: str | Path = "data") -> dict[str, Any]:
         for old in PLOTS.glob("*.png"):
             old.unlink()
     workloads = {name: run_workload(name, w, p, cfg, data_root) for name, w in p["workloads"].items()}
-    out = {"engine": {k: (v if np.isfinite(v) else None) if isinstance(v, float) else v
-                      for k, v in cfg.__dict__.items()},
-           "workloads": workloads}
+    out = {
+        "engine": {k: (v if np.isfinite(v) else None) if isinstance(v, float) else v for k, v in cfg.__dict__.items()},
+        "workloads": workloads,
+    }
     write_json(out, METRICS)
     return out
 
@@ -400,17 +448,19 @@ def print_table(name: str, w: dict[str, Any], scenario: str) -> None:
     for p in ORDER:
         if p in rows:
             r = rows[p]
-            print(f"{p:10s} {r['mean_per_token_latency']:9.4f} {r['p90_per_token_latency']:9.4f} "
-                  f"{r['speedup_mean_over_fcfs']:7.2f}x {r['speedup_p90_over_fcfs']:7.2f}x "
-                  f"{r.get('gap_mean_to_oracle', float('nan')):+9.1%}")
+            print(
+                f"{p:10s} {r['mean_per_token_latency']:9.4f} {r['p90_per_token_latency']:9.4f} "
+                f"{r['speedup_mean_over_fcfs']:7.2f}x {r['speedup_p90_over_fcfs']:7.2f}x "
+                f"{r.get('gap_mean_to_oracle', float('nan')):+9.1%}"
+            )
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="pars simulate", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        prog="pars simulate", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--data-root", default="data")
-    ap.add_argument("--workload", action="append",
-                    help="run only this workload of simulate.workloads (repeatable)")
+    ap.add_argument("--workload", action="append", help="run only this workload of simulate.workloads (repeatable)")
     ap.add_argument("--trace", help="also replay this arrival trace (seconds; text, CSV or parquet column `arrival`)")
     ap.add_argument("--params", default=None, help="params file (default params.yaml)")
     args = ap.parse_args(argv)
@@ -429,7 +479,9 @@ def main(argv: list[str] | None = None) -> int:
         for scenario in w["scenarios"]:
             print_table(name, w, scenario)
         for point in w.get("quality_curve", []):
-            print(f"{name}: tau_b {point['kendall_tau_b']:.2f} -> mean {point['speedup_mean_over_fcfs']:.2f}x, "
-                  f"p90 {point['speedup_p90_over_fcfs']:.2f}x over FCFS")
+            print(
+                f"{name}: tau_b {point['kendall_tau_b']:.2f} -> mean {point['speedup_mean_over_fcfs']:.2f}x, "
+                f"p90 {point['speedup_p90_over_fcfs']:.2f}x over FCFS"
+            )
     print(f"\nwrote {METRICS}, {PLOTS}/*.png")
     return 0

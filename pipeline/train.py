@@ -42,8 +42,9 @@ def run_group() -> str:
     if name:
         return name
     try:
-        sha = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                             timeout=5, check=True).stdout.strip()
+        sha = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, timeout=5, check=True
+        ).stdout.strip()
         return f"repro-{sha}" if sha else "local"
     except (OSError, subprocess.SubprocessError):
         return "local"
@@ -59,27 +60,48 @@ def make_logger(model: str, method: str, cfg: dict[str, Any], datasets: list[str
     save_dir = Path(wb["dir"])
     save_dir.mkdir(parents=True, exist_ok=True)
     return WandbLogger(
-        project=wb["project"], entity=wb["entity"], name=f"{model}-{method}",
-        group=run_group(), tags=[f"model:{model}", f"method:{method}", *[f"dataset:{d}" for d in datasets]],
-        job_type="train", save_dir=str(save_dir), offline=mode == "offline", mode=mode,
+        project=wb["project"],
+        entity=wb["entity"],
+        name=f"{model}-{method}",
+        group=run_group(),
+        tags=[f"model:{model}", f"method:{method}", *[f"dataset:{d}" for d in datasets]],
+        job_type="train",
+        save_dir=str(save_dir),
+        offline=mode == "offline",
+        mode=mode,
         config={"model": model, "method": method, "datasets": datasets, **cfg, **extra},
     )
 
 
-def train_one(model_name: str, method: str, params: dict[str, Any], *, data_root: str | Path = "data",
-              models_root: str | Path = "models", metrics_dir: str | Path = "metrics/train",
-              plots_dir: str | Path = "plots/train") -> dict[str, Any]:
+def train_one(
+    model_name: str,
+    method: str,
+    params: dict[str, Any],
+    *,
+    data_root: str | Path = "data",
+    models_root: str | Path = "models",
+    metrics_dir: str | Path = "metrics/train",
+    plots_dir: str | Path = "plots/train",
+) -> dict[str, Any]:
     """Train one (generation model, method) predictor; returns the metrics written."""
     t_start = time.perf_counter()
     cfg = params  # params.yaml's train section: every key comes from there, none from code
     lt = cfg["lightning"]  # read before the slow work, so a missing key fails at once
     if str(lt["strategy"]).startswith(("ddp_spawn", "ddp_fork", "ddp_notebook")):
         # these train in child processes: the best weights never reach this one to be exported
-        raise ValueError(f"train.lightning.strategy {lt['strategy']!r} is not supported: use ddp "
-                         f"(it runs this command once per device)")
-    trainer_args = {"max_epochs": int(cfg["epochs"]), "accelerator": lt["accelerator"], "devices": lt["devices"],
-                    "num_nodes": int(lt["num_nodes"]), "precision": lt["precision"], "strategy": lt["strategy"],
-                    "gradient_clip_val": float(cfg["grad_clip"])}
+        raise ValueError(
+            f"train.lightning.strategy {lt['strategy']!r} is not supported: use ddp "
+            f"(it runs this command once per device)"
+        )
+    trainer_args = {
+        "max_epochs": int(cfg["epochs"]),
+        "accelerator": lt["accelerator"],
+        "devices": lt["devices"],
+        "num_nodes": int(lt["num_nodes"]),
+        "precision": lt["precision"],
+        "strategy": lt["strategy"],
+        "gradient_clip_val": float(cfg["grad_clip"]),
+    }
     import lightning as L
     import torch
 
@@ -98,24 +120,43 @@ def train_one(model_name: str, method: str, params: dict[str, Any], *, data_root
         data = RankingData.load(model_name, data_root)
     tokenizer = load_tokenizer(cfg["encoder"])
     head_fraction, frozen = float(cfg["head_fraction"]), int(cfg["frozen_layers"])
-    dm = RankingDataModule(data, tokenizer, method, max_length=int(cfg["max_length"]),
-                           batch_size=int(cfg["batch_size"]), eval_batch_size=int(cfg["eval_batch_size"]),
-                           pairwise_mode=cfg["pairwise_mode"], max_train_prompts=cfg["max_train_prompts"],
-                           seed=int(cfg["seed"]), num_workers=int(cfg["num_workers"]),
-                           head_fraction=head_fraction, length_buckets=int(cfg["length_buckets"]))
+    dm = RankingDataModule(
+        data,
+        tokenizer,
+        method,
+        max_length=int(cfg["max_length"]),
+        batch_size=int(cfg["batch_size"]),
+        eval_batch_size=int(cfg["eval_batch_size"]),
+        pairwise_mode=cfg["pairwise_mode"],
+        max_train_prompts=cfg["max_train_prompts"],
+        seed=int(cfg["seed"]),
+        num_workers=int(cfg["num_workers"]),
+        head_fraction=head_fraction,
+        length_buckets=int(cfg["length_buckets"]),
+    )
     model = LengthRanker.from_pretrained_encoder(cfg["encoder"], dropout=float(cfg["dropout"]))
     prepare_for_training(model, method, dm.train_table.lengths)
     cache_seconds = 0.0
     if frozen:
         model.freeze_lower(frozen)
         cache_seconds = dm.cache_hidden(model, frozen, batch_size=int(cfg["eval_batch_size"]))
-        print(f"train {model_name}/{method}: frozen embeddings + {frozen} layers run once over "
-              f"{len(dm.train_table) + len(dm.val_table)} prompts in {cache_seconds:.0f} s", flush=True)
+        print(
+            f"train {model_name}/{method}: frozen embeddings + {frozen} layers run once over "
+            f"{len(dm.train_table) + len(dm.val_table)} prompts in {cache_seconds:.0f} s",
+            flush=True,
+        )
     model.train()  # from_pretrained returns eval mode (dropout off) and Lightning keeps the mode it finds
-    module = RankerModule(model, method, lr=float(cfg["lr"]), weight_decay=float(cfg["weight_decay"]),
-                          warmup_fraction=float(cfg["warmup_fraction"]), margin=float(cfg["margin"]),
-                          val_pairs=dm.val_pair_idx, frozen_layers=frozen,
-                          val_groups=dm.val_table.groups if len(data.members) > 1 else None)
+    module = RankerModule(
+        model,
+        method,
+        lr=float(cfg["lr"]),
+        weight_decay=float(cfg["weight_decay"]),
+        warmup_fraction=float(cfg["warmup_fraction"]),
+        margin=float(cfg["margin"]),
+        val_pairs=dm.val_pair_idx,
+        frozen_layers=frozen,
+        val_groups=dm.val_table.groups if len(data.members) > 1 else None,
+    )
 
     logger = make_logger(model_name, method, cfg, data.datasets, dm.describe() | {"delta": data.delta})
     best = BestWeights()
@@ -125,9 +166,13 @@ def train_one(model_name: str, method: str, params: dict[str, Any], *, data_root
 
         callbacks.append(EarlyStopping(monitor="val/tau_b", mode="max", patience=int(cfg["patience"])))
     trainer = L.Trainer(
-        **trainer_args, logger=logger if logger is not None else False,
-        callbacks=callbacks, enable_checkpointing=False,  # BestWeights keeps the best epoch; export below
-        num_sanity_val_steps=0, log_every_n_steps=5, enable_model_summary=False,
+        **trainer_args,
+        logger=logger if logger is not None else False,
+        callbacks=callbacks,
+        enable_checkpointing=False,  # BestWeights keeps the best epoch; export below
+        num_sanity_val_steps=0,
+        log_every_n_steps=5,
+        enable_model_summary=False,
     )
     trainer.fit(module, datamodule=dm)
 
@@ -139,29 +184,65 @@ def train_one(model_name: str, method: str, params: dict[str, Any], *, data_root
             shutil.rmtree(out)
         train_wall = module.train_seconds
         trained_on = {
-            "model": model_name, "datasets": data.datasets, "n_train_prompts": dm.n_train_prompts,
-            "val_tau_b": best.best_val["val_tau_b"], "val_pair_acc": best.best_val["val_pair_acc"],
-            "best_epoch": best.best_epoch, "epochs": int(cfg["epochs"]), "delta": data.delta,
+            "model": model_name,
+            "datasets": data.datasets,
+            "n_train_prompts": dm.n_train_prompts,
+            "val_tau_b": best.best_val["val_tau_b"],
+            "val_pair_acc": best.best_val["val_pair_acc"],
+            "best_epoch": best.best_epoch,
+            "epochs": int(cfg["epochs"]),
+            "delta": data.delta,
             "pairwise_mode": cfg["pairwise_mode"] if method == "pairwise" else None,
-            "n_val_prompts": len(dm.val_table), "members": list(data.members),
+            "n_val_prompts": len(dm.val_table),
+            "members": list(data.members),
         }
-        save_checkpoint(model, tokenizer, out, method=method, max_length=int(cfg["max_length"]),
-                        encoder=str(cfg["encoder"]), trained_on=trained_on, head_fraction=head_fraction,
-                        extra={"training": {k: cfg[k] for k in ("lr", "weight_decay", "warmup_fraction", "batch_size",
-                                                                 "grad_clip", "margin", "seed", "dropout",
-                                                                 "frozen_layers", "length_buckets")}})
+        save_checkpoint(
+            model,
+            tokenizer,
+            out,
+            method=method,
+            max_length=int(cfg["max_length"]),
+            encoder=str(cfg["encoder"]),
+            trained_on=trained_on,
+            head_fraction=head_fraction,
+            extra={
+                "training": {
+                    k: cfg[k]
+                    for k in (
+                        "lr",
+                        "weight_decay",
+                        "warmup_fraction",
+                        "batch_size",
+                        "grad_clip",
+                        "margin",
+                        "seed",
+                        "dropout",
+                        "frozen_layers",
+                        "length_buckets",
+                    )
+                }
+            },
+        )
         result = {
-            "model": model_name, "method": method,
-            "val_tau_b": best.best_val["val_tau_b"], "val_pair_acc": best.best_val["val_pair_acc"],
-            "best_epoch": best.best_epoch, "epochs_run": len(best.history),
+            "model": model_name,
+            "method": method,
+            "val_tau_b": best.best_val["val_tau_b"],
+            "val_pair_acc": best.best_val["val_pair_acc"],
+            "best_epoch": best.best_epoch,
+            "epochs_run": len(best.history),
             **dm.describe(),
-            "pairs_seen": module.pairs_seen, "prompts_encoded": module.prompts_encoded,
-            "train_seconds": round(train_wall, 2), "frozen_cache_seconds": round(cache_seconds, 2),
-            "frozen_layers": frozen, "head_fraction": head_fraction, "members": list(data.members),
+            "pairs_seen": module.pairs_seen,
+            "prompts_encoded": module.prompts_encoded,
+            "train_seconds": round(train_wall, 2),
+            "frozen_cache_seconds": round(cache_seconds, 2),
+            "frozen_layers": frozen,
+            "head_fraction": head_fraction,
+            "members": list(data.members),
             "prompts_per_s": round(module.prompts_encoded / train_wall, 3) if train_wall else None,
             "pairs_per_s": round(module.pairs_seen / train_wall, 3) if train_wall and method == "pairwise" else None,
             "stage_wall_s": round(time.perf_counter() - t_start, 2),
-            "encoder": str(cfg["encoder"]), "max_length": int(cfg["max_length"]),
+            "encoder": str(cfg["encoder"]),
+            "max_length": int(cfg["max_length"]),
             "batch_size": int(cfg["batch_size"]),
             "pairwise_mode": cfg["pairwise_mode"] if method == "pairwise" else None,
         }
@@ -171,9 +252,14 @@ def train_one(model_name: str, method: str, params: dict[str, Any], *, data_root
         pd.DataFrame(best.history).to_csv(plot, index=False)
         if logger is not None:
             run = logger.experiment
-            run.summary.update({"best/val_tau_b": result["val_tau_b"], "best/epoch": best.best_epoch,
-                                "train/prompts_per_s": result["prompts_per_s"],
-                                "train/pairs_per_s": result["pairs_per_s"]})
+            run.summary.update(
+                {
+                    "best/val_tau_b": result["val_tau_b"],
+                    "best/epoch": best.best_epoch,
+                    "train/prompts_per_s": result["prompts_per_s"],
+                    "train/pairs_per_s": result["pairs_per_s"],
+                }
+            )
     if logger is not None:
         logger.experiment.finish()  # flush the (offline) run directory before the process exits
     return result
@@ -190,10 +276,19 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--plots", default="plots/train")
     args = ap.parse_args(argv)
     params = load_params("train", args.params)
-    res = train_one(args.model, args.method, params, data_root=args.data, models_root=args.models,
-                    metrics_dir=args.metrics, plots_dir=args.plots)
+    res = train_one(
+        args.model,
+        args.method,
+        params,
+        data_root=args.data,
+        models_root=args.models,
+        metrics_dir=args.metrics,
+        plots_dir=args.plots,
+    )
     if res:
-        print(f"train {args.model}/{args.method}: val tau_b {res['val_tau_b']:.3f} (epoch {res['best_epoch']}), "
-              f"pair acc {res['val_pair_acc']:.3f}, {res['prompts_per_s']} prompts/s, "
-              f"stage {res['stage_wall_s']:.0f} s -> {Path(args.models) / args.model / args.method}")
+        print(
+            f"train {args.model}/{args.method}: val tau_b {res['val_tau_b']:.3f} (epoch {res['best_epoch']}), "
+            f"pair acc {res['val_pair_acc']:.3f}, {res['prompts_per_s']} prompts/s, "
+            f"stage {res['stage_wall_s']:.0f} s -> {Path(args.models) / args.model / args.method}"
+        )
     return 0

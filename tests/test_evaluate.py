@@ -26,6 +26,7 @@ def _labels(gens):
 
 # ---------------------------------------------------------------- metrics on hand-made data
 
+
 def test_kendall_tau_b_known_values():
     assert M.kendall_tau_b([1, 2, 3, 4], [1, 3, 2, 4]) == pytest.approx(4 / 6)
     # one tie in x: tau_b = 5 / sqrt(5 * 6)
@@ -83,12 +84,14 @@ def test_pair_accuracy_delta_filter_truncation_and_ties():
 
 
 def test_noise_ceiling():
-    gens = pd.DataFrame({
-        "prompt_id": ["p1"] * 2 + ["p2"] * 2 + ["p3"] * 2,
-        "sample": [0, 1] * 3,
-        "output_tokens": [10, 20, 30, 50, 100, 100],
-        "finish_reason": ["stop", "stop", "stop", "length", "stop", "stop"],
-    })
+    gens = pd.DataFrame(
+        {
+            "prompt_id": ["p1"] * 2 + ["p2"] * 2 + ["p3"] * 2,
+            "sample": [0, 1] * 3,
+            "output_tokens": [10, 20, 30, 50, 100, 100],
+            "finish_reason": ["stop", "stop", "stop", "length", "stop", "stop"],
+        }
+    )
     # two samples that order prompts identically: ceiling 1
     ceiling = M.noise_ceiling(M.sample_length_matrix(gens, ["p1", "p2", "p3"]), n_boot=50)
     assert ceiling["kendall_tau_b"] == pytest.approx(1.0) and ceiling["n_sample_pairs"] == 1
@@ -99,12 +102,14 @@ def test_noise_ceiling():
     samples = rng.lognormal(5, 1, size=(80, 1)) * rng.lognormal(0, 0.3, size=(80, 4))
     ceiling = M.noise_ceiling(samples, n_boot=50)
     from itertools import combinations
+
     expected = np.mean([kendalltau(samples[:, a], samples[:, b]).statistic for a, b in combinations(range(4), 2)])
     assert ceiling["kendall_tau_b"] == pytest.approx(expected) and ceiling["n_sample_pairs"] == 6
     assert ceiling["ci_low"] <= ceiling["kendall_tau_b"] <= ceiling["ci_high"]
 
 
 # ---------------------------------------------------------------- synthetic project data
+
 
 def _make_data(root, n_per_dataset=24, seed=0):
     """Prompts of 3 datasets; `m4` (k=4) and `m1` (k=1) answer the test prompts; m1 skips ds_c."""
@@ -114,8 +119,15 @@ def _make_data(root, n_per_dataset=24, seed=0):
         for i in range(n_per_dataset):
             split = "test" if i % 3 else "train"
             words = int(rng.integers(3, 40))
-            rows.append({"prompt_id": f"{ds}-{i:03d}", "dataset": ds, "split": split, "source_id": str(i),
-                         "prompt": " ".join(["explain"] * words) + f" item {i} of {ds}"})
+            rows.append(
+                {
+                    "prompt_id": f"{ds}-{i:03d}",
+                    "dataset": ds,
+                    "split": split,
+                    "source_id": str(i),
+                    "prompt": " ".join(["explain"] * words) + f" item {i} of {ds}",
+                }
+            )
     prompts = pd.DataFrame(rows)
     write_table(prompts, prompts_path(root), PROMPTS)
     true_len = {pid: float(rng.lognormal(5, 1)) for pid in prompts["prompt_id"]}
@@ -126,9 +138,18 @@ def _make_data(root, n_per_dataset=24, seed=0):
                 continue
             for s in range(k):
                 n = max(1, int(true_len[pid] * rng.lognormal(0, 0.2)))
-                gens.append({"prompt_id": pid, "sample": s, "output_tokens": min(n, 600), "reasoning_tokens": 0,
-                             "finish_reason": "length" if n >= 600 else "stop", "prompt_tokens": 10,
-                             "text": "x", "reasoning": ""})
+                gens.append(
+                    {
+                        "prompt_id": pid,
+                        "sample": s,
+                        "output_tokens": min(n, 600),
+                        "reasoning_tokens": 0,
+                        "finish_reason": "length" if n >= 600 else "stop",
+                        "prompt_tokens": 10,
+                        "text": "x",
+                        "reasoning": "",
+                    }
+                )
         write_table(pd.DataFrame(gens), generations_path(model, root), GENERATIONS)
     return prompts, true_len
 
@@ -142,12 +163,28 @@ def test_evaluate_core_on_hand_made_scores(tmp_path):
     # the "oracle" predictor scores each prompt with m4's mean length; "reverse" with its negation
     mean_len = _labels(gens["m4"])["length"]
     oracle = mean_len.reindex(test["prompt_id"]).to_numpy()
-    scores = pd.concat([
-        pd.DataFrame({"prompt_id": test["prompt_id"], "dataset": test["dataset"], "train_model": "m4",
-                      "method": "oracle", "score": oracle}),
-        pd.DataFrame({"prompt_id": test["prompt_id"], "dataset": test["dataset"], "train_model": "m4",
-                      "method": "reverse", "score": -oracle}),
-    ])
+    scores = pd.concat(
+        [
+            pd.DataFrame(
+                {
+                    "prompt_id": test["prompt_id"],
+                    "dataset": test["dataset"],
+                    "train_model": "m4",
+                    "method": "oracle",
+                    "score": oracle,
+                }
+            ),
+            pd.DataFrame(
+                {
+                    "prompt_id": test["prompt_id"],
+                    "dataset": test["dataset"],
+                    "train_model": "m4",
+                    "method": "reverse",
+                    "score": -oracle,
+                }
+            ),
+        ]
+    )
     ptoks = pd.Series(np.random.default_rng(1).integers(5, 50, len(test)).astype(float), index=test["prompt_id"])
     r = evaluate(prompts, gens, scores, ptoks, delta=0.2, n_boot=100, seed=0, level=0.95, tfidf_ridge=TFIDF)
 
@@ -172,13 +209,22 @@ def test_evaluate_core_on_hand_made_scores(tmp_path):
     assert r["references"]["m1"]["overall"]["noise_ceiling"] is None
     lab = _labels(gens["m4"]).reindex(sorted(test["prompt_id"]))
     assert ref["prompt_length"]["kendall_tau_b"] == pytest.approx(
-        kendalltau(ptoks.reindex(lab.index), lab["length"]).statistic)
+        kendalltau(ptoks.reindex(lab.index), lab["length"]).statistic
+    )
     tm = transfer_matrix(r)["kendall_tau_b"]
     assert tm["oracle"]["m4"]["m4"] == pytest.approx(1.0) and tm["oracle"]["m4"]["m1"] == pytest.approx(expected)
     # TF-IDF + ridge: m4 has 24 labelled train prompts (no val split: the grid's first alpha), m1 only 16
     tf = ref["tfidf_ridge"]
-    assert {"kendall_tau_b", "ci_low", "ci_high", "n_prompts", "pair_accuracy", "n_pairs",
-            "n_train_prompts", "alpha"} <= set(tf)
+    assert {
+        "kendall_tau_b",
+        "ci_low",
+        "ci_high",
+        "n_prompts",
+        "pair_accuracy",
+        "n_pairs",
+        "n_train_prompts",
+        "alpha",
+    } <= set(tf)
     assert tf["n_train_prompts"] == 24 and tf["n_val_prompts"] == 0 and tf["alpha"] == ALPHAS[0]
     assert tf["n_prompts"] == len(test)
     assert r["references"]["m1"]["overall"]["tfidf_ridge"] is None
@@ -189,6 +235,7 @@ def test_evaluate_core_on_hand_made_scores(tmp_path):
 
 
 # ---------------------------------------------------------------- TF-IDF + ridge reference
+
 
 def _keyword_corpus(n, seed):
     """Prompts whose answer length is set by a keyword: "essay" long, "list" medium, else short."""
@@ -212,25 +259,32 @@ def test_tfidf_ridge_ranks_by_keyword_and_chooses_alpha_on_val():
     train_x, train_y = _keyword_corpus(80, 0)
     val_x, val_y = _keyword_corpus(30, 1)
     test_x, test_y = _keyword_corpus(60, 2)
-    scores, alpha, val_tau = tfidf_ridge_scores(train_x, train_y, val_x, val_y, test_x,
-                                                alphas=ALPHAS, ngram_max=2, min_df=2)
+    scores, alpha, val_tau = tfidf_ridge_scores(
+        train_x, train_y, val_x, val_y, test_x, alphas=ALPHAS, ngram_max=2, min_df=2
+    )
     assert len(scores) == len(test_x)
     assert M.kendall_tau_b(scores, test_y) > 0.5
     assert alpha in ALPHAS and val_tau > 0.5
     # alpha is the grid's best on val (the first on ties), from fits on train alone
     vec = TfidfVectorizer(ngram_range=(1, 2), min_df=2, sublinear_tf=True, lowercase=True).fit(train_x)
-    val_taus = [M.kendall_tau_b(Ridge(alpha=a).fit(vec.transform(train_x), np.log1p(train_y))
-                                .predict(vec.transform(val_x)), val_y) for a in ALPHAS]
+    val_taus = [
+        M.kendall_tau_b(
+            Ridge(alpha=a).fit(vec.transform(train_x), np.log1p(train_y)).predict(vec.transform(val_x)), val_y
+        )
+        for a in ALPHAS
+    ]
     assert alpha == ALPHAS[int(np.argmax(val_taus))] and val_tau == pytest.approx(max(val_taus))
     # test labels cannot come in (no parameter for them), and test texts do not move the fit
     assert [p for p in inspect.signature(tfidf_ridge_scores).parameters if p.startswith("test")] == ["test_texts"]
-    again, alpha_again, _ = tfidf_ridge_scores(train_x, train_y, val_x, val_y, test_x[:7] + ["essay"],
-                                               alphas=ALPHAS, ngram_max=2, min_df=2)
+    again, alpha_again, _ = tfidf_ridge_scores(
+        train_x, train_y, val_x, val_y, test_x[:7] + ["essay"], alphas=ALPHAS, ngram_max=2, min_df=2
+    )
     assert alpha_again == alpha
     np.testing.assert_allclose(again[:7], scores[:7])
     # no val prompts: the grid's first alpha, val tau_b NaN
-    _, alpha_none, tau_none = tfidf_ridge_scores(train_x, train_y, [], [], test_x, alphas=[3.0, 1.0],
-                                                 ngram_max=2, min_df=2)
+    _, alpha_none, tau_none = tfidf_ridge_scores(
+        train_x, train_y, [], [], test_x, alphas=[3.0, 1.0], ngram_max=2, min_df=2
+    )
     assert alpha_none == 3.0 and np.isnan(tau_none)
 
 
@@ -243,20 +297,46 @@ def _keyword_project(n_per_dataset=60):
         texts, lengths = _keyword_corpus(n_per_dataset, 10 + d)
         for i, (text, length) in enumerate(zip(texts, lengths)):
             pid = f"{ds}-{i:03d}"
-            rows.append({"prompt_id": pid, "dataset": ds, "split": ("train", "train", "val", "test", "test")[i % 5],
-                         "source_id": str(i), "prompt": text})
+            rows.append(
+                {
+                    "prompt_id": pid,
+                    "dataset": ds,
+                    "split": ("train", "train", "val", "test", "test")[i % 5],
+                    "source_id": str(i),
+                    "prompt": text,
+                }
+            )
             for s in range(2):
-                gens.append({"prompt_id": pid, "sample": s, "output_tokens": int(length * rng.lognormal(0, 0.1)) + 1,
-                             "reasoning_tokens": 0, "finish_reason": "stop", "prompt_tokens": 10, "text": "x",
-                             "reasoning": ""})
+                gens.append(
+                    {
+                        "prompt_id": pid,
+                        "sample": s,
+                        "output_tokens": int(length * rng.lognormal(0, 0.1)) + 1,
+                        "reasoning_tokens": 0,
+                        "finish_reason": "stop",
+                        "prompt_tokens": 10,
+                        "text": "x",
+                        "reasoning": "",
+                    }
+                )
     prompts, gens = pd.DataFrame(rows), {"kw": pd.DataFrame(gens)}
     test = prompts[prompts["split"] == "test"]
     truth = _labels(gens["kw"])["length"].reindex(test["prompt_id"]).to_numpy()
     noise = np.random.default_rng(6).normal(size=len(test))
-    scores = pd.concat([
-        pd.DataFrame({"prompt_id": test["prompt_id"], "dataset": test["dataset"], "train_model": "kw",
-                      "method": method, "score": score})
-        for method, score in (("pairwise", truth), ("pointwise", noise))])
+    scores = pd.concat(
+        [
+            pd.DataFrame(
+                {
+                    "prompt_id": test["prompt_id"],
+                    "dataset": test["dataset"],
+                    "train_model": "kw",
+                    "method": method,
+                    "score": score,
+                }
+            )
+            for method, score in (("pairwise", truth), ("pointwise", noise))
+        ]
+    )
     ptoks = pd.Series(test["prompt"].str.len().astype(float).to_numpy(), index=test["prompt_id"])
     return prompts, gens, scores, ptoks
 
@@ -275,7 +355,7 @@ def test_evaluate_tfidf_reference_fits_train_chooses_on_val_and_is_paired(monkey
     monkeypatch.setattr(E, "tfidf_ridge_scores", spy)
     r = E.evaluate(prompts, gens, scores, ptoks, delta=0.2, n_boot=200, seed=0, level=0.95, tfidf_ridge=TFIDF)
     split_of = prompts.set_index("prompt")["split"]
-    (train_texts, val_texts, test_texts), = calls
+    ((train_texts, val_texts, test_texts),) = calls
     assert set(split_of[train_texts]) == {"train"} and set(split_of[val_texts]) == {"val"}
     assert set(split_of[test_texts]) == {"test"}
 
@@ -298,8 +378,10 @@ def test_evaluate_tfidf_reference_fits_train_chooses_on_val_and_is_paired(monkey
     lab = _labels(gens["kw"]).reindex(sorted(prompts.loc[prompts["split"] == "test", "prompt_id"]))
     idx = M.bootstrap_indices(len(lab), 200, 0)
     s = scores.set_index(["method", "prompt_id"])["score"]
-    by_hand = M.percentile_ci(M.bootstrap_taus(s["pairwise"].reindex(lab.index), lab["length"], idx)
-                              - M.bootstrap_taus(s["pointwise"].reindex(lab.index), lab["length"], idx))
+    by_hand = M.percentile_ci(
+        M.bootstrap_taus(s["pairwise"].reindex(lab.index), lab["length"], idx)
+        - M.bootstrap_taus(s["pointwise"].reindex(lab.index), lab["length"], idx)
+    )
     assert (d["ci_low"], d["ci_high"]) == pytest.approx(by_hand)
     assert set(r["method_differences"]["kw"]["kw"]) == {"overall", "ds_a", "ds_b"}
     assert r["settings"]["tfidf_ridge"]["alphas"] == ALPHAS
@@ -310,8 +392,7 @@ def test_report_shows_tfidf_row_marks_and_method_differences():
     from pipeline.ranking.report_tables import render_markdown
 
     prompts, gens, scores, ptoks = _keyword_project()
-    r = _no_nan(evaluate(prompts, gens, scores, ptoks, delta=0.2, n_boot=100, seed=0, level=0.95,
-                         tfidf_ridge=TFIDF))
+    r = _no_nan(evaluate(prompts, gens, scores, ptoks, delta=0.2, n_boot=100, seed=0, level=0.95, tfidf_ridge=TFIDF))
     md = render_markdown(json.loads(json.dumps(r)))  # as read back from ranking.json
     rows = {line.split(" | ")[0]: line for line in md.splitlines() if line.startswith("| ")}
     assert "| *TF-IDF + ridge (train split)*" in rows and "| *prompt length (tokens)*" in rows
@@ -320,8 +401,17 @@ def test_report_shows_tfidf_row_marks_and_method_differences():
     assert "| *TF-IDF + ridge*" in rows  # in the transfer table too
     assert "Pairwise minus each other method" in md and "| kw → kw |" in md and "− pointwise" in md
     # an eval model without the reference: n/a, and no ‡ for it
-    few = evaluate(prompts, gens, scores, ptoks, delta=0.2, n_boot=50, seed=0, level=0.95,
-                   tfidf_ridge={**TFIDF, "min_train_prompts": 1000})
+    few = evaluate(
+        prompts,
+        gens,
+        scores,
+        ptoks,
+        delta=0.2,
+        n_boot=50,
+        seed=0,
+        level=0.95,
+        tfidf_ridge={**TFIDF, "min_train_prompts": 1000},
+    )
     md_few = render_markdown(few)
     assert "n/a (few train prompts)" in md_few and "‡" not in md_few
     # a ranking.json from before this reference (no tfidf keys, no method_differences) still renders
@@ -334,6 +424,7 @@ def test_report_shows_tfidf_row_marks_and_method_differences():
 
 # ---------------------------------------------------------------- the stage end to end
 
+
 @pytest.fixture
 def project(tmp_path, tiny_bert_config, tokenizer, monkeypatch):
     """Synthetic data + tiny random predictors models/{m4,m1}/{pairwise,pointwise}; cwd = tmp_path."""
@@ -345,15 +436,32 @@ def project(tmp_path, tiny_bert_config, tokenizer, monkeypatch):
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("WANDB_DIR", str(tmp_path))
     _make_data(tmp_path / "data")
-    for i, (model, method) in enumerate([("m4", "pairwise"), ("m4", "pointwise"), ("m1", "pairwise"), ("m1", "pointwise")]):
+    for i, (model, method) in enumerate(
+        [("m4", "pairwise"), ("m4", "pointwise"), ("m1", "pairwise"), ("m1", "pointwise")]
+    ):
         torch.manual_seed(i)
-        save_checkpoint(LengthRanker.from_config(tiny_bert_config), tokenizer, tmp_path / "models" / model / method,
-                        method=method, max_length=32, encoder="tiny-random-bert", trained_on={"model": model})
-    params = params_section("evaluate", train_models=["m4", "m1"], methods=["pairwise", "pointwise"],
-                            eval_models=["m4", "m1"], cross_models=[], delta=0.2,
-                            bootstrap={"n": 60, "seed": 42, "level": 0.95}, batch_size=8,
-                            baseline_tokenizer="minilm-l6", tfidf_ridge=TFIDF,
-                            wandb={"enabled": True, "project": "pars-test", "mode": "offline"})
+        save_checkpoint(
+            LengthRanker.from_config(tiny_bert_config),
+            tokenizer,
+            tmp_path / "models" / model / method,
+            method=method,
+            max_length=32,
+            encoder="tiny-random-bert",
+            trained_on={"model": model},
+        )
+    params = params_section(
+        "evaluate",
+        train_models=["m4", "m1"],
+        methods=["pairwise", "pointwise"],
+        eval_models=["m4", "m1"],
+        cross_models=[],
+        delta=0.2,
+        bootstrap={"n": 60, "seed": 42, "level": 0.95},
+        batch_size=8,
+        baseline_tokenizer="minilm-l6",
+        tfidf_ridge=TFIDF,
+        wandb={"enabled": True, "project": "pars-test", "mode": "offline"},
+    )
     return tmp_path, params
 
 
@@ -388,7 +496,10 @@ def test_evaluate_stage_writes_metrics_scores_plots_and_wandb(project, capsys):
             assert ranking["predictors"][model][method]["m1"]["overall"]["beats_tfidf_ridge"] is False
     assert set(ranking["method_differences"]["m1"]["m4"]["overall"]["pointwise"]) == {"diff", "ci_low", "ci_high"}
     transfer = json.loads((root / "metrics/transfer.json").read_text())
-    assert transfer["kendall_tau_b"]["pairwise"]["m1"]["m4"] == ranking["predictors"]["m1"]["pairwise"]["m4"]["overall"]["kendall_tau_b"]
+    assert (
+        transfer["kendall_tau_b"]["pairwise"]["m1"]["m4"]
+        == ranking["predictors"]["m1"]["pairwise"]["m4"]["overall"]["kendall_tau_b"]
+    )
 
     scores = pd.read_parquet(scores_path(root / "data"))
     assert list(scores.columns) == SCORES.names

@@ -11,10 +11,26 @@ from pipeline.export import export_metrics
 from pipeline.ranking.checkpoint import META, WEIGHTS, CheckpointError, sha256_file
 
 RANKING = {
-    "predictors": {"m": {"pairwise": {"m": {
-        "overall": {"kendall_tau_b": 0.41, "ci_low": 0.33, "ci_high": 0.49, "n_prompts": 120, "pair_accuracy": 0.7},
-        "ds_a": {"kendall_tau_b": 0.38}, "ds_b": {"kendall_tau_b": 0.45}}}}},
-    "references": {"m": {"overall": {"prompt_length": {"kendall_tau_b": 0.12}, "noise_ceiling": {"kendall_tau_b": 0.6}}}},
+    "predictors": {
+        "m": {
+            "pairwise": {
+                "m": {
+                    "overall": {
+                        "kendall_tau_b": 0.41,
+                        "ci_low": 0.33,
+                        "ci_high": 0.49,
+                        "n_prompts": 120,
+                        "pair_accuracy": 0.7,
+                    },
+                    "ds_a": {"kendall_tau_b": 0.38},
+                    "ds_b": {"kendall_tau_b": 0.45},
+                }
+            }
+        }
+    },
+    "references": {
+        "m": {"overall": {"prompt_length": {"kendall_tau_b": 0.12}, "noise_ceiling": {"kendall_tau_b": 0.6}}}
+    },
 }
 
 
@@ -23,8 +39,15 @@ def trained(tmp_path, tiny_ranker, tokenizer):
     """A train-stage output models/m/pairwise/ and evaluate's metrics/ranking.json."""
     from pipeline.ranking.checkpoint import save_checkpoint
 
-    save_checkpoint(tiny_ranker, tokenizer, tmp_path / "models/m/pairwise", method="pairwise", max_length=64,
-                    encoder="tiny-random-bert", trained_on={"pairs": "data/pairs/m", "n_train_pairs": 1000})
+    save_checkpoint(
+        tiny_ranker,
+        tokenizer,
+        tmp_path / "models/m/pairwise",
+        method="pairwise",
+        max_length=64,
+        encoder="tiny-random-bert",
+        trained_on={"pairs": "data/pairs/m", "n_train_pairs": 1000},
+    )
     (tmp_path / "metrics").mkdir()
     (tmp_path / "metrics/ranking.json").write_text(json.dumps(RANKING))
     return tmp_path
@@ -33,8 +56,12 @@ def trained(tmp_path, tiny_ranker, tokenizer):
 def _export(root, **params):
     from pipeline.export import run
 
-    return run({"name": "pars-m", "model": "m", "method": "pairwise", **params}, models_root=root / "models",
-               ranking_path=root / "metrics/ranking.json", out_root=root / "models/export")
+    return run(
+        {"name": "pars-m", "model": "m", "method": "pairwise", **params},
+        models_root=root / "models",
+        ranking_path=root / "metrics/ranking.json",
+        out_root=root / "models/export",
+    )
 
 
 def test_export_is_self_describing_and_scores_like_the_trained_model(trained):
@@ -57,8 +84,11 @@ def test_export_is_self_describing_and_scores_like_the_trained_model(trained):
     assert meta["trained_on"] == {"model": "m", "pairs": "data/pairs/m", "n_train_pairs": 1000}
     assert meta["weights_sha256"] == sha256_file(dst / WEIGHTS) == sha256_file(trained / "models/m/pairwise" / WEIGHTS)
     texts = ["short one", "a much longer prompt " * 10]
-    np.testing.assert_allclose(Scorer.from_pretrained(dst).score(texts),
-                               Scorer.from_pretrained(trained / "models/m/pairwise").score(texts), atol=1e-6)
+    np.testing.assert_allclose(
+        Scorer.from_pretrained(dst).score(texts),
+        Scorer.from_pretrained(trained / "models/m/pairwise").score(texts),
+        atol=1e-6,
+    )
 
 
 def test_export_refuses_corrupt_source_and_missing_metrics(trained):
@@ -79,9 +109,12 @@ def test_export_refuses_corrupt_source_and_missing_metrics(trained):
 
 def test_cross_model_export_metrics_take_the_lowest_member():
     stat = {"kendall_tau_b": 0.5, "ci_low": 0.4, "ci_high": 0.6, "n_prompts": 10, "pair_accuracy": 0.7}
-    ranking = {"predictors": {"both": {"pairwise": {"a": {"overall": stat},
-                                                    "b": {"overall": {**stat, "kendall_tau_b": 0.3}}}}},
-               "references": {"a": {"overall": {}}, "b": {"overall": {}}}}
+    ranking = {
+        "predictors": {
+            "both": {"pairwise": {"a": {"overall": stat}, "b": {"overall": {**stat, "kendall_tau_b": 0.3}}}}
+        },
+        "references": {"a": {"overall": {}}, "b": {"overall": {}}},
+    }
     metrics, tau = export_metrics(ranking, "both", "pairwise", ["a", "b"], "ranking.json")
     assert tau == 0.3 and set(metrics["by_eval_model"]) == {"a", "b"}
     assert metrics["by_eval_model"]["a"]["kendall_tau_b"] == 0.5

@@ -16,8 +16,9 @@ from pipeline.generate import GenerationCache, cache_key, run, select_prompts
 
 
 def _sample(n: int, reason: str = "stop") -> Sample:
-    return Sample(output_tokens=n, reasoning_tokens=0, finish_reason=reason, prompt_tokens=5, text="x" * n,
-                  reasoning="")
+    return Sample(
+        output_tokens=n, reasoning_tokens=0, finish_reason=reason, prompt_tokens=5, text="x" * n, reasoning=""
+    )
 
 
 def test_split_reasoning():
@@ -83,8 +84,13 @@ def test_recorded_backend_imports_answers(tmp_path):
     from pipeline.prepare import load_source
 
     prompts, _ = load_source("alpaca_eval", {"cap": 12}, {"train": 1.0}, 16000)
-    meta = run("gpt-4-turbo", {"backend": "recorded", "source": "alpaca_eval:gpt-4-1106-preview"},
-               prompts, tmp_path / "gpt-4-turbo", recorded_tokenizer="minilm-l6")
+    meta = run(
+        "gpt-4-turbo",
+        {"backend": "recorded", "source": "alpaca_eval:gpt-4-1106-preview"},
+        prompts,
+        tmp_path / "gpt-4-turbo",
+        recorded_tokenizer="minilm-l6",
+    )
     gens = pd.read_parquet(tmp_path / "gpt-4-turbo" / "generations.parquet")
     assert len(gens) == 12 and set(gens["sample"]) == {0} and set(gens["finish_reason"]) == {"stop"}
     assert (gens["output_tokens"] > 0).all() and (gens["prompt_tokens"] > 0).all()
@@ -92,13 +98,19 @@ def test_recorded_backend_imports_answers(tmp_path):
     assert gens["output_tokens"].median() < gens["text"].str.len().median()
     assert meta["tokenizer"] == "minilm-l6" and meta["samples"] == 12
     # a second run has nothing to do and rewrites the same table
-    meta2 = run("gpt-4-turbo", {"backend": "recorded", "source": "alpaca_eval:gpt-4-1106-preview"},
-                prompts, tmp_path / "gpt-4-turbo", recorded_tokenizer="minilm-l6")
+    meta2 = run(
+        "gpt-4-turbo",
+        {"backend": "recorded", "source": "alpaca_eval:gpt-4-1106-preview"},
+        prompts,
+        tmp_path / "gpt-4-turbo",
+        recorded_tokenizer="minilm-l6",
+    )
     assert meta2["this_run"]["prompts_generated"] == 0
     pd.testing.assert_frame_equal(gens, pd.read_parquet(tmp_path / "gpt-4-turbo" / "generations.parquet"))
 
 
 # ---- openai backend: retry rules, against a real HTTP server on loopback --------------------
+
 
 class _Script:
     """Per-request status codes the server answers before it succeeds."""
@@ -126,10 +138,19 @@ def _serve(script: _Script):
                 self.wfile.write(b'{"error": {"message": "scripted failure"}}')
                 return
             words = body["messages"][0]["content"].split()
-            payload = {"choices": [{"message": {"content": f"<think>hmm</think>{' '.join(words)}"},
-                                    "finish_reason": "length" if len(words) >= body["max_tokens"] else "stop"}],
-                       "usage": {"prompt_tokens": len(words), "completion_tokens": len(words) + 1,
-                                 "completion_tokens_details": {"reasoning_tokens": 1}}}
+            payload = {
+                "choices": [
+                    {
+                        "message": {"content": f"<think>hmm</think>{' '.join(words)}"},
+                        "finish_reason": "length" if len(words) >= body["max_tokens"] else "stop",
+                    }
+                ],
+                "usage": {
+                    "prompt_tokens": len(words),
+                    "completion_tokens": len(words) + 1,
+                    "completion_tokens_details": {"reasoning_tokens": 1},
+                },
+            }
             data = json.dumps(payload).encode()
             self.send_response(200)
             self.send_header("Content-Type", "application/json")
@@ -168,7 +189,13 @@ def test_openai_retries_429_and_5xx_then_succeeds(endpoint):
     results = dict(backend.generate(items))
     assert set(results) == {"a", "b"} and all(len(s) == 2 for s in results.values())
     a, b = results["a"][0], results["b"][0]
-    assert (a.output_tokens, a.reasoning_tokens, a.finish_reason, a.text, a.reasoning) == (3, 1, "stop", "one two", "hmm")
+    assert (a.output_tokens, a.reasoning_tokens, a.finish_reason, a.text, a.reasoning) == (
+        3,
+        1,
+        "stop",
+        "one two",
+        "hmm",
+    )
     assert b.finish_reason == "length"
     assert backend.retries == 3 and script.calls == 4 + 3
 
@@ -241,11 +268,16 @@ def test_pars_generate_with_an_unreachable_endpoint_ends_in_one_line(tmp_path, m
     from pipeline.contracts import PROMPTS, write_table
 
     prompts = tmp_path / "prompts.parquet"
-    write_table(pd.DataFrame({"prompt_id": ["a"], "dataset": ["d"], "prompt": ["hi"], "split": ["test"],
-                              "source_id": ["1"]}), prompts, PROMPTS)
+    write_table(
+        pd.DataFrame({"prompt_id": ["a"], "dataset": ["d"], "prompt": ["hi"], "split": ["test"], "source_id": ["1"]}),
+        prompts,
+        PROMPTS,
+    )
     params = tmp_path / "params.yaml"
-    params.write_text("generate:\n  models:\n    gpt:\n      backend: openai\n      base_url: http://127.0.0.1:9/v1\n"
-                      "      model: m\n      connect_timeout_s: 0.2\n      backoff_s: 0.01\n")
+    params.write_text(
+        "generate:\n  models:\n    gpt:\n      backend: openai\n      base_url: http://127.0.0.1:9/v1\n"
+        "      model: m\n      connect_timeout_s: 0.2\n      backoff_s: 0.01\n"
+    )
     monkeypatch.setenv("PARS_PARAMS", str(params))
     assert pars(["generate", "--model", "gpt", "--prompts", str(prompts), "--out-root", str(tmp_path / "out")]) == 1
     err = capsys.readouterr().err
@@ -253,8 +285,15 @@ def test_pars_generate_with_an_unreachable_endpoint_ends_in_one_line(tmp_path, m
     assert err.splitlines()[-1].startswith("pars generate: error: http://127.0.0.1:9/v1 is unreachable")
 
 
-@pytest.mark.parametrize("bad, key", [({"concurrency": "abc"}, "concurrency"), ({"k": 2.5}, "k"),
-                                      ({"temperature": "hot"}, "temperature"), ({"max_tokens": None}, "max_tokens")])
+@pytest.mark.parametrize(
+    "bad, key",
+    [
+        ({"concurrency": "abc"}, "concurrency"),
+        ({"k": 2.5}, "k"),
+        ({"temperature": "hot"}, "temperature"),
+        ({"max_tokens": None}, "max_tokens"),
+    ],
+)
 def test_openai_spec_numbers_are_named(bad, key):
     from pipeline.backends.openai_backend import OpenAIBackend
 

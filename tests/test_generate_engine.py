@@ -17,8 +17,14 @@ from servers import free_port, serve_command, stop, wait_healthy
 
 pytestmark = pytest.mark.engine
 
-ENV = {**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "0", "VLLM_CPU_KVCACHE_SPACE": "1",
-       "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "PARS_DEBUG": "1"}
+ENV = {
+    **os.environ,
+    "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
+    "VLLM_CPU_KVCACHE_SPACE": "1",
+    "HF_HUB_OFFLINE": "1",
+    "TRANSFORMERS_OFFLINE": "1",
+    "PARS_DEBUG": "1",
+}
 
 
 @pytest.fixture
@@ -28,17 +34,51 @@ def workdir(tmp_path, smollm2_dir):
 
     prompts, _ = load_source("alpaca_eval", {"cap": 8}, {"train": 1.0}, 16000)
     write_table(prompts, tmp_path / "prompts.parquet", PROMPTS)
-    (tmp_path / "params.yaml").write_text(json.dumps({"generate": {"models": {"tiny": {
-        "backend": "vllm", "model": str(smollm2_dir), "k": 2, "temperature": 0.7, "top_p": 0.95,
-        "max_tokens": 40, "seed": 1, "dtype": "float32", "max_num_seqs": 2, "max_model_len": 1024}}}}))
+    (tmp_path / "params.yaml").write_text(
+        json.dumps(
+            {
+                "generate": {
+                    "models": {
+                        "tiny": {
+                            "backend": "vllm",
+                            "model": str(smollm2_dir),
+                            "k": 2,
+                            "temperature": 0.7,
+                            "top_p": 0.95,
+                            "max_tokens": 40,
+                            "seed": 1,
+                            "dtype": "float32",
+                            "max_num_seqs": 2,
+                            "max_model_len": 1024,
+                        }
+                    }
+                }
+            }
+        )
+    )
     return tmp_path
 
 
 def _generate(workdir: Path) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "pipeline.cli", "generate", "--model", "tiny",
-                             "--prompts", str(workdir / "prompts.parquet"), "--out-root", str(workdir / "gen")],
-                            cwd=workdir, env={**ENV, "PARS_PARAMS": str(workdir / "params.yaml")},
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    return subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "pipeline.cli",
+            "generate",
+            "--model",
+            "tiny",
+            "--prompts",
+            str(workdir / "prompts.parquet"),
+            "--out-root",
+            str(workdir / "gen"),
+        ],
+        cwd=workdir,
+        env={**ENV, "PARS_PARAMS": str(workdir / "params.yaml")},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
 
 
 def _lines(path: Path) -> list[str]:
@@ -85,14 +125,33 @@ def test_openai_backend_against_real_vllm_serve(smollm2_dir, tmp_path):
     env = {k: v for k, v in ENV.items() if k != "VLLM_ENABLE_V1_MULTIPROCESSING"}
     with open(log, "w") as fh:
         server = subprocess.Popen(
-            [*serve_command(), str(smollm2_dir), "--host", "127.0.0.1", "--port", str(port), "--dtype", "float32",
-             "--max-model-len", "1024", "--enforce-eager", "--served-model-name", "smollm2", "--max-num-seqs", "8"],
-            env=env, stdout=fh, stderr=subprocess.STDOUT)
+            [
+                *serve_command(),
+                str(smollm2_dir),
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(port),
+                "--dtype",
+                "float32",
+                "--max-model-len",
+                "1024",
+                "--enforce-eager",
+                "--served-model-name",
+                "smollm2",
+                "--max-num-seqs",
+                "8",
+            ],
+            env=env,
+            stdout=fh,
+            stderr=subprocess.STDOUT,
+        )
     try:
         url = f"http://127.0.0.1:{port}/v1"
         wait_healthy(server, url, log, timeout_s=600)
-        backend = OpenAIBackend({"base_url": url, "model": "smollm2", "k": 2, "max_tokens": 24,
-                                 "temperature": 0.7, "concurrency": 4})
+        backend = OpenAIBackend(
+            {"base_url": url, "model": "smollm2", "k": 2, "max_tokens": 24, "temperature": 0.7, "concurrency": 4}
+        )
         items = [PromptItem("a", "Write a long story about a dragon."), PromptItem("b", "Say yes.")]
         results = dict(backend.generate(items))
         assert set(results) == {"a", "b"} and all(len(v) == 2 for v in results.values())

@@ -44,7 +44,9 @@ def test_listwise_listmle_by_hand():
     expect = (math.log(math.exp(3) + math.exp(1) + math.exp(2)) - 3 + math.log(math.exp(1) + math.exp(2)) - 1) / 3
     assert listwise_loss(scores, lengths, None).item() == pytest.approx(expect)
     # the correct order scores lower than the reversed one
-    assert listwise_loss(torch.tensor([1.0, 3.0, 2.0]), lengths, None) < listwise_loss(torch.tensor([3.0, 1.0, 2.0]), lengths, None)
+    assert listwise_loss(torch.tensor([1.0, 3.0, 2.0]), lengths, None) < listwise_loss(
+        torch.tensor([3.0, 1.0, 2.0]), lengths, None
+    )
 
 
 def test_one_signature_for_all_methods():

@@ -22,8 +22,14 @@ from pipeline.ranking.labels import in_batch_pairs, keep_mask, prompt_labels
 
 
 def test_labels_are_mean_tokens_and_mark_truncation():
-    gens = pd.DataFrame({"prompt_id": ["p", "p", "q", "q"], "sample": [0, 1, 0, 1],
-                         "output_tokens": [10, 20, 512, 100], "finish_reason": ["stop", "stop", "length", "stop"]})
+    gens = pd.DataFrame(
+        {
+            "prompt_id": ["p", "p", "q", "q"],
+            "sample": [0, 1, 0, 1],
+            "output_tokens": [10, 20, 512, 100],
+            "finish_reason": ["stop", "stop", "length", "stop"],
+        }
+    )
     lab = prompt_labels(gens).set_index("prompt_id")
     assert lab.loc["p", "length"] == 15.0 and not lab.loc["p", "truncated"]
     assert lab.loc["q", "length"] == 306.0 and lab.loc["q", "truncated"]
@@ -74,8 +80,21 @@ def test_build_pairs_within_splits_seeded_and_filtered():
 def test_stage_writes_contract_files(tmp_path):
     write_dataset(tmp_path / "data")
     params = write_params(tmp_path / "params.yaml")
-    assert main(["--model", "toy", "--params", str(params), "--data", str(tmp_path / "data"),
-                 "--metrics", str(tmp_path / "metrics")]) == 0
+    assert (
+        main(
+            [
+                "--model",
+                "toy",
+                "--params",
+                str(params),
+                "--data",
+                str(tmp_path / "data"),
+                "--metrics",
+                str(tmp_path / "metrics"),
+            ]
+        )
+        == 0
+    )
     out = tmp_path / "data" / "pairs" / "toy"
     train, val = read_table(out / "train.parquet", PAIRS), read_table(out / "val.parquet", PAIRS)
     labels = read_table(out / "labels.parquet", LABELS)

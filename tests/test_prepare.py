@@ -39,19 +39,30 @@ def _write_jsonl(path, lines: list[bytes]):
 
 def test_bad_records_are_counted_by_name(tmp_path):
     path = tmp_path / "mine.jsonl"
-    _write_jsonl(path, [
-        json.dumps({"id": 1, "prompt": "Explain quicksort."}).encode(),
-        json.dumps({"id": 2, "prompt": "   "}).encode(),                      # empty
-        b'{"id": 3, "prompt": "caf\xe9 au lait"}',                           # latin-1, not UTF-8
-        b'{"id": 4, "prompt": "unterminated',                               # malformed JSON
-        json.dumps({"id": 5, "text": "no prompt field"}).encode(),           # missing text
-        json.dumps({"id": 6, "prompt": "explain   QUICKSORT."}).encode(),    # duplicate of 1
-        json.dumps({"id": 7, "prompt": "x" * 500}).encode(),                 # oversized
-        json.dumps({"id": 8, "prompt": "Name three rivers."}).encode(),
-    ])
+    _write_jsonl(
+        path,
+        [
+            json.dumps({"id": 1, "prompt": "Explain quicksort."}).encode(),
+            json.dumps({"id": 2, "prompt": "   "}).encode(),  # empty
+            b'{"id": 3, "prompt": "caf\xe9 au lait"}',  # latin-1, not UTF-8
+            b'{"id": 4, "prompt": "unterminated',  # malformed JSON
+            json.dumps({"id": 5, "text": "no prompt field"}).encode(),  # missing text
+            json.dumps({"id": 6, "prompt": "explain   QUICKSORT."}).encode(),  # duplicate of 1
+            json.dumps({"id": 7, "prompt": "x" * 500}).encode(),  # oversized
+            json.dumps({"id": 8, "prompt": "Name three rivers."}).encode(),
+        ],
+    )
     df, counts = load_source("mine", {"source": "jsonl", "path": str(path)}, FRACTIONS, max_chars=200)
-    assert counts == {"records": 8, "empty": 1, "non_utf8": 1, "malformed": 1, "missing_text": 1,
-                      "oversized": 1, "duplicates": 1, "kept": 2}
+    assert counts == {
+        "records": 8,
+        "empty": 1,
+        "non_utf8": 1,
+        "malformed": 1,
+        "missing_text": 1,
+        "oversized": 1,
+        "duplicates": 1,
+        "kept": 2,
+    }
     assert sorted(df["source_id"]) == ["1", "8"]
     assert set(df["dataset"]) == {"mine"}
 
@@ -81,8 +92,9 @@ def test_hub_source_offline_fails_clearly(monkeypatch):
         next(iter(get_source("alpaca").records()))
 
 
-@pytest.mark.parametrize("name,expected,answers", [
-    ("arena_hard", 750, 750), ("alpaca_eval", 805, 805), ("humaneval", 164, 0)])
+@pytest.mark.parametrize(
+    "name,expected,answers", [("arena_hard", 750, 750), ("alpaca_eval", 805, 805), ("humaneval", 164, 0)]
+)
 def test_packaged_sources_load(name, expected, answers):
     records = list(get_source(name).records())
     assert len(records) == expected
@@ -129,13 +141,19 @@ def test_a_prompt_file_of_ones_own_needs_only_its_path(tmp_path):
     assert counts["kept"] == 5 and set(df["dataset"]) == {"mine"}
 
 
-@pytest.mark.parametrize("options, message", [
-    ({"path": "x.jsonl", "text_feild": "q"}, "prepare.sources.mine: unknown option 'text_feild' (known: cap, dataset, source, path, text_field, id_field)"),
-    ({"caps": 3}, "prepare.sources.mine: unknown source 'mine'"),
-    ({"source": "jsonl"}, "prepare.sources.mine: the jsonl source needs option 'path'"),
-    ({"path": "x.jsonl", "cap": -1}, "prepare.sources.mine: cap -1 is not a number of prompts"),
-    (750, "prepare.sources.mine: expected a mapping of options"),
-])
+@pytest.mark.parametrize(
+    "options, message",
+    [
+        (
+            {"path": "x.jsonl", "text_feild": "q"},
+            "prepare.sources.mine: unknown option 'text_feild' (known: cap, dataset, source, path, text_field, id_field)",
+        ),
+        ({"caps": 3}, "prepare.sources.mine: unknown source 'mine'"),
+        ({"source": "jsonl"}, "prepare.sources.mine: the jsonl source needs option 'path'"),
+        ({"path": "x.jsonl", "cap": -1}, "prepare.sources.mine: cap -1 is not a number of prompts"),
+        (750, "prepare.sources.mine: expected a mapping of options"),
+    ],
+)
 def test_bad_source_options_are_named(options, message):
     from pipeline.errors import PARSError
 
@@ -151,5 +169,7 @@ def test_a_misspelt_option_of_a_packaged_source_is_one_line(tmp_path, monkeypatc
     params.write_text("prepare:\n  sources:\n    humaneval: {cpa: 15}\n  split: {train: 1}\n  max_prompt_chars: 100\n")
     monkeypatch.setenv("PARS_PARAMS", str(params))
     assert pars(["prepare", "--out", str(tmp_path / "p.parquet")]) == 1
-    assert capsys.readouterr().err == (f"pars prepare: error: {params}: prepare.sources.humaneval: unknown option "
-                                       f"'cpa' (known: cap, dataset, source)\n")
+    assert capsys.readouterr().err == (
+        f"pars prepare: error: {params}: prepare.sources.humaneval: unknown option "
+        f"'cpa' (known: cap, dataset, source)\n"
+    )

@@ -33,8 +33,12 @@ def test_production_profile_switches_every_stage(tmp_path):
     assert set(merged["prepare"]["sources"]) == {"alpaca", "lmsys", "math", "codealpaca"}
     assert merged["train"]["encoder"] == "bert-base-uncased" and merged["train"]["max_length"] == 128
     # every model the later stages name is generated
-    for section, key in (("pairs", "models"), ("train", "models"), ("evaluate", "train_models"),
-                         ("evaluate", "eval_models")):
+    for section, key in (
+        ("pairs", "models"),
+        ("train", "models"),
+        ("evaluate", "train_models"),
+        ("evaluate", "eval_models"),
+    ):
         assert set(merged[section][key]) <= set(models), (section, key)
     # knobs the profile does not touch keep their default
     assert merged["train"]["methods"] == default["train"]["methods"]

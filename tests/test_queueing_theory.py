@@ -117,8 +117,25 @@ def test_capacity_cli_answers_in_words(capsys):
     assert f"mu = {cap.mu:.3f}" in out and "unstable" in out
     r = th.replicas_needed(12, cap, p["margin"])
     assert f"{r['guaranteed']} with a {p['margin']:.0%} safety margin" in out
-    assert capacity.main(["--rate", "0.5", "--prompt", "uniform:10:100", "--answer", "10:100", "--M", "5000",
-                          "--step-time", "0.02", "--params", str(PARAMS)]) == 0
+    assert (
+        capacity.main(
+            [
+                "--rate",
+                "0.5",
+                "--prompt",
+                "uniform:10:100",
+                "--answer",
+                "10:100",
+                "--M",
+                "5000",
+                "--step-time",
+                "0.02",
+                "--params",
+                str(PARAMS),
+            ]
+        )
+        == 0
+    )
     assert "(stable)" in capsys.readouterr().out
 
 

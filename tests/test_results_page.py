@@ -10,21 +10,45 @@ def _row(mean, p90, **extra):
 def test_render_serving_tables_and_missing_files():
     from pipeline.serving.results import render_serving
 
-    burst = {"fcfs": _row(0.4, 0.9, speedup_mean_over_fcfs=1.0, speedup_p90_over_fcfs=1.0, kendall_tau_b=0.0),
-             "pars": _row(0.1, 0.3, speedup_mean_over_fcfs=4.0, speedup_p90_over_fcfs=3.0, kendall_tau_b=0.42,
-                          gap_mean_to_oracle=0.25),
-             "oracle": _row(0.08, 0.2, speedup_mean_over_fcfs=5.0, speedup_p90_over_fcfs=4.5, kendall_tau_b=1.0,
-                            gap_mean_to_oracle=0.0)}
-    sim = {"engine": {"M": 1000, "chunk": 64}, "workloads": {"chatgpt": {
-        "requests": "2000 distinct test prompts", "score_model": {"pars": "recorded"},
-        "scenarios": {"burst_2000": burst, "poisson_0.8": {p: dict(r) for p, r in burst.items()}},
-        "quality_curve": [{"noise_sigma": 0.0, "kendall_tau_b": 1.0, "speedup_mean_over_fcfs": 5.0,
-                           "speedup_p90_over_fcfs": 4.5}]}}}
-    bench = {"fcfs": {"mean_per_token_latency": 0.2, "p90_per_token_latency": 0.5, "mean_ttft": 9.0,
-                      "throughput_rps": 1.0},
-             "pars": {"mean_per_token_latency": 0.1, "p90_per_token_latency": 0.2, "mean_ttft": 4.0,
-                      "throughput_rps": 1.0, "overhead_fraction": 0.0012, "scoring_fraction": 0.02},
-             "setup": {"num_prompts": 200, "max_num_seqs": 8}}
+    burst = {
+        "fcfs": _row(0.4, 0.9, speedup_mean_over_fcfs=1.0, speedup_p90_over_fcfs=1.0, kendall_tau_b=0.0),
+        "pars": _row(
+            0.1, 0.3, speedup_mean_over_fcfs=4.0, speedup_p90_over_fcfs=3.0, kendall_tau_b=0.42, gap_mean_to_oracle=0.25
+        ),
+        "oracle": _row(
+            0.08, 0.2, speedup_mean_over_fcfs=5.0, speedup_p90_over_fcfs=4.5, kendall_tau_b=1.0, gap_mean_to_oracle=0.0
+        ),
+    }
+    sim = {
+        "engine": {"M": 1000, "chunk": 64},
+        "workloads": {
+            "chatgpt": {
+                "requests": "2000 distinct test prompts",
+                "score_model": {"pars": "recorded"},
+                "scenarios": {"burst_2000": burst, "poisson_0.8": {p: dict(r) for p, r in burst.items()}},
+                "quality_curve": [
+                    {
+                        "noise_sigma": 0.0,
+                        "kendall_tau_b": 1.0,
+                        "speedup_mean_over_fcfs": 5.0,
+                        "speedup_p90_over_fcfs": 4.5,
+                    }
+                ],
+            }
+        },
+    }
+    bench = {
+        "fcfs": {"mean_per_token_latency": 0.2, "p90_per_token_latency": 0.5, "mean_ttft": 9.0, "throughput_rps": 1.0},
+        "pars": {
+            "mean_per_token_latency": 0.1,
+            "p90_per_token_latency": 0.2,
+            "mean_ttft": 4.0,
+            "throughput_rps": 1.0,
+            "overhead_fraction": 0.0012,
+            "scoring_fraction": 0.02,
+        },
+        "setup": {"num_prompts": 200, "max_num_seqs": 8},
+    }
     text = render_serving({"simulation": sim, "engine_bench": bench, "scheduler_overhead": None, "capacity": None})
     assert "### chatgpt: burst of 2000" in text
     assert "| pars | 0.420 | 0.1000 | 0.3000 | 4.00× | 3.00× | +25 % |" in text
@@ -37,12 +61,22 @@ def test_render_fidelity_section():
     from pipeline.serving.results import render_serving
 
     stats = {"mean_per_token_latency": 0.2, "p90_per_token_latency": 0.5, "mean_ttft": 9.0, "throughput_rps": 1.0}
-    fid = {"requests": 200, "calibration": "metrics/engine_bench_fit.json",
-           "step_model": {"c0_s": 0.03, "c1_s_per_token": 1e-4},
-           "fcfs": {"engine": stats, "simulator": {**stats, "mean_per_token_latency": 0.22},
-                    "error": {"mean_per_token_latency": 0.1, "p90_per_token_latency": 0.0, "mean_ttft": -0.05,
-                              "throughput_rps": 0.02}},
-           "speedup_fcfs_over_pars": {"mean_per_token_latency": {"engine": 2.0, "simulator": 2.1, "error": 0.05}}}
+    fid = {
+        "requests": 200,
+        "calibration": "metrics/engine_bench_fit.json",
+        "step_model": {"c0_s": 0.03, "c1_s_per_token": 1e-4},
+        "fcfs": {
+            "engine": stats,
+            "simulator": {**stats, "mean_per_token_latency": 0.22},
+            "error": {
+                "mean_per_token_latency": 0.1,
+                "p90_per_token_latency": 0.0,
+                "mean_ttft": -0.05,
+                "throughput_rps": 0.02,
+            },
+        },
+        "speedup_fcfs_over_pars": {"mean_per_token_latency": {"engine": 2.0, "simulator": 2.1, "error": 0.05}},
+    }
     text = render_serving({"sim_fidelity": fid})
     assert "30.0 ms + 0.100 ms/token" in text
     assert "| fcfs | 0.2000 / 0.2200 / +10.0 % | 0.5000 / 0.5000 / +0.0 % | -5.0 % | +2.0 % |" in text

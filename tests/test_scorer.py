@@ -13,9 +13,16 @@ import pytest
 from pipeline.ranking.checkpoint import META, WEIGHTS, CheckpointError
 from pipeline.serving.scorer import Scorer
 
-TEXTS = ["hi", "Write a long essay about the history of the Roman empire, with sources.",
-         "2+2?", "Explain quantum computing " * 8, "Translate 'cat' to French.", "List ten prime numbers.",
-         "", "Summarise this paragraph: " + "lorem ipsum " * 40]
+TEXTS = [
+    "hi",
+    "Write a long essay about the history of the Roman empire, with sources.",
+    "2+2?",
+    "Explain quantum computing " * 8,
+    "Translate 'cat' to French.",
+    "List ten prime numbers.",
+    "",
+    "Summarise this paragraph: " + "lorem ipsum " * 40,
+]
 
 
 def test_scores_independent_of_batching_and_order(tiny_checkpoint):
@@ -73,15 +80,20 @@ def test_refuses_missing_files_unknown_version_and_bad_hash(tiny_checkpoint):
 
 
 def test_serving_needs_no_lightning(tiny_checkpoint):
-    code = ("import sys; from pipeline.serving import Scorer; "
-            f"s = Scorer.from_pretrained({str(tiny_checkpoint)!r}).score(['hello']); "
-            "bad = [m for m in sys.modules if 'lightning' in m]; assert not bad, bad; print(float(s[0]))")
+    code = (
+        "import sys; from pipeline.serving import Scorer; "
+        f"s = Scorer.from_pretrained({str(tiny_checkpoint)!r}).score(['hello']); "
+        "bad = [m for m in sys.modules if 'lightning' in m]; assert not bad, bad; print(float(s[0]))"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
-    assert float(out.stdout.strip()) == pytest.approx(float(Scorer.from_pretrained(tiny_checkpoint).score(["hello"])[0]), abs=1e-5)
+    assert float(out.stdout.strip()) == pytest.approx(
+        float(Scorer.from_pretrained(tiny_checkpoint).score(["hello"])[0]), abs=1e-5
+    )
 
 
 # ---------------------------------------------------------------- pars score
+
 
 def _cli(*argv):
     from pipeline.cli import main
@@ -91,8 +103,9 @@ def _cli(*argv):
 
 def test_pars_score_jsonl_and_parquet(tiny_checkpoint, tmp_path, capsys):
     src = tmp_path / "in.jsonl"
-    src.write_text("\n".join(json.dumps({"id": f"q{i}", "prompt": t}) for i, t in enumerate(TEXTS)) + "\n\n",
-                   encoding="utf-8")
+    src.write_text(
+        "\n".join(json.dumps({"id": f"q{i}", "prompt": t}) for i, t in enumerate(TEXTS)) + "\n\n", encoding="utf-8"
+    )
     expected = Scorer.from_pretrained(tiny_checkpoint).score(TEXTS)
     assert _cli(src, "--checkpoint", tiny_checkpoint) == 0
     rows = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
@@ -108,13 +121,16 @@ def test_pars_score_jsonl_and_parquet(tiny_checkpoint, tmp_path, capsys):
     np.testing.assert_allclose(got["score"], expected, rtol=1e-4, atol=1e-5)
 
 
-@pytest.mark.parametrize("content, message", [
-    (b'{"prompt": "fine"}\n{"prompt": "caf\xe9"}\n', "in.jsonl:2: not valid UTF-8"),
-    (b'{"prompt": "fine"}\n\n{"prompt": "unterminated}\n', "in.jsonl:3: malformed JSON"),
-    (b'{"prompt": "fine"}\n{"text": "no prompt"}\n', "in.jsonl:2: missing text field 'prompt'"),
-    (b'{"prompt": 42}\n', "in.jsonl:1: field 'prompt' is int"),
-    (b'["a list"]\n', "in.jsonl:1: expected a JSON object"),
-])
+@pytest.mark.parametrize(
+    "content, message",
+    [
+        (b'{"prompt": "fine"}\n{"prompt": "caf\xe9"}\n', "in.jsonl:2: not valid UTF-8"),
+        (b'{"prompt": "fine"}\n\n{"prompt": "unterminated}\n', "in.jsonl:3: malformed JSON"),
+        (b'{"prompt": "fine"}\n{"text": "no prompt"}\n', "in.jsonl:2: missing text field 'prompt'"),
+        (b'{"prompt": 42}\n', "in.jsonl:1: field 'prompt' is int"),
+        (b'["a list"]\n', "in.jsonl:1: expected a JSON object"),
+    ],
+)
 def test_pars_score_bad_input_names_file_and_line(tiny_checkpoint, tmp_path, capsys, content, message):
     src = tmp_path / "in.jsonl"
     src.write_bytes(content)
@@ -149,7 +165,9 @@ def test_packaged_minilm_checkpoint_round_trip(tmp_path, tokenizer):
 
     torch.manual_seed(0)
     model = LengthRanker.from_pretrained_encoder("minilm-l6").eval()
-    path = save_checkpoint(model, tokenizer, tmp_path / "minilm", method="pairwise", max_length=128, encoder="minilm-l6")
+    path = save_checkpoint(
+        model, tokenizer, tmp_path / "minilm", method="pairwise", max_length=128, encoder="minilm-l6"
+    )
     scorer = Scorer.from_pretrained(path, batch_size=4)
     got = scorer.score(TEXTS)
     with torch.inference_mode():

@@ -23,23 +23,42 @@ def _bench_file(path, seed: int, c0: float, c1: float, n: int = 60, rate: float 
     s, o = rng.integers(16, 200, n), rng.integers(4, 120, n)
     scores = np.log(o) + rng.normal(0, 0.5, n)
     arrival = burst(n)
-    out = {"workload": {"prompt_tokens": s.tolist(), "output_tokens": o.tolist(), "pars_scores": scores.tolist()},
-           "setup": {"starvation_s": 120.0}}
+    out = {
+        "workload": {"prompt_tokens": s.tolist(), "output_tokens": o.tolist(), "pars_scores": scores.tolist()},
+        "setup": {"starvation_s": 120.0},
+    }
     for policy in ("fcfs", "pars", "oracle"):
-        cfg = EngineConfig(M=ENGINE["M"], chunk=ENGINE["chunk"], token_budget=ENGINE["token_budget"],
-                           max_num_seqs=ENGINE["max_num_seqs"], block_size=ENGINE["block_size"], step_c0=c0,
-                           step_c1=c1, starvation_s=math.inf if policy == "fcfs" else 120.0,
-                           first_token_at_prefill=True)
+        cfg = EngineConfig(
+            M=ENGINE["M"],
+            chunk=ENGINE["chunk"],
+            token_budget=ENGINE["token_budget"],
+            max_num_seqs=ENGINE["max_num_seqs"],
+            block_size=ENGINE["block_size"],
+            step_c0=c0,
+            step_c1=c1,
+            starvation_s=math.inf if policy == "fcfs" else 120.0,
+            first_token_at_prefill=True,
+        )
         ready = score_ready_times(s, rate) if policy == "pars" else None
-        r = simulate(arrival, s, o, key=policy_key(policy, arrival, o, scores if policy == "pars" else None),
-                     config=cfg, key_ready=ready)
+        r = simulate(
+            arrival,
+            s,
+            o,
+            key=policy_key(policy, arrival, o, scores if policy == "pars" else None),
+            config=cfg,
+            key_ready=ready,
+        )
         summary = r.summary()
-        out[policy] = {**{k: summary[k] for k in ("mean_per_token_latency", "p90_per_token_latency", "mean_ttft",
-                                                  "throughput_rps")}, "engine": ENGINE,
-                       "step_fit": {"c0_s": c0, "c1_s_per_token": c1, "r2": 1.0, "steps": int(r.steps)},
-                       "per_request": {"per_token_latency": r.per_token.tolist(), "ttft": r.ttft.tolist(),
-                                       "e2e": r.e2e.tolist()},
-                       "pars_stats": {"num_scored": n, "score_s": n / rate}}
+        out[policy] = {
+            **{
+                k: summary[k]
+                for k in ("mean_per_token_latency", "p90_per_token_latency", "mean_ttft", "throughput_rps")
+            },
+            "engine": ENGINE,
+            "step_fit": {"c0_s": c0, "c1_s_per_token": c1, "r2": 1.0, "steps": int(r.steps)},
+            "per_request": {"per_token_latency": r.per_token.tolist(), "ttft": r.ttft.tolist(), "e2e": r.e2e.tolist()},
+            "pars_stats": {"num_scored": n, "score_s": n / rate},
+        }
     path.write_text(json.dumps(out))
     return path
 

@@ -110,8 +110,17 @@ def test_skip_ahead_matches_ticking(block, first_at_prefill, late_keys):
     starvation promotions, preemptions and block allocation included)."""
     rng = np.random.default_rng(4)
     s, o = th.Workload.uniform("u", 10, 200, 10, 300).sample(400, rng)
-    cfg = EngineConfig(M=3000, chunk=64, token_budget=256, max_num_seqs=32, block_size=block, step_c0=0.01,
-                       step_c1=0.0001, starvation_s=5.0, first_token_at_prefill=first_at_prefill)
+    cfg = EngineConfig(
+        M=3000,
+        chunk=64,
+        token_budget=256,
+        max_num_seqs=32,
+        block_size=block,
+        step_c0=0.01,
+        step_c1=0.0001,
+        starvation_s=5.0,
+        first_token_at_prefill=first_at_prefill,
+    )
     arrival = poisson(400, 20.0, rng)  # past saturation: queue, promotions, preemptions
     key = policy_key("oracle", arrival, o)
     ready = arrival + rng.uniform(0, 3, arrival.size) if late_keys else None
@@ -171,20 +180,40 @@ def _synthetic_project(root, with_scores: bool, rng):
     n = 40
     ids = [f"p{i:03d}" for i in range(n)]
     split = ["test" if i % 2 == 0 else "train" for i in range(n)]
-    write_table(pd.DataFrame({"prompt_id": ids, "dataset": "d", "prompt": "x", "split": split, "source_id": ids}),
-                prompts_path(root / "data"), PROMPTS)
+    write_table(
+        pd.DataFrame({"prompt_id": ids, "dataset": "d", "prompt": "x", "split": split, "source_id": ids}),
+        prompts_path(root / "data"),
+        PROMPTS,
+    )
     base = rng.integers(5, 400, size=n)
     rows = []
     for i, pid in enumerate(ids):
         for k in range(3):
-            rows.append({"prompt_id": pid, "sample": k, "output_tokens": int(max(1, base[i] + rng.integers(-4, 5))),
-                         "reasoning_tokens": 0, "finish_reason": "stop", "prompt_tokens": int(20 + i),
-                         "text": "", "reasoning": ""})
+            rows.append(
+                {
+                    "prompt_id": pid,
+                    "sample": k,
+                    "output_tokens": int(max(1, base[i] + rng.integers(-4, 5))),
+                    "reasoning_tokens": 0,
+                    "finish_reason": "stop",
+                    "prompt_tokens": int(20 + i),
+                    "text": "",
+                    "reasoning": "",
+                }
+            )
     write_table(pd.DataFrame(rows), generations_path("m", root / "data"), GENERATIONS)
     if with_scores:
-        sc = [{"prompt_id": pid, "dataset": "d", "train_model": "m", "method": meth,
-               "score": float(np.log(base[i]) + rng.normal(0, 0.3))}
-              for i, pid in enumerate(ids) for meth in SCORE_METHODS.values()]
+        sc = [
+            {
+                "prompt_id": pid,
+                "dataset": "d",
+                "train_model": "m",
+                "method": meth,
+                "score": float(np.log(base[i]) + rng.normal(0, 0.3)),
+            }
+            for i, pid in enumerate(ids)
+            for meth in SCORE_METHODS.values()
+        ]
         write_table(pd.DataFrame(sc), scores_path(root / "data"), SCORES)
 
 
@@ -196,13 +225,28 @@ def test_simulate_stage_on_synthetic_data(tmp_path, monkeypatch, with_scores):
 
     _synthetic_project(tmp_path, with_scores, np.random.default_rng(5))
     monkeypatch.chdir(tmp_path)
-    params = {"workloads": {"w": {"model": "m", "score_model": "m"},
-                            "mixed": {"model": "m", "score_model": {"pars": "m", "pointwise": "other"}}},
-              "quality_curve": {"workload": "w", "noise_sigma": [0.0, 0.5, 3.0]},
-              "policies": [x for x in POLICIES if x != "random"],
-              "burst": 300, "poisson_loads": [0.5, 1.2], "poisson_requests": 300, "seed": 0,
-              "engine": {"M": 3000, "chunk": 64, "token_budget": 512, "max_num_seqs": 16, "block_size": 16,
-                         "step_c0": 0.01, "step_c1": 0.0, "starvation_s": 120}}
+    params = {
+        "workloads": {
+            "w": {"model": "m", "score_model": "m"},
+            "mixed": {"model": "m", "score_model": {"pars": "m", "pointwise": "other"}},
+        },
+        "quality_curve": {"workload": "w", "noise_sigma": [0.0, 0.5, 3.0]},
+        "policies": [x for x in POLICIES if x != "random"],
+        "burst": 300,
+        "poisson_loads": [0.5, 1.2],
+        "poisson_requests": 300,
+        "seed": 0,
+        "engine": {
+            "M": 3000,
+            "chunk": 64,
+            "token_budget": 512,
+            "max_num_seqs": 16,
+            "block_size": 16,
+            "step_c0": 0.01,
+            "step_c1": 0.0,
+            "starvation_s": 120,
+        },
+    }
     (tmp_path / "trace.txt").write_text("\n".join(str(x) for x in np.arange(50) * 0.05))
     params["trace"] = str(tmp_path / "trace.txt")
     out = stage.run(params, "data")
@@ -261,8 +305,10 @@ def test_engine_fit_imports_no_numba_before_the_engine():
     import subprocess
     import sys
 
-    code = ("import sys; from pipeline import cli; import pipeline.engine_fit; "
-            "print(sorted(m for m in ('numba', 'torch', 'vllm') if m in sys.modules))")
+    code = (
+        "import sys; from pipeline import cli; import pipeline.engine_fit; "
+        "print(sorted(m for m in ('numba', 'torch', 'vllm') if m in sys.modules))"
+    )
     out = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True, timeout=120)
     assert out.stdout.strip() == "[]"
 
@@ -276,9 +322,29 @@ def test_engine_fit_short(tmp_path, smollm2_dir):
     import sys
 
     out = tmp_path / "fit.json"
-    subprocess.run([sys.executable, "-m", "pipeline.cli", "engine-fit", "--model", str(smollm2_dir),
-                    "--requests", "8", "--blocks", "16", "--prompt", "16:64", "--answer", "8:32", "--out", str(out)],
-                   check=True, timeout=600, capture_output=True)
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pipeline.cli",
+            "engine-fit",
+            "--model",
+            str(smollm2_dir),
+            "--requests",
+            "8",
+            "--blocks",
+            "16",
+            "--prompt",
+            "16:64",
+            "--answer",
+            "8:32",
+            "--out",
+            str(out),
+        ],
+        check=True,
+        timeout=600,
+        capture_output=True,
+    )
     fit = json.loads(out.read_text())
     assert fit["M_tokens"] == 16 * fit["block_size"]
     assert fit["step_time"]["c0_s"] > 0 and fit["mu_theory"] > 0 and fit["mu_measured"] > 0

@@ -31,16 +31,38 @@ def toy_root(tmp_path_factory):
     root = tmp_path_factory.mktemp("toy")
     write_dataset(root / "data", n_train=40, n_val=16, truncated={"train000"})
     params = write_params(root / "params.yaml", partners=4)
-    assert pairs_main(["--model", "toy", "--params", str(params), "--data", str(root / "data"),
-                       "--metrics", str(root / "metrics" / "pairs")]) == 0
+    assert (
+        pairs_main(
+            [
+                "--model",
+                "toy",
+                "--params",
+                str(params),
+                "--data",
+                str(root / "data"),
+                "--metrics",
+                str(root / "metrics" / "pairs"),
+            ]
+        )
+        == 0
+    )
     return root
 
 
 def params_for(encoder_dir, **over):
     """The tiny encoder's train settings (some keys of the train section)."""
-    p = {"encoder": str(encoder_dir), "max_length": 16, "epochs": 4, "batch_size": 8, "eval_batch_size": 32,
-         "lr": 2e-3, "warmup_fraction": 0.1, "seed": 42, "dropout": 0.0,
-         "lightning": {"accelerator": "cpu", "devices": 1, "num_nodes": 1, "precision": "32-true", "strategy": "auto"}}
+    p = {
+        "encoder": str(encoder_dir),
+        "max_length": 16,
+        "epochs": 4,
+        "batch_size": 8,
+        "eval_batch_size": 32,
+        "lr": 2e-3,
+        "warmup_fraction": 0.1,
+        "seed": 42,
+        "dropout": 0.0,
+        "lightning": {"accelerator": "cpu", "devices": 1, "num_nodes": 1, "precision": "32-true", "strategy": "auto"},
+    }
     p.update(over)
     return p
 
@@ -48,17 +70,30 @@ def params_for(encoder_dir, **over):
 def train_params(encoder_dir, **over):
     """params.yaml's train section with the tiny settings, on the plain path: full fine-tuning of
     right-cut prompts, plain shuffle, no early stopping (whatever profile params.yaml is in)."""
-    plain = {"frozen_layers": 0, "head_fraction": 1.0, "length_buckets": 0, "patience": None, "cross_models": {},
-             "max_train_prompts": None, "pairwise_mode": "in_batch"}
+    plain = {
+        "frozen_layers": 0,
+        "head_fraction": 1.0,
+        "length_buckets": 0,
+        "patience": None,
+        "cross_models": {},
+        "max_train_prompts": None,
+        "pairwise_mode": "in_batch",
+    }
     return params_section("train", **{**plain, **params_for(encoder_dir, **over)})
 
 
 def run(root, encoder_dir, method, tag, **over):
     from pipeline.train import train_one
 
-    return train_one("toy", method, train_params(encoder_dir, **over), data_root=root / "data",
-                     models_root=root / tag / "models", metrics_dir=root / tag / "metrics",
-                     plots_dir=root / tag / "plots")
+    return train_one(
+        "toy",
+        method,
+        train_params(encoder_dir, **over),
+        data_root=root / "data",
+        models_root=root / tag / "models",
+        metrics_dir=root / tag / "metrics",
+        plots_dir=root / tag / "plots",
+    )
 
 
 @pytest.mark.parametrize("method", METHODS)
@@ -76,8 +111,9 @@ def test_each_method_learns_and_exports(toy_root, tiny_encoder_dir, monkeypatch,
     assert meta["method"] == method and meta["max_length"] == 16
     assert meta["trained_on"]["model"] == "toy" and meta["trained_on"]["datasets"] == ["toy", "toy2"]
     assert meta["trained_on"]["val_tau_b"] == pytest.approx(res["val_tau_b"])
-    scores = Scorer.from_pretrained(ckpt).score(["please write an essay about topic 3",
-                                                 "please write an brief about topic 3"])
+    scores = Scorer.from_pretrained(ckpt).score(
+        ["please write an essay about topic 3", "please write an brief about topic 3"]
+    )
     assert scores[0] > scores[1]  # higher = longer
     saved = json.loads((toy_root / method / "metrics" / f"toy-{method}.json").read_text())
     assert saved["val_tau_b"] == pytest.approx(res["val_tau_b"]) and saved["prompts_per_s"] > 0
@@ -98,7 +134,8 @@ def test_best_epoch_is_exported_and_scores_match(toy_root, tiny_encoder_dir, mon
     prompts = pd.read_parquet(toy_root / "data" / "prompts" / "prompts.parquet").set_index("prompt_id")
     val = labels[labels["split"] == "val"].sort_values("prompt_id")
     scores = Scorer.from_pretrained(toy_root / "best" / "models" / "toy" / "pairwise").score(
-        prompts.loc[val["prompt_id"], "prompt"].tolist())
+        prompts.loc[val["prompt_id"], "prompt"].tolist()
+    )
     assert kendall_tau_b(scores, val["length"]) == pytest.approx(res["val_tau_b"], abs=1e-6)
     history = pd.read_csv(toy_root / "best" / "plots" / "toy-pairwise.csv")
     assert res["val_tau_b"] == pytest.approx(history["val_tau_b"].max())
@@ -119,8 +156,14 @@ def test_wandb_offline_run_is_written(toy_root, tiny_encoder_dir, monkeypatch, t
     monkeypatch.setenv("WANDB_MODE", "offline")
     monkeypatch.setenv("DVC_EXP_NAME", "exp-test")
     monkeypatch.delenv("WANDB_API_KEY", raising=False)
-    run(toy_root, tiny_encoder_dir, "listwise", "wb", epochs=1,
-        wandb={"project": "pars-test", "entity": None, "dir": str(tmp_path)})
+    run(
+        toy_root,
+        tiny_encoder_dir,
+        "listwise",
+        "wb",
+        epochs=1,
+        wandb={"project": "pars-test", "entity": None, "dir": str(tmp_path)},
+    )
     runs = list((tmp_path / "wandb").glob("offline-run-*"))
     assert len(runs) == 1 and any(runs[0].glob("*.wandb"))
 
@@ -146,8 +189,15 @@ def test_missing_pairs_and_bad_settings_are_clear(toy_root, tiny_encoder_dir, mo
     from pipeline.train import train_one
 
     with pytest.raises(FileNotFoundError, match="no pairs for model 'nomodel'"):
-        train_one("nomodel", "pairwise", train_params(tiny_encoder_dir), data_root=toy_root / "data",
-                  models_root=tmp_path, metrics_dir=tmp_path, plots_dir=tmp_path)
+        train_one(
+            "nomodel",
+            "pairwise",
+            train_params(tiny_encoder_dir),
+            data_root=toy_root / "data",
+            models_root=tmp_path,
+            metrics_dir=tmp_path,
+            plots_dir=tmp_path,
+        )
     with pytest.raises(ValueError, match="pairwise_mode"):
         run(toy_root, tiny_encoder_dir, "pairwise", "bad", pairwise_mode="sometimes")
 
@@ -165,8 +215,17 @@ def test_packaged_minilm_trains_one_short_epoch(toy_root, monkeypatch):
     monkeypatch.setenv("WANDB_MODE", "disabled")
     from pipeline.serving.scorer import Scorer
 
-    res = run(toy_root, "minilm-l6", "pairwise", "minilm", encoder="minilm-l6", epochs=1, lr=5e-5,
-              max_length=16, max_train_prompts=16)
+    res = run(
+        toy_root,
+        "minilm-l6",
+        "pairwise",
+        "minilm",
+        encoder="minilm-l6",
+        epochs=1,
+        lr=5e-5,
+        max_length=16,
+        max_train_prompts=16,
+    )
     ckpt = toy_root / "minilm" / "models" / "toy" / "pairwise"
     assert Scorer.from_pretrained(ckpt).meta["encoder"] == "minilm-l6"
     assert -1.0 <= res["val_tau_b"] <= 1.0
@@ -214,7 +273,7 @@ def test_length_bucket_batches_cover_every_prompt_once_and_pad_less():
     assert sorted(i for b in batches for i in b) == list(range(1000))
     padded = sum(len(b) * sizes[b].max() for b in batches)
     rand = np.random.default_rng(1).permutation(1000)
-    padded_random = sum(32 * sizes[rand[i:i + 32]].max() for i in range(0, 1000, 32))
+    padded_random = sum(32 * sizes[rand[i : i + 32]].max() for i in range(0, 1000, 32))
     assert padded < 0.75 * padded_random
     sampler.set_epoch(1)
     assert list(sampler) != batches  # a new order each epoch
@@ -231,16 +290,19 @@ def test_frozen_layers_cache_trains_the_top_and_serves_the_same(toy_root, tiny_e
     from pipeline.ranking.metrics import kendall_tau_b
     from pipeline.serving.scorer import Scorer
 
-    res = run(toy_root, tiny_encoder_dir, "pairwise", "frozen", frozen_layers=1, length_buckets=2,
-              head_fraction=0.5, lr=5e-3)
+    res = run(
+        toy_root, tiny_encoder_dir, "pairwise", "frozen", frozen_layers=1, length_buckets=2, head_fraction=0.5, lr=5e-3
+    )
     assert res["val_tau_b"] > 0.4 and res["frozen_layers"] == 1 and res["frozen_cache_seconds"] >= 0
     ckpt = toy_root / "frozen" / "models" / "toy" / "pairwise"
     weights = load_file(str(ckpt / "model.safetensors"))
     original = AutoModel.from_pretrained(tiny_encoder_dir).state_dict()
     for name in ("embeddings.word_embeddings.weight", "encoder.layer.0.attention.self.query.weight"):
         assert torch.equal(weights[f"encoder.{name}"], original[name]), name
-    assert not torch.equal(weights["encoder.encoder.layer.1.attention.self.query.weight"],
-                           original["encoder.layer.1.attention.self.query.weight"])
+    assert not torch.equal(
+        weights["encoder.encoder.layer.1.attention.self.query.weight"],
+        original["encoder.layer.1.attention.self.query.weight"],
+    )
     scorer = Scorer.from_pretrained(ckpt)
     assert scorer.head_fraction == 0.5
     labels = pd.read_parquet(toy_root / "data" / "pairs" / "toy" / "labels.parquet")
@@ -264,17 +326,44 @@ def test_cross_model_set_trains_on_the_union_without_mixing_models(tmp_path, tin
     write_table(gens.assign(output_tokens=gens["output_tokens"] * 10), generations_path("big", data), GENERATIONS)
     params = write_params(tmp_path / "params.yaml", partners=4)
     for model in ("small", "big"):
-        assert pairs_main(["--model", model, "--params", str(params), "--data", str(data),
-                           "--metrics", str(tmp_path / "metrics" / "pairs")]) == 0
+        assert (
+            pairs_main(
+                [
+                    "--model",
+                    model,
+                    "--params",
+                    str(params),
+                    "--data",
+                    str(data),
+                    "--metrics",
+                    str(tmp_path / "metrics" / "pairs"),
+                ]
+            )
+            == 0
+        )
     # one short prompt of the long-answer model outlasts every answer of the other: never compared
     assert in_batch_pairs(np.array([40.0, 400.0, 50.0]), np.zeros(3, bool), 0.2, groups=[0, 1, 0]).tolist() == [[0, 2]]
-    res = train_one("both", "pairwise", train_params(tiny_encoder_dir, cross_models={"both": ["small", "big"]}, lr=5e-3),
-                    data_root=data, models_root=tmp_path / "models", metrics_dir=tmp_path / "m", plots_dir=tmp_path / "p")
+    res = train_one(
+        "both",
+        "pairwise",
+        train_params(tiny_encoder_dir, cross_models={"both": ["small", "big"]}, lr=5e-3),
+        data_root=data,
+        models_root=tmp_path / "models",
+        metrics_dir=tmp_path / "m",
+        plots_dir=tmp_path / "p",
+    )
     assert res["members"] == ["small", "big"] and res["n_train_prompts"] == 80
     assert res["val_tau_b"] > 0.4
     with pytest.raises(ValueError, match="listwise"):
-        train_one("both", "listwise", train_params(tiny_encoder_dir, cross_models={"both": ["small", "big"]}),
-                  data_root=data, models_root=tmp_path / "models", metrics_dir=tmp_path / "m", plots_dir=tmp_path / "p")
+        train_one(
+            "both",
+            "listwise",
+            train_params(tiny_encoder_dir, cross_models={"both": ["small", "big"]}),
+            data_root=data,
+            models_root=tmp_path / "models",
+            metrics_dir=tmp_path / "m",
+            plots_dir=tmp_path / "p",
+        )
 
 
 def test_length_bucket_batches_keep_groups_apart():
@@ -310,8 +399,9 @@ def test_ddp_two_cpu_processes_gather_validation_and_export_once(toy_root, tiny_
 
     repo = Path(__file__).resolve().parents[1]
     profile = yaml.safe_load((repo / "profiles" / "production.yaml").read_text())
-    production = deep_merge(yaml.safe_load((repo / "params.yaml").read_text()), profile,
-                            set(profile.pop("_replace", [])))["train"]
+    production = deep_merge(
+        yaml.safe_load((repo / "params.yaml").read_text()), profile, set(profile.pop("_replace", []))
+    )["train"]
     assert production["frozen_layers"] == 0 and production["length_buckets"] == 0  # the path tested here
     lightning = {"accelerator": "cpu", "devices": 2, "num_nodes": 1, "precision": "32-true", "strategy": "ddp"}
     train = production | params_for(tiny_encoder_dir, epochs=2, lr=5e-3, torch_threads=1, lightning=lightning)
@@ -319,13 +409,36 @@ def test_ddp_two_cpu_processes_gather_validation_and_export_once(toy_root, tiny_
     params.write_text(yaml.safe_dump({"train": train}))
     pars = Path(sys.executable).with_name("pars")  # the console script dvc.yaml calls
     cmd = [str(pars)] if pars.is_file() else [sys.executable, "-m", "pipeline.cli"]
-    env = {k: v for k, v in os.environ.items()
-           if k not in ("LOCAL_RANK", "NODE_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")}
-    proc = subprocess.run([*cmd, "train", "--model", "toy", "--method", "pairwise", "--params", str(params),
-                           "--data", str(toy_root / "data"), "--models", str(tmp_path / "models"),
-                           "--metrics", str(tmp_path / "metrics"), "--plots", str(tmp_path / "plots")],
-                          cwd=tmp_path, env=env | {"WANDB_MODE": "disabled", "PARS_DEBUG": "1"},
-                          capture_output=True, text=True, timeout=300)
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("LOCAL_RANK", "NODE_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+    }
+    proc = subprocess.run(
+        [
+            *cmd,
+            "train",
+            "--model",
+            "toy",
+            "--method",
+            "pairwise",
+            "--params",
+            str(params),
+            "--data",
+            str(toy_root / "data"),
+            "--models",
+            str(tmp_path / "models"),
+            "--metrics",
+            str(tmp_path / "metrics"),
+            "--plots",
+            str(tmp_path / "plots"),
+        ],
+        cwd=tmp_path,
+        env=env | {"WANDB_MODE": "disabled", "PARS_DEBUG": "1"},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     # one result line and one progress line per epoch: rank 0 reports, rank 1 only trains
     assert proc.stdout.count("train toy/pairwise: val tau_b") == 1, proc.stdout

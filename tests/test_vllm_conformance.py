@@ -29,8 +29,12 @@ ROOT = Path(__file__).resolve().parents[1]
 VLLM_TESTS = ROOT / ".cache" / "vllm-tests" / "0.32.0"
 PLUGIN_DIR = Path(__file__).resolve().parent / "vllm_conformance"
 EXPECTED = PLUGIN_DIR / "expected_failures.yaml"
-FILES = ["tests/v1/core/test_scheduler.py", "tests/v1/core/test_async_scheduler.py",
-         "tests/v1/core/test_priority_preemption_bug.py", "tests/v1/core/test_priority_scheduler_random.py"]
+FILES = [
+    "tests/v1/core/test_scheduler.py",
+    "tests/v1/core/test_async_scheduler.py",
+    "tests/v1/core/test_priority_preemption_bug.py",
+    "tests/v1/core/test_priority_scheduler_random.py",
+]
 MODES = ("stock", "checkpoint", "arrival")
 TIMEOUT_S = 1800  # per mode; a stuck scheduler loop must not eat CI's whole budget
 
@@ -67,8 +71,10 @@ def _skip_unless_ready() -> None:
     if importlib.util.find_spec("vllm") is None:
         pytest.skip("vllm is not installed (scripts/setup.sh installs it with the cpu or gpu extra)")
     if not (VLLM_TESTS / ".complete").is_file():
-        pytest.skip(f"vLLM's scheduler tests are not in {VLLM_TESTS.relative_to(ROOT)}: run "
-                    "`python scripts/fetch_vllm_tests.py` (downloads the vLLM 0.32.0 source archive from PyPI)")
+        pytest.skip(
+            f"vLLM's scheduler tests are not in {VLLM_TESTS.relative_to(ROOT)}: run "
+            "`python scripts/fetch_vllm_tests.py` (downloads the vLLM 0.32.0 source archive from PyPI)"
+        )
 
 
 @pytest.mark.conformance
@@ -78,12 +84,30 @@ def test_vllm_scheduler_suite(mode, tmp_path, request):
     expected = load_expected(mode)
     # A developer's PARS_* settings must not leak into the run; the plugin sets what each mode needs.
     env = {k: v for k, v in os.environ.items() if not k.startswith("PARS_")}
-    env.update(PARS_CONFORMANCE_MODE=mode, PARS_CONFORMANCE_REPORT=str(tmp_path / "report.json"),
-               PYTHONPATH=os.pathsep.join(filter(None, [str(PLUGIN_DIR), env.get("PYTHONPATH")])))
+    env.update(
+        PARS_CONFORMANCE_MODE=mode,
+        PARS_CONFORMANCE_REPORT=str(tmp_path / "report.json"),
+        PYTHONPATH=os.pathsep.join(filter(None, [str(PLUGIN_DIR), env.get("PYTHONPATH")])),
+    )
     if mode != "stock":
         env["PARS_CHECKPOINT"] = str(request.getfixturevalue("tiny_checkpoint"))
-    command = [sys.executable, "-m", "pytest", *FILES, "-p", "pars_conformance_plugin", "-p", "no:cacheprovider",
-               "-p", "no:benchmark", "-q", "-rfE", "--tb=line", "-W", "ignore::DeprecationWarning"]
+    command = [
+        sys.executable,
+        "-m",
+        "pytest",
+        *FILES,
+        "-p",
+        "pars_conformance_plugin",
+        "-p",
+        "no:cacheprovider",
+        "-p",
+        "no:benchmark",
+        "-q",
+        "-rfE",
+        "--tb=line",
+        "-W",
+        "ignore::DeprecationWarning",
+    ]
     # cwd: the extracted tree, so `tests.v1.core` is vLLM's package and vLLM's pyproject.toml (its
     # pytest markers) is the rootdir config, not ours.
     proc = subprocess.run(command, cwd=VLLM_TESTS, env=env, capture_output=True, text=True, timeout=TIMEOUT_S)
@@ -91,8 +115,10 @@ def test_vllm_scheduler_suite(mode, tmp_path, request):
     log.write_text(proc.stdout + proc.stderr)
     report_path = tmp_path / "report.json"
     if not report_path.is_file() or proc.returncode not in (0, 1):  # 1: some tests failed (maybe expected)
-        pytest.fail(f"vLLM's tests did not run in mode {mode} (exit {proc.returncode}); last output:\n"
-                    + (proc.stdout + proc.stderr)[-4000:])
+        pytest.fail(
+            f"vLLM's tests did not run in mode {mode} (exit {proc.returncode}); last output:\n"
+            + (proc.stdout + proc.stderr)[-4000:]
+        )
     report = json.loads(report_path.read_text())
     outcomes = report["outcomes"]
     assert outcomes, f"no test ran in mode {mode}; see {log}"
@@ -104,15 +130,20 @@ def test_vllm_scheduler_suite(mode, tmp_path, request):
     print(f"vLLM conformance, mode {mode}: {counts}; unavailable models: {report['unavailable_models']}")
     problems = []
     if unexpected_fail:
-        problems.append(f"{len(unexpected_fail)} unexpected failure(s) (if explained, add to "
-                        f"{EXPECTED.relative_to(ROOT)} under `{mode}:`):\n"
-                        + "\n".join(f'  {n}: "TODO: reason"' for n in unexpected_fail))
+        problems.append(
+            f"{len(unexpected_fail)} unexpected failure(s) (if explained, add to "
+            f"{EXPECTED.relative_to(ROOT)} under `{mode}:`):\n"
+            + "\n".join(f'  {n}: "TODO: reason"' for n in unexpected_fail)
+        )
     if unexpected_pass:
-        problems.append(f"{len(unexpected_pass)} listed failure(s) now pass (remove from `{mode}:`):\n"
-                        + "\n".join(f"  {n}" for n in unexpected_pass))
+        problems.append(
+            f"{len(unexpected_pass)} listed failure(s) now pass (remove from `{mode}:`):\n"
+            + "\n".join(f"  {n}" for n in unexpected_pass)
+        )
     if missing:
-        problems.append(f"{len(missing)} listed test(s) did not run (renamed?):\n"
-                        + "\n".join(f"  {n}" for n in missing))
+        problems.append(
+            f"{len(missing)} listed test(s) did not run (renamed?):\n" + "\n".join(f"  {n}" for n in missing)
+        )
     assert not problems, f"mode {mode}: " + "\n".join(problems) + f"\nfull log: {log}"
 
 

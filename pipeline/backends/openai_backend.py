@@ -53,8 +53,12 @@ class OpenAIBackend(Backend):
         self.backoff = number("backoff_s", 1.0, float)
         for key, default, kind in (("temperature", 0.7, float), ("top_p", 1.0, float), ("max_tokens", 1024, int)):
             number(key, default, kind)  # checked here, used in identity()
-        for key, value in (("concurrency", self.concurrency), ("k", self.k), ("timeout_s", self.timeout),
-                           ("connect_timeout_s", self.connect_timeout)):
+        for key, value in (
+            ("concurrency", self.concurrency),
+            ("k", self.k),
+            ("timeout_s", self.timeout),
+            ("connect_timeout_s", self.connect_timeout),
+        ):
             if not value > 0 or value == float("inf"):
                 raise ValueError(f"openai backend: `{key}` must be a positive finite number, got {value}")
         if self.max_retries < 0 or not self.backoff >= 0:
@@ -71,23 +75,39 @@ class OpenAIBackend(Backend):
                 raise ValueError
             return kind(raw)
         except (TypeError, ValueError, OverflowError):
-            raise ValueError(f"openai backend: `{key}` must be {'an integer' if kind is int else 'a number'}, "
-                             f"got {raw!r}") from None
+            raise ValueError(
+                f"openai backend: `{key}` must be {'an integer' if kind is int else 'a number'}, " f"got {raw!r}"
+            ) from None
 
     def identity(self) -> dict[str, Any]:
         s = self.spec
-        return {"backend": self.name, "base_url": self.base_url, "model": s["model"], "k": self.k,
-                "temperature": float(s.get("temperature", 0.7)), "top_p": float(s.get("top_p", 1.0)),
-                "max_tokens": int(s.get("max_tokens", 1024))}
+        return {
+            "backend": self.name,
+            "base_url": self.base_url,
+            "model": s["model"],
+            "k": self.k,
+            "temperature": float(s.get("temperature", 0.7)),
+            "top_p": float(s.get("top_p", 1.0)),
+            "max_tokens": int(s.get("max_tokens", 1024)),
+        }
 
     def describe(self) -> dict[str, Any]:
-        return {**self.identity(), "tokenizer": "the endpoint's (usage.completion_tokens)",
-                "concurrency": self.concurrency, "retries_this_run": self.retries}
+        return {
+            **self.identity(),
+            "tokenizer": "the endpoint's (usage.completion_tokens)",
+            "concurrency": self.concurrency,
+            "retries_this_run": self.retries,
+        }
 
     def _body(self, prompt: str) -> dict[str, Any]:
         ident = self.identity()
-        body = {"model": ident["model"], "messages": [{"role": "user", "content": prompt}],
-                "temperature": ident["temperature"], "top_p": ident["top_p"], "n": 1}
+        body = {
+            "model": ident["model"],
+            "messages": [{"role": "user", "content": prompt}],
+            "temperature": ident["temperature"],
+            "top_p": ident["top_p"],
+            "n": 1,
+        }
         # reasoning models on OpenAI take max_completion_tokens; most servers accept max_tokens
         body[self.spec.get("max_tokens_field", "max_tokens")] = ident["max_tokens"]
         body.update(self.spec.get("extra_body", {}))
@@ -106,15 +126,18 @@ class OpenAIBackend(Backend):
                     resp, last = None, f"{exc.__class__.__name__}: {exc}"
                     timeouts = timeouts + 1 if isinstance(exc, httpx.TimeoutException) else 0
             if timeouts >= 2:  # hung, not busy: stop instead of waiting timeout_s per retry
-                raise EndpointError(f"{self.base_url} did not answer in {self.timeout:g} s, twice in a row ({last}); "
-                                    f"raise timeout_s in the model's params if its answers are that slow")
+                raise EndpointError(
+                    f"{self.base_url} did not answer in {self.timeout:g} s, twice in a row ({last}); "
+                    f"raise timeout_s in the model's params if its answers are that slow"
+                )
             if resp is not None:
                 if resp.status_code == 200:
                     try:
                         data = resp.json()
                     except ValueError:
-                        raise EndpointError(f"{self.base_url} answered with a body that is not JSON: "
-                                            f"{resp.text[:300]!r}") from None
+                        raise EndpointError(
+                            f"{self.base_url} answered with a body that is not JSON: " f"{resp.text[:300]!r}"
+                        ) from None
                     return self._parse(data, self.base_url)
                 last = f"HTTP {resp.status_code}: {resp.text[:300]}"
                 if resp.status_code not in RETRYABLE:
@@ -139,14 +162,20 @@ class OpenAIBackend(Backend):
             if not reasoning:
                 reasoning, content = split_reasoning(content)
             details = usage.get("completion_tokens_details") or {}
-            return Sample(output_tokens=int(usage["completion_tokens"]),
-                          reasoning_tokens=int(details.get("reasoning_tokens") or 0),
-                          finish_reason=normalise_finish_reason(choice.get("finish_reason")),
-                          prompt_tokens=int(usage.get("prompt_tokens") or 0), text=content, reasoning=reasoning)
+            return Sample(
+                output_tokens=int(usage["completion_tokens"]),
+                reasoning_tokens=int(details.get("reasoning_tokens") or 0),
+                finish_reason=normalise_finish_reason(choice.get("finish_reason")),
+                prompt_tokens=int(usage.get("prompt_tokens") or 0),
+                text=content,
+                reasoning=reasoning,
+            )
         except (KeyError, IndexError, TypeError, ValueError, AttributeError) as exc:
             # a server that is not OpenAI-compatible: name it, never a traceback
-            raise EndpointError(f"{where}: response without usable choices/usage ({exc.__class__.__name__}: "
-                                f"{exc}): {str(data)[:300]}") from exc
+            raise EndpointError(
+                f"{where}: response without usable choices/usage ({exc.__class__.__name__}: "
+                f"{exc}): {str(data)[:300]}"
+            ) from exc
 
     async def _probe(self, client, tries: int = 3) -> None:
         """Any HTTP answer (even 401 or 404) shows the endpoint is there; no answer at all within
@@ -163,8 +192,10 @@ class OpenAIBackend(Backend):
                 last = f"{exc.__class__.__name__}: {exc}" if str(exc) else exc.__class__.__name__
             if attempt + 1 < tries:
                 await asyncio.sleep(self.backoff * (2**attempt))
-        raise EndpointError(f"{self.base_url} is unreachable ({last}; {tries} tries, {self.connect_timeout:g} s "
-                            f"each); check base_url and that the server is up")
+        raise EndpointError(
+            f"{self.base_url} is unreachable ({last}; {tries} tries, {self.connect_timeout:g} s "
+            f"each); check base_url and that the server is up"
+        )
 
     async def _run(self, items: list[PromptItem], out: queue.Queue) -> None:
         import httpx
@@ -176,6 +207,7 @@ class OpenAIBackend(Backend):
         async with httpx.AsyncClient(timeout=timeout, headers=headers, limits=limits) as client:
             if items:
                 await self._probe(client)
+
             async def prompt_task(item: PromptItem):
                 samples = await asyncio.gather(*(self._one(client, sem, item.prompt) for _ in range(self.k)))
                 out.put((item.prompt_id, list(samples)))

@@ -30,21 +30,31 @@ class RecordedBackend(Backend):
         self.skipped: dict[str, str] = {}
 
     def identity(self) -> dict[str, Any]:
-        return {"backend": self.name, "source": f"{self.dataset}:{self.answer_model}", "k": 1,
-                "tokenizer": self.tokenizer_name}
+        return {
+            "backend": self.name,
+            "source": f"{self.dataset}:{self.answer_model}",
+            "k": 1,
+            "tokenizer": self.tokenizer_name,
+        }
 
     def describe(self) -> dict[str, Any]:
-        return {**self.identity(), "note": "answers imported from the source's recorded answer file; "
-                "token counts use the tokenizer named here; hidden reasoning traces are not counted"}
+        return {
+            **self.identity(),
+            "note": "answers imported from the source's recorded answer file; "
+            "token counts use the tokenizer named here; hidden reasoning traces are not counted",
+        }
 
     def answers(self) -> dict[str, str]:
         if self._answers is None:
             source = get_source(self.dataset)
             if self.answer_model not in source.answer_models:
-                raise ValueError(f"source {self.dataset!r} has no recorded answers of {self.answer_model!r} "
-                                 f"(it has {list(source.answer_models)})")
-            self._answers = {r.source_id: r.answers[self.answer_model]
-                             for r in source.records() if self.answer_model in r.answers}
+                raise ValueError(
+                    f"source {self.dataset!r} has no recorded answers of {self.answer_model!r} "
+                    f"(it has {list(source.answer_models)})"
+                )
+            self._answers = {
+                r.source_id: r.answers[self.answer_model] for r in source.records() if self.answer_model in r.answers
+            }
         return self._answers
 
     def select(self, prompts: pd.DataFrame) -> pd.DataFrame:
@@ -73,5 +83,16 @@ class RecordedBackend(Backend):
             n_answer = self._count([answer for _, answer in split])
             n_reason = self._count([reasoning for reasoning, _ in split])
             for it, (reasoning, answer), p, a, r in zip(batch, split, n_prompt, n_answer, n_reason):
-                yield it.prompt_id, [Sample(output_tokens=a + r, reasoning_tokens=r, finish_reason="stop",
-                                            prompt_tokens=p, text=answer, reasoning=reasoning)]
+                yield (
+                    it.prompt_id,
+                    [
+                        Sample(
+                            output_tokens=a + r,
+                            reasoning_tokens=r,
+                            finish_reason="stop",
+                            prompt_tokens=p,
+                            text=answer,
+                            reasoning=reasoning,
+                        )
+                    ],
+                )

@@ -35,16 +35,27 @@ class VllmBackend(Backend):
 
     def identity(self) -> dict[str, Any]:
         s = self.spec
-        return {"backend": self.name, "model": str(s["model"]), "k": self.k,
-                "temperature": float(s.get("temperature", 0.7)), "top_p": float(s.get("top_p", 1.0)),
-                "max_tokens": int(s.get("max_tokens", 512)), "seed": int(s.get("seed", 0))}
+        return {
+            "backend": self.name,
+            "model": str(s["model"]),
+            "k": self.k,
+            "temperature": float(s.get("temperature", 0.7)),
+            "top_p": float(s.get("top_p", 1.0)),
+            "max_tokens": int(s.get("max_tokens", 512)),
+            "seed": int(s.get("seed", 0)),
+        }
 
     def describe(self) -> dict[str, Any]:
         import vllm
 
-        return {**self.identity(), "dtype": self.spec.get("dtype", "auto"), "vllm_version": vllm.__version__,
-                "device": "cpu" if self.cpu else "cuda", "tokenizer": str(self.spec["model"]),
-                "tensor_parallel_size": int(self.spec.get("tensor_parallel_size", 1))}
+        return {
+            **self.identity(),
+            "dtype": self.spec.get("dtype", "auto"),
+            "vllm_version": vllm.__version__,
+            "device": "cpu" if self.cpu else "cuda",
+            "tokenizer": str(self.spec["model"]),
+            "tensor_parallel_size": int(self.spec.get("tensor_parallel_size", 1)),
+        }
 
     def start(self) -> None:
         self._engine()
@@ -59,8 +70,11 @@ class VllmBackend(Backend):
 
             s = self.spec
             kwargs: dict[str, Any] = dict(
-                model=str(s["model"]), dtype=s.get("dtype", "auto"), seed=int(s.get("seed", 0)),
-                max_model_len=int(s.get("max_model_len", 4096)), max_num_seqs=int(s.get("max_num_seqs", 256)),
+                model=str(s["model"]),
+                dtype=s.get("dtype", "auto"),
+                seed=int(s.get("seed", 0)),
+                max_model_len=int(s.get("max_model_len", 4096)),
+                max_num_seqs=int(s.get("max_num_seqs", 256)),
                 tensor_parallel_size=int(s.get("tensor_parallel_size", 1)),
                 enforce_eager=bool(s.get("enforce_eager", self.cpu)),
             )
@@ -77,8 +91,13 @@ class VllmBackend(Backend):
         ident = self.identity()
         # No per-request seed: the CPU build rejects it; the engine is seeded instead.
         # FINAL_ONLY: one output per prompt holding all n samples, as LLM.generate does.
-        return SamplingParams(n=self.k, temperature=ident["temperature"], top_p=ident["top_p"],
-                              max_tokens=ident["max_tokens"], output_kind=RequestOutputKind.FINAL_ONLY)
+        return SamplingParams(
+            n=self.k,
+            temperature=ident["temperature"],
+            top_p=ident["top_p"],
+            max_tokens=ident["max_tokens"],
+            output_kind=RequestOutputKind.FINAL_ONLY,
+        )
 
     def generate(self, items: Iterable[PromptItem]) -> Iterator[tuple[str, list[Sample]]]:
         llm = self._engine()
@@ -88,8 +107,9 @@ class VllmBackend(Backend):
         limit = int(self.spec.get("max_model_len", 4096)) - params.max_tokens
         pending: dict[str, int] = {}
         for item in items:
-            ids = tokenizer.apply_chat_template([{"role": "user", "content": item.prompt}],
-                                                add_generation_prompt=True, tokenize=True)
+            ids = tokenizer.apply_chat_template(
+                [{"role": "user", "content": item.prompt}], add_generation_prompt=True, tokenize=True
+            )
             if hasattr(ids, "input_ids"):  # transformers 5 may return a BatchEncoding
                 ids = ids["input_ids"]
             if len(ids) > limit:
@@ -105,10 +125,16 @@ class VllmBackend(Backend):
                 for completion in out.outputs:
                     reasoning, answer = split_reasoning(completion.text)
                     n_reason = len(tokenizer.encode(reasoning, add_special_tokens=False)) if reasoning else 0
-                    samples.append(Sample(
-                        output_tokens=len(completion.token_ids), reasoning_tokens=n_reason,
-                        finish_reason=normalise_finish_reason(completion.finish_reason),
-                        prompt_tokens=pending[out.request_id], text=answer, reasoning=reasoning))
+                    samples.append(
+                        Sample(
+                            output_tokens=len(completion.token_ids),
+                            reasoning_tokens=n_reason,
+                            finish_reason=normalise_finish_reason(completion.finish_reason),
+                            prompt_tokens=pending[out.request_id],
+                            text=answer,
+                            reasoning=reasoning,
+                        )
+                    )
                 yield out.request_id, samples
 
     def close(self) -> None:

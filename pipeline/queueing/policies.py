@@ -12,8 +12,13 @@ POLICIES = ("fcfs", "pars", "pointwise", "listwise", "oracle", "random")
 SCORE_METHODS = {"pars": "pairwise", "pointwise": "pointwise", "listwise": "listwise"}
 
 
-def policy_key(policy: str, arrival: np.ndarray, o: np.ndarray, scores: np.ndarray | None = None,
-               rng: np.random.Generator | None = None) -> np.ndarray:
+def policy_key(
+    policy: str,
+    arrival: np.ndarray,
+    o: np.ndarray,
+    scores: np.ndarray | None = None,
+    rng: np.random.Generator | None = None,
+) -> np.ndarray:
     arrival = np.asarray(arrival, dtype=np.float64)
     if policy == "fcfs":
         return arrival.copy()

@@ -64,45 +64,53 @@ PROMOTED_BASE = -1e300  # a promoted request's key: ahead of all others; ties go
 # table keeps the helpers' signatures short and fast: numba reference-counts the arrays a compiled
 # function is given (a tuple of one array per field made the loop 2.5x slower), and the fields
 # of a request that the step loop reads sit together (the first 64 bytes of its record).
-REQUEST = np.dtype([
-    # read and written every step
-    ("prefilled", np.int64),    # prefill tokens computed, of prefill_len
-    ("prefill_len", np.int64),  # the prompt, plus the tokens generated before a preemption
-    ("kv", np.int64),           # KV tokens held
-    ("blocks", np.int64),       # KV blocks held
-    ("scheduled", np.int64),    # tokens scheduled in the current step
-    ("generated", np.int64),    # answer tokens generated
-    ("answer", np.int64),       # input: answer length, tokens
-    ("key", np.float64),        # queue key now: the policy key, PROMOTED_BASE once starving
-    # the rest
-    ("arrival", np.float64),    # input: seconds
-    ("prompt", np.int64),       # input: prompt length, tokens
-    ("state", np.int64),        # NOT_ARRIVED, WAITING, RUNNING or DONE
-    ("version", np.int64),      # bumped at every re-queue: the request's older heap entries are stale
-    ("preemptions", np.int64),
-    ("first_token", np.float64),  # times; NaN until they happen (admitted: the first admission)
-    ("finish", np.float64),
-    ("admitted", np.float64),
-    ("ready", np.float64),      # input: when the policy key is known (late scores); <= arrival: at once
-    ("final_key", np.float64),  # input: the policy key
-], align=True)
+REQUEST = np.dtype(
+    [
+        # read and written every step
+        ("prefilled", np.int64),  # prefill tokens computed, of prefill_len
+        ("prefill_len", np.int64),  # the prompt, plus the tokens generated before a preemption
+        ("kv", np.int64),  # KV tokens held
+        ("blocks", np.int64),  # KV blocks held
+        ("scheduled", np.int64),  # tokens scheduled in the current step
+        ("generated", np.int64),  # answer tokens generated
+        ("answer", np.int64),  # input: answer length, tokens
+        ("key", np.float64),  # queue key now: the policy key, PROMOTED_BASE once starving
+        # the rest
+        ("arrival", np.float64),  # input: seconds
+        ("prompt", np.int64),  # input: prompt length, tokens
+        ("state", np.int64),  # NOT_ARRIVED, WAITING, RUNNING or DONE
+        ("version", np.int64),  # bumped at every re-queue: the request's older heap entries are stale
+        ("preemptions", np.int64),
+        ("first_token", np.float64),  # times; NaN until they happen (admitted: the first admission)
+        ("finish", np.float64),
+        ("admitted", np.float64),
+        ("ready", np.float64),  # input: when the policy key is known (late scores); <= arrival: at once
+        ("final_key", np.float64),  # input: the policy key
+    ],
+    align=True,
+)
 # the waiting queue: a binary min-heap of (key, request, version) entries
 HEAP_ENTRY = np.dtype([("key", np.float64), ("req", np.int64), ("version", np.int64)], align=True)
 # time series, one sample per loop iteration, decimated to fit its buffer
-SAMPLE = np.dtype([("t", np.float64), ("waiting", np.int64), ("running", np.int64), ("kv_tokens", np.int64)],
-                  align=True)
+SAMPLE = np.dtype(
+    [("t", np.float64), ("waiting", np.int64), ("running", np.int64), ("kv_tokens", np.int64)], align=True
+)
 
 # The engine, as numba takes it: a named tuple of scalars (`_engine_args` builds it).
-_Engine = namedtuple("_Engine", [
-    "m_blocks",      # KV cache, blocks
-    "block_size",    # tokens per block
-    "chunk",         # prefill chunk, tokens
-    "budget",        # tokens per step (max_num_batched_tokens)
-    "max_seqs",      # running requests at most (max_num_seqs)
-    "c0", "c1",      # step time = c0 + c1 * tokens in the step, seconds
-    "starvation_s",  # promote after waiting this long since arrival (1e308: never)
-    "first_at_prefill",  # 1: the step completing a prefill samples a token (vLLM); 0: the document
-])
+_Engine = namedtuple(
+    "_Engine",
+    [
+        "m_blocks",  # KV cache, blocks
+        "block_size",  # tokens per block
+        "chunk",  # prefill chunk, tokens
+        "budget",  # tokens per step (max_num_batched_tokens)
+        "max_seqs",  # running requests at most (max_num_seqs)
+        "c0",
+        "c1",  # step time = c0 + c1 * tokens in the step, seconds
+        "starvation_s",  # promote after waiting this long since arrival (1e308: never)
+        "first_at_prefill",  # 1: the step completing a prefill samples a token (vLLM); 0: the document
+    ],
+)
 
 
 # ---------------------------------------------------------------- the waiting queue
@@ -302,8 +310,7 @@ def _retire_finished(req, running, n_run, t_done, free, kv_total):
 
 
 @njit(cache=True)
-def _stretch_length(req, eng, running, n_run, heap, heap_size, free, t, dt, next_arrival, next_promotion,
-                    next_ready_t):
+def _stretch_length(req, eng, running, n_run, heap, heap_size, free, t, dt, next_arrival, next_promotion, next_ready_t):
     """How many steps of pure decoding (each `dt` long) nothing can interrupt from now: no arrival,
     promotion or completion before the last, no admission possible, memory for all of them.
     0: simulate the next step normally."""
@@ -411,8 +418,9 @@ def _schedule_running(req, eng, running, n_run, free, kv_total, heap, heap_size)
         need = (rq.kv + tok + block - 1) // block - rq.blocks
         self_preempted = False
         while need > free:
-            v, pos, n_run, free, kv_total, heap_size, dropped = _preempt_lowest(req, running, n_run, free, kv_total,
-                                                                                heap, heap_size)
+            v, pos, n_run, free, kv_total, heap_size, dropped = _preempt_lowest(
+                req, running, n_run, free, kv_total, heap, heap_size
+            )
             tokens -= dropped
             preempted = True
             if pos < q:
@@ -519,11 +527,11 @@ def _simulate(req, heap, eng, series, skip, by_ready):
     score_sum = 0.0
 
     while n_done < n:
-        next_ready, heap_size, score_sum = _deliver_scores(req, t, by_ready, next_ready, heap, heap_size,
-                                                           score_sum)
+        next_ready, heap_size, score_sum = _deliver_scores(req, t, by_ready, next_ready, heap, heap_size, score_sum)
         provisional = score_sum / next_ready if next_ready else 0.0
-        next_arrival, next_promotion, heap_size = _arrive_and_promote(req, t, eng.starvation_s, next_arrival,
-                                                                      next_promotion, heap, heap_size, provisional)
+        next_arrival, next_promotion, heap_size = _arrive_and_promote(
+            req, t, eng.starvation_s, next_arrival, next_promotion, heap, heap_size, provisional
+        )
         n_rec, stride = _record(series, n_rec, stride, tick, t, next_arrival - n_run - n_done, n_run, kv_total)
         tick += 1
 
@@ -536,8 +544,9 @@ def _simulate(req, heap, eng, series, skip, by_ready):
         if skip:  # fast path: k steps of pure decoding in one jump
             dt = eng.c0 + eng.c1 * n_run
             next_ready_t = req[by_ready[next_ready]].ready if next_ready < n else 1e308
-            k = _stretch_length(req, eng, running, n_run, heap, heap_size, free, t, dt, next_arrival, next_promotion,
-                                next_ready_t)
+            k = _stretch_length(
+                req, eng, running, n_run, heap, heap_size, free, t, dt, next_arrival, next_promotion, next_ready_t
+            )
             if k >= 1:
                 area += k * kv_total + n_run * k * (k + 1) // 2
                 free, kv_total = _decode_stretch(req, eng.block_size, running, n_run, free, kv_total, t, dt, k)
@@ -552,11 +561,13 @@ def _simulate(req, heap, eng, series, skip, by_ready):
 
         # one ordinary step: running requests first, then (unless one was preempted, as vLLM)
         # waiting ones in policy order
-        tokens, preempted, n_run, free, kv_total, heap_size = _schedule_running(req, eng, running, n_run, free,
-                                                                                kv_total, heap, heap_size)
+        tokens, preempted, n_run, free, kv_total, heap_size = _schedule_running(
+            req, eng, running, n_run, free, kv_total, heap, heap_size
+        )
         if not preempted:
-            tokens, n_run, free, kv_total, heap_size = _admit_waiting(req, eng, t, running, n_run, free, kv_total,
-                                                                      heap, heap_size, tokens)
+            tokens, n_run, free, kv_total, heap_size = _admit_waiting(
+                req, eng, t, running, n_run, free, kv_total, heap, heap_size, tokens
+            )
         peak = max(peak, eng.m_blocks - free)
         if tokens == 0:
             # nothing could run: only possible when waiting for arrivals
@@ -679,12 +690,20 @@ class SimResult:
 def _engine_args(c: EngineConfig) -> _Engine:
     """The kernel's engine tuple (an infinite starvation_s becomes 1e308)."""
     starve = float(c.starvation_s) if math.isfinite(c.starvation_s) else 1e308
-    return _Engine(int(c.M_blocks), int(c.block_size), int(c.chunk), int(c.token_budget), int(c.max_num_seqs),
-                   float(c.step_c0), float(c.step_c1), starve, int(bool(c.first_token_at_prefill)))
+    return _Engine(
+        int(c.M_blocks),
+        int(c.block_size),
+        int(c.chunk),
+        int(c.token_budget),
+        int(c.max_num_seqs),
+        float(c.step_c0),
+        float(c.step_c1),
+        starve,
+        int(bool(c.first_token_at_prefill)),
+    )
 
 
-def _new_requests(arrival: np.ndarray, s: np.ndarray, o: np.ndarray, key: np.ndarray,
-                  ready: np.ndarray) -> np.recarray:
+def _new_requests(arrival: np.ndarray, s: np.ndarray, o: np.ndarray, key: np.ndarray, ready: np.ndarray) -> np.recarray:
     """The kernel's request table, none arrived yet (a recarray, so that the kernel's record
     attributes work in plain Python too)."""
     req = np.zeros(arrival.size, REQUEST).view(np.recarray)
@@ -695,8 +714,16 @@ def _new_requests(arrival: np.ndarray, s: np.ndarray, o: np.ndarray, key: np.nda
     return req
 
 
-def simulate(arrival, s, o, key=None, config: EngineConfig = EngineConfig(), record: int = 4096,
-             skip: bool = True, key_ready=None) -> SimResult:
+def simulate(
+    arrival,
+    s,
+    o,
+    key=None,
+    config: EngineConfig = EngineConfig(),
+    record: int = 4096,
+    skip: bool = True,
+    key_ready=None,
+) -> SimResult:
     """Serve requests (arrival times in s, prompt and answer lengths in tokens, policy keys:
     lower first; default FCFS) on `config`; returns per-request times and time series.
     `skip=False` ticks every step (same results, slower: for checking the jumps).
@@ -746,10 +773,18 @@ def simulate(arrival, s, o, key=None, config: EngineConfig = EngineConfig(), rec
     if np.isnan(req.finish).any():
         raise RuntimeError("simulation ended with unfinished requests")
     return SimResult(
-        arrival=arrival, s=s, o=o,
-        first_token=req.first_token[inv], finish=req.finish[inv], admitted=req.admitted[inv],
-        preemptions=req.preemptions[inv], steps=int(steps), skipped_steps=int(skipped), max_used_blocks=int(peak),
-        area=int(area), series={name: series[name][:n_rec].copy() for name in SAMPLE.names},
+        arrival=arrival,
+        s=s,
+        o=o,
+        first_token=req.first_token[inv],
+        finish=req.finish[inv],
+        admitted=req.admitted[inv],
+        preemptions=req.preemptions[inv],
+        steps=int(steps),
+        skipped_steps=int(skipped),
+        max_used_blocks=int(peak),
+        area=int(area),
+        series={name: series[name][:n_rec].copy() for name in SAMPLE.names},
     )
 
 

@@ -182,10 +182,13 @@ def capacity(workload: Workload, M: int, chunk: int, step_time: float) -> Capaci
     delta = workload.ess_sup() / M
     if delta >= 1:
         # a single request larger than the whole KV cache can never be served
-        raise ValueError(f"workload {workload.name}: largest request ({workload.ess_sup()} tokens) "
-                         f"does not fit in M = {M} tokens")
-    return Capacity(M=M, chunk=chunk, step_time=step_time, expected_g=eg, mu=mu, delta=delta,
-                    stable_below=mu * (1 - delta))
+        raise ValueError(
+            f"workload {workload.name}: largest request ({workload.ess_sup()} tokens) "
+            f"does not fit in M = {M} tokens"
+        )
+    return Capacity(
+        M=M, chunk=chunk, step_time=step_time, expected_g=eg, mu=mu, delta=delta, stable_below=mu * (1 - delta)
+    )
 
 
 def verdict(rate: float, cap: Capacity) -> str:
@@ -246,10 +249,14 @@ def fit_step_time(seconds, tokens) -> dict[str, Any]:
     busy = tokens > 0
     st, tok = seconds[busy], tokens[busy]
     if st.size < 3:
-        return {"c0_s": float(st.mean()) if st.size else None, "c1_s_per_token": 0.0, "r2": None,
-                "steps": int(st.size)}
+        return {"c0_s": float(st.mean()) if st.size else None, "c1_s_per_token": 0.0, "r2": None, "steps": int(st.size)}
     c1, c0 = np.polyfit(tok, st, 1)
     c0, c1 = float(max(c0, 1e-6)), float(max(c1, 0.0))
     resid = st - (c0 + c1 * tok)
-    return {"c0_s": c0, "c1_s_per_token": c1, "r2": float(1 - resid.var() / st.var()), "steps": int(st.size),
-            "mean_step_s": float(st.mean())}
+    return {
+        "c0_s": c0,
+        "c1_s_per_token": c1,
+        "r2": float(1 - resid.var() / st.var()),
+        "steps": int(st.size),
+        "mean_step_s": float(st.mean()),
+    }

@@ -1,10 +1,10 @@
 """The export contract: a self-describing checkpoint directory for serving.
 
-    model.safetensors   encoder + head weights (the LengthRanker state dict)
-    config.json         the encoder's Hugging Face config
-    tokenizer files     whatever the tokenizer's save_pretrained writes
-    pars.json           format version, method, score direction, max length, head fraction, encoder,
-                        training data, test tau_b, sha256 of model.safetensors
+model.safetensors   encoder + head weights (the LengthRanker state dict)
+config.json         the encoder's Hugging Face config
+tokenizer files     whatever the tokenizer's save_pretrained writes
+pars.json           format version, method, score direction, max length, head fraction, encoder,
+                    training data, test tau_b, sha256 of model.safetensors
 """
 
 from __future__ import annotations
@@ -32,9 +32,19 @@ def sha256_file(path: str | Path) -> str:
     return digest.hexdigest()
 
 
-def save_checkpoint(model, tokenizer, out_dir: str | Path, *, method: str, max_length: int,
-                    encoder: str, trained_on: dict[str, Any] | None = None, head_fraction: float = 1.0,
-                    test_tau_b: float | None = None, extra: dict[str, Any] | None = None) -> Path:
+def save_checkpoint(
+    model,
+    tokenizer,
+    out_dir: str | Path,
+    *,
+    method: str,
+    max_length: int,
+    encoder: str,
+    trained_on: dict[str, Any] | None = None,
+    head_fraction: float = 1.0,
+    test_tau_b: float | None = None,
+    extra: dict[str, Any] | None = None,
+) -> Path:
     """Write `model` (a LengthRanker) and its tokenizer as a serving checkpoint."""
     from safetensors.torch import save_file
 

@@ -54,8 +54,9 @@ class PromptTable:
         return len(self.ids)
 
     @classmethod
-    def build(cls, labels: pd.DataFrame, texts: dict[str, str], tokenizer, max_length: int,
-              head_fraction: float = 1.0) -> "PromptTable":
+    def build(
+        cls, labels: pd.DataFrame, texts: dict[str, str], tokenizer, max_length: int, head_fraction: float = 1.0
+    ) -> "PromptTable":
         ids = labels["prompt_id"].to_numpy()
         enc = encode_prompts(tokenizer, [texts[p] for p in ids], max_length, head_fraction)
         groups = labels["group"].to_numpy(np.int64) if "group" in labels else None
@@ -82,7 +83,9 @@ class RankingData:
     def load(cls, model: str, data_root: str | Path = "data") -> "RankingData":
         pdir = pairs_dir(model, data_root)
         if not pdir.is_dir():
-            raise FileNotFoundError(f"no pairs for model {model!r}: {pdir} does not exist (run `dvc repro pairs@{model}`)")
+            raise FileNotFoundError(
+                f"no pairs for model {model!r}: {pdir} does not exist (run `dvc repro pairs@{model}`)"
+            )
         labels = read_table(labels_path(model, data_root), LABELS)
         train_pairs = read_table(pdir / "train.parquet", PAIRS)
         val_pairs = read_table(pdir / "val.parquet", PAIRS)
@@ -93,13 +96,23 @@ class RankingData:
         prompts = read_table(prompts_path(data_root), PROMPTS).drop_duplicates("prompt_id")
         missing = ~labels["prompt_id"].isin(prompts["prompt_id"])
         if missing.any():
-            raise ValueError(f"{labels_path(model, data_root)}: {int(missing.sum())} prompt(s) not in "
-                             f"{prompts_path(data_root)}; re-run the pairs stage")
+            raise ValueError(
+                f"{labels_path(model, data_root)}: {int(missing.sum())} prompt(s) not in "
+                f"{prompts_path(data_root)}; re-run the pairs stage"
+            )
         used = prompts[prompts["prompt_id"].isin(labels["prompt_id"])]
         train_ids = set(labels.loc[labels["split"] == "train", "prompt_id"])
         datasets = sorted(used.loc[used["prompt_id"].isin(train_ids), "dataset"].unique().tolist())
-        return cls(model, labels, train_pairs, val_pairs, dict(zip(used["prompt_id"], used["prompt"])),
-                   datasets, float(meta["delta"]), (model,))
+        return cls(
+            model,
+            labels,
+            train_pairs,
+            val_pairs,
+            dict(zip(used["prompt_id"], used["prompt"])),
+            datasets,
+            float(meta["delta"]),
+            (model,),
+        )
 
     @classmethod
     def load_union(cls, name: str, models: Sequence[str], data_root: str | Path = "data") -> "RankingData":
@@ -110,7 +123,9 @@ class RankingData:
         parts = [cls.load(m, data_root) for m in models]
         deltas = {p.delta for p in parts}
         if len(deltas) > 1:
-            raise ValueError(f"cross-model set {name!r}: the pairs of {list(models)} used different deltas {sorted(deltas)}")
+            raise ValueError(
+                f"cross-model set {name!r}: the pairs of {list(models)} used different deltas {sorted(deltas)}"
+            )
 
         def key(model: str, ids: pd.Series) -> pd.Series:
             return model + "/" + ids.astype(str)
@@ -122,8 +137,16 @@ class RankingData:
                 out.append(frame.assign(a=key(part.model, frame["a"]), b=key(part.model, frame["b"])))
             texts.update({f"{part.model}/{pid}": text for pid, text in part.texts.items()})
         datasets = sorted({d for p in parts for d in p.datasets})
-        return cls(name, pd.concat(labels, ignore_index=True), pd.concat(train, ignore_index=True),
-                   pd.concat(val, ignore_index=True), texts, datasets, deltas.pop(), tuple(models))
+        return cls(
+            name,
+            pd.concat(labels, ignore_index=True),
+            pd.concat(train, ignore_index=True),
+            pd.concat(val, ignore_index=True),
+            texts,
+            datasets,
+            deltas.pop(),
+            tuple(models),
+        )
 
 
 class _Rows(Dataset):
@@ -158,8 +181,14 @@ class LengthBucketBatches(Sampler):
     one group, so each in-batch pair is comparable; otherwise a small model's prompts would rarely
     meet a partner of their own model in a batch dominated by the largest one."""
 
-    def __init__(self, sizes: Sequence[int], batch_size: int, bucket: int = 50, seed: int = 42,
-                 groups: Sequence[int] | None = None):
+    def __init__(
+        self,
+        sizes: Sequence[int],
+        batch_size: int,
+        bucket: int = 50,
+        seed: int = 42,
+        groups: Sequence[int] | None = None,
+    ):
         self.sizes, self.batch_size, self.bucket, self.seed = np.asarray(sizes), int(batch_size), int(bucket), int(seed)
         self.groups = np.zeros(len(self.sizes), np.int64) if groups is None else np.asarray(groups)
         self.epoch = 0
@@ -199,11 +228,17 @@ class PromptCollate:
         else:
             groups = None if self.table.groups is None else self.table.groups[rows_arr]
             pairs = in_batch_pairs(lengths, self.table.truncated[rows_arr], self.delta, groups)
-        batch = {"lengths": torch.as_tensor(lengths), "pairs": torch.as_tensor(pairs), "index": torch.as_tensor(rows_arr)}
+        batch = {
+            "lengths": torch.as_tensor(lengths),
+            "pairs": torch.as_tensor(pairs),
+            "index": torch.as_tensor(rows_arr),
+        }
         if self.table.hidden is not None:
             batch["hidden"], batch["attention_mask"] = _pad_hidden([self.table.hidden[r] for r in rows])
         else:
-            batch["input_ids"], batch["attention_mask"] = pad_batch([self.table.input_ids[r] for r in rows], self.pad_id)
+            batch["input_ids"], batch["attention_mask"] = pad_batch(
+                [self.table.input_ids[r] for r in rows], self.pad_id
+            )
         return batch
 
 
@@ -219,9 +254,13 @@ class PairCollate:
         ids, mask = pad_batch([self.table.input_ids[r] for r in members], self.pad_id)
         p = len(rows)
         pairs = np.stack([np.arange(p), np.arange(p) + p], axis=1)
-        return {"input_ids": ids, "attention_mask": mask,
-                "lengths": torch.as_tensor(self.table.lengths[members]),
-                "pairs": torch.as_tensor(pairs, dtype=torch.long), "index": torch.as_tensor(members)}
+        return {
+            "input_ids": ids,
+            "attention_mask": mask,
+            "lengths": torch.as_tensor(self.table.lengths[members]),
+            "pairs": torch.as_tensor(pairs, dtype=torch.long),
+            "index": torch.as_tensor(members),
+        }
 
 
 def pair_indices(pairs: pd.DataFrame, table: PromptTable, where: str) -> np.ndarray:
@@ -236,10 +275,22 @@ def pair_indices(pairs: pd.DataFrame, table: PromptTable, where: str) -> np.ndar
 class RankingDataModule(L.LightningDataModule):
     """Train/val loaders for one (model, method). `pairwise_mode` picks in-batch or per-pair batches."""
 
-    def __init__(self, data: RankingData, tokenizer, method: str, *, max_length: int = 64,
-                 batch_size: int = 16, eval_batch_size: int = 64, pairwise_mode: str = "in_batch",
-                 max_train_prompts: int | None = None, seed: int = 42, num_workers: int = 0,
-                 head_fraction: float = 1.0, length_buckets: int = 0):
+    def __init__(
+        self,
+        data: RankingData,
+        tokenizer,
+        method: str,
+        *,
+        max_length: int = 64,
+        batch_size: int = 16,
+        eval_batch_size: int = 64,
+        pairwise_mode: str = "in_batch",
+        max_train_prompts: int | None = None,
+        seed: int = 42,
+        num_workers: int = 0,
+        head_fraction: float = 1.0,
+        length_buckets: int = 0,
+    ):
         super().__init__()
         if method not in METHODS:
             raise ValueError(f"unknown method {method!r}; expected one of {METHODS}")
@@ -251,8 +302,10 @@ class RankingDataModule(L.LightningDataModule):
         self.per_pair = method == "pairwise" and pairwise_mode == "per_pair"
         self.seed, self.length_buckets = seed, int(length_buckets)
         if len(data.members) > 1 and method == "listwise":
-            raise ValueError(f"{data.model}: listwise ranks a batch as one list, which mixes models' length "
-                             f"scales in a cross-model set; train it with pairwise or pointwise")
+            raise ValueError(
+                f"{data.model}: listwise ranks a batch as one list, which mixes models' length "
+                f"scales in a cross-model set; train it with pairwise or pointwise"
+            )
 
         labels = data.labels
         train_labels = labels[labels["split"] == "train"].sort_values("prompt_id")
@@ -270,8 +323,10 @@ class RankingDataModule(L.LightningDataModule):
         else:
             train_pairs = data.train_pairs
         if len(train_labels) < 2 or len(val_labels) < 2:
-            raise ValueError(f"model {data.model}: {len(train_labels)} train and {len(val_labels)} val prompts "
-                             f"have labels; at least 2 of each are needed")
+            raise ValueError(
+                f"model {data.model}: {len(train_labels)} train and {len(val_labels)} val prompts "
+                f"have labels; at least 2 of each are needed"
+            )
         self.train_table = PromptTable.build(train_labels, data.texts, tokenizer, max_length, head_fraction)
         self.val_table = PromptTable.build(val_labels, data.texts, tokenizer, max_length, head_fraction)
         self.train_pair_idx = pair_indices(train_pairs, self.train_table, "train.parquet")
@@ -287,8 +342,12 @@ class RankingDataModule(L.LightningDataModule):
         return len(self.train_table)
 
     def describe(self) -> dict[str, Any]:
-        return {"n_train_prompts": self.n_train_prompts, "n_train_pairs_file": int(len(self.train_pair_idx)),
-                "n_val_prompts": len(self.val_table), "n_val_pairs": int(len(self.val_pair_idx))}
+        return {
+            "n_train_prompts": self.n_train_prompts,
+            "n_train_pairs_file": int(len(self.train_pair_idx)),
+            "n_val_prompts": len(self.val_table),
+            "n_val_pairs": int(len(self.val_pair_idx)),
+        }
 
     def cache_hidden(self, model, n_layers: int, batch_size: int = 64) -> float:
         """Run the frozen lower encoder once over every train and val prompt (eval mode, no grad,
@@ -305,8 +364,9 @@ class RankingDataModule(L.LightningDataModule):
             for name, table in (("train", self.train_table), ("val", self.val_table)):
                 order = np.argsort([len(x) for x in table.input_ids], kind="stable")
                 hidden: list[torch.Tensor | None] = [None] * len(table)
-                for start in tqdm(range(0, len(order), batch_size), desc=f"frozen encoder ({name})", unit="batch",
-                                  leave=False):
+                for start in tqdm(
+                    range(0, len(order), batch_size), desc=f"frozen encoder ({name})", unit="batch", leave=False
+                ):
                     rows = order[start : start + batch_size]
                     ids, mask = pad_batch([table.input_ids[r] for r in rows], self.pad_id)
                     out = model.hidden_after(ids, mask, n_layers)
@@ -317,8 +377,14 @@ class RankingDataModule(L.LightningDataModule):
         return time.perf_counter() - t0
 
     def _loader(self, dataset, collate, shuffle: bool, batch_size: int) -> DataLoader:
-        return DataLoader(dataset, batch_size=batch_size, shuffle=shuffle, collate_fn=collate,
-                          num_workers=self.num_workers, persistent_workers=self.num_workers > 0)
+        return DataLoader(
+            dataset,
+            batch_size=batch_size,
+            shuffle=shuffle,
+            collate_fn=collate,
+            num_workers=self.num_workers,
+            persistent_workers=self.num_workers > 0,
+        )
 
     def _single_process(self) -> bool:
         trainer = getattr(self, "trainer", None)
@@ -331,12 +397,23 @@ class RankingDataModule(L.LightningDataModule):
         delta = self.data.delta if self.method == "pairwise" else None
         collate = PromptCollate(self.train_table, self.pad_id, delta)
         if self.length_buckets > 1 and self._single_process():  # under DDP Lightning shards a plain shuffle
-            sampler = LengthBucketBatches([len(x) for x in self.train_table.input_ids], self.batch_size,
-                                          self.length_buckets, self.seed, self.train_table.groups)
-            return DataLoader(_Rows(len(self.train_table)), batch_sampler=sampler, collate_fn=collate,
-                              num_workers=self.num_workers, persistent_workers=self.num_workers > 0)
+            sampler = LengthBucketBatches(
+                [len(x) for x in self.train_table.input_ids],
+                self.batch_size,
+                self.length_buckets,
+                self.seed,
+                self.train_table.groups,
+            )
+            return DataLoader(
+                _Rows(len(self.train_table)),
+                batch_sampler=sampler,
+                collate_fn=collate,
+                num_workers=self.num_workers,
+                persistent_workers=self.num_workers > 0,
+            )
         return self._loader(_Rows(len(self.train_table)), collate, True, self.batch_size)
 
     def val_dataloader(self) -> DataLoader:
-        return self._loader(_Rows(len(self.val_table)), PromptCollate(self.val_table, self.pad_id), False,
-                            self.eval_batch_size)
+        return self._loader(
+            _Rows(len(self.val_table)), PromptCollate(self.val_table, self.pad_id), False, self.eval_batch_size
+        )

@@ -59,7 +59,8 @@ def prompt_labels(generations: pd.DataFrame, where: str = "generations") -> pd.D
         raise ValueError(f"{where}: {int(dup.sum())} duplicate (prompt_id, sample) row(s)")
     g = generations.assign(truncated=generations["finish_reason"].eq("length"))
     out = g.groupby("prompt_id", sort=True).agg(
-        length=("output_tokens", "mean"), truncated=("truncated", "any"), n_samples=("sample", "size"))
+        length=("output_tokens", "mean"), truncated=("truncated", "any"), n_samples=("sample", "size")
+    )
     out = out.reset_index()
     out["length"] = out["length"].astype(np.float64)
     out["n_samples"] = out["n_samples"].astype(np.int32)

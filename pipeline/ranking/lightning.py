@@ -40,9 +40,19 @@ def prepare_for_training(model, method: str, train_lengths) -> None:
 class RankerModule(L.LightningModule):
     """Holds the plain LengthRanker; `method` picks the loss; logs val tau_b and pair accuracy."""
 
-    def __init__(self, model: torch.nn.Module, method: str, *, lr: float = 2e-5, weight_decay: float = 0.01,
-                 warmup_fraction: float = 0.1, margin: float = 1.0, val_pairs: np.ndarray | None = None,
-                 frozen_layers: int = 0, val_groups: np.ndarray | None = None):
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        method: str,
+        *,
+        lr: float = 2e-5,
+        weight_decay: float = 0.01,
+        warmup_fraction: float = 0.1,
+        margin: float = 1.0,
+        val_pairs: np.ndarray | None = None,
+        frozen_layers: int = 0,
+        val_groups: np.ndarray | None = None,
+    ):
         super().__init__()
         if method not in LOSSES:
             raise ValueError(f"unknown method {method!r}; expected one of {sorted(LOSSES)}")
@@ -113,8 +123,10 @@ class RankerModule(L.LightningModule):
         # No weight decay on biases and LayerNorm weights (the usual BERT fine-tuning practice).
         decay = [p for p in self.model.parameters() if p.requires_grad and p.ndim >= 2]
         rest = [p for p in self.model.parameters() if p.requires_grad and p.ndim < 2]
-        opt = torch.optim.AdamW([{"params": decay, "weight_decay": self.hparams.weight_decay},
-                                 {"params": rest, "weight_decay": 0.0}], lr=self.hparams.lr)
+        opt = torch.optim.AdamW(
+            [{"params": decay, "weight_decay": self.hparams.weight_decay}, {"params": rest, "weight_decay": 0.0}],
+            lr=self.hparams.lr,
+        )
         total = max(1, int(self.trainer.estimated_stepping_batches))
         warm = math.ceil(self.hparams.warmup_fraction * total)
 
@@ -162,8 +174,11 @@ class RankerModule(L.LightningModule):
         if self.trainer.is_global_zero and not self.trainer.sanity_checking:
             # one line per epoch: Lightning's bar is not drawn when the output is not a terminal (dvc repro)
             rate = self.prompts_encoded / self.train_seconds if self.train_seconds else 0.0
-            print(f"epoch {self.current_epoch}: val tau_b {tau:.4f}, pair acc {acc:.4f} "
-                  f"({self.prompts_encoded} prompts trained, {rate:.1f} prompts/s)", flush=True)
+            print(
+                f"epoch {self.current_epoch}: val tau_b {tau:.4f}, pair acc {acc:.4f} "
+                f"({self.prompts_encoded} prompts trained, {rate:.1f} prompts/s)",
+                flush=True,
+            )
         self.log("val/tau_b", tau, prog_bar=True)
         if np.isfinite(acc):
             self.log("val/pair_acc", acc, prog_bar=True)

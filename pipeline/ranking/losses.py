@@ -17,8 +17,9 @@ import torch.nn.functional as F
 METHODS = ("pairwise", "pointwise", "listwise")
 
 
-def pairwise_loss(scores: torch.Tensor, lengths: torch.Tensor, pairs: torch.Tensor,
-                  margin: float = 1.0) -> torch.Tensor:
+def pairwise_loss(
+    scores: torch.Tensor, lengths: torch.Tensor, pairs: torch.Tensor, margin: float = 1.0
+) -> torch.Tensor:
     """PARS: mean over pairs of max(0, -y * (s_i - s_j) + margin), y = +1 when i's answer is longer."""
     if pairs.numel() == 0:
         # A batch without a valid pair contributes nothing, but must keep the graph connected
@@ -29,15 +30,13 @@ def pairwise_loss(scores: torch.Tensor, lengths: torch.Tensor, pairs: torch.Tens
     return F.margin_ranking_loss(scores[i], scores[j], y, margin=margin)
 
 
-def pointwise_loss(scores: torch.Tensor, lengths: torch.Tensor, pairs: torch.Tensor | None = None
-                   ) -> torch.Tensor:
+def pointwise_loss(scores: torch.Tensor, lengths: torch.Tensor, pairs: torch.Tensor | None = None) -> torch.Tensor:
     """S3/SSJF family: mean squared error of the score against log(1 + length)."""
     target = torch.log1p(lengths.to(scores.dtype))
     return F.mse_loss(scores, target)
 
 
-def listwise_loss(scores: torch.Tensor, lengths: torch.Tensor, pairs: torch.Tensor | None = None
-                  ) -> torch.Tensor:
+def listwise_loss(scores: torch.Tensor, lengths: torch.Tensor, pairs: torch.Tensor | None = None) -> torch.Tensor:
     """vllm-ltr family: ListMLE, the batch being one list ordered by length (longest first).
 
     -log P(order) = sum_k [ logsumexp(s_{pi(k..n)}) - s_{pi(k)} ], divided by n so the scale
@@ -51,4 +50,3 @@ def listwise_loss(scores: torch.Tensor, lengths: torch.Tensor, pairs: torch.Tens
 
 
 LOSSES = {"pairwise": pairwise_loss, "pointwise": pointwise_loss, "listwise": listwise_loss}
-

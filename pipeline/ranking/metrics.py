@@ -149,8 +149,14 @@ def noise_ceiling(samples: np.ndarray, *, n_boot: int = 1000, seed: int = 42, le
         warnings.simplefilter("ignore", RuntimeWarning)
         boot = np.nanmean(np.asarray(boots, dtype=float), axis=0)
     low, high = percentile_ci(boot, level)
-    return {"kendall_tau_b": float(np.mean(taus)), "ci_low": low, "ci_high": high, "n_prompts": int(n),
-            "n_sample_pairs": len(taus), "_boot": boot}
+    return {
+        "kendall_tau_b": float(np.mean(taus)),
+        "ci_low": low,
+        "ci_high": high,
+        "n_prompts": int(n),
+        "n_sample_pairs": len(taus),
+        "_boot": boot,
+    }
 
 
 def _tau_nan(x: np.ndarray, y: np.ndarray) -> float:

@@ -45,8 +45,10 @@ class LengthRanker(nn.Module):
     def _layers(self) -> nn.ModuleList:
         layers = getattr(getattr(self.encoder, "encoder", None), "layer", None)
         if not isinstance(layers, nn.ModuleList) or not hasattr(self.encoder, "embeddings"):
-            raise ValueError(f"{type(self.encoder).__name__} is not a BERT-style encoder (embeddings + "
-                             f"encoder.layer): train.frozen_layers must be 0 for it")
+            raise ValueError(
+                f"{type(self.encoder).__name__} is not a BERT-style encoder (embeddings + "
+                f"encoder.layer): train.frozen_layers must be 0 for it"
+            )
         return layers
 
     @property
@@ -87,7 +89,9 @@ class LengthRanker(nn.Module):
 def load_tokenizer(name_or_path: str | os.PathLike):
     from transformers import AutoTokenizer
 
-    return AutoTokenizer.from_pretrained(resolve_encoder(str(name_or_path)) if not Path(name_or_path).exists() else str(name_or_path))
+    return AutoTokenizer.from_pretrained(
+        resolve_encoder(str(name_or_path)) if not Path(name_or_path).exists() else str(name_or_path)
+    )
 
 
 def encode_prompts(tokenizer, texts, max_length: int, head_fraction: float = 1.0) -> list[list[int]]:

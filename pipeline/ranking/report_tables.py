@@ -26,10 +26,26 @@ def ranking_rows(ranking: dict) -> pd.DataFrame:
         for eval_model, by_group in by_eval.items()
         for group, stat in by_group.items()
     ]
-    columns = ["train_model", "method", "eval_model", "dataset", "kendall_tau_b", "ci_low", "ci_high", "n_prompts",
-               "pair_accuracy", "n_pairs", "gain_over_prompt_length", "gain_ci_low", "gain_ci_high",
-               "beats_prompt_length", "gain_over_tfidf_ridge", "tfidf_gain_ci_low", "tfidf_gain_ci_high",
-               "beats_tfidf_ridge"]
+    columns = [
+        "train_model",
+        "method",
+        "eval_model",
+        "dataset",
+        "kendall_tau_b",
+        "ci_low",
+        "ci_high",
+        "n_prompts",
+        "pair_accuracy",
+        "n_pairs",
+        "gain_over_prompt_length",
+        "gain_ci_low",
+        "gain_ci_high",
+        "beats_prompt_length",
+        "gain_over_tfidf_ridge",
+        "tfidf_gain_ci_low",
+        "tfidf_gain_ci_high",
+        "beats_tfidf_ridge",
+    ]
     return pd.DataFrame(rows, columns=columns)
 
 
@@ -69,28 +85,37 @@ def render_markdown(ranking: dict) -> str:
     train_models = list(ranking["predictors"])
     methods = list(dict.fromkeys(m for by_method in ranking["predictors"].values() for m in by_method))
     header = "| method | " + " | ".join(f"{g} · {m}" for m, g in cols) + " |"
-    lines = ["## Kendall τ_b of predicted rank vs. true answer length (test split, 95% bootstrap CI)", "",
-             header, "|" + "---|" * (len(cols) + 1)]
+    lines = [
+        "## Kendall τ_b of predicted rank vs. true answer length (test split, 95% bootstrap CI)",
+        "",
+        header,
+        "|" + "---|" * (len(cols) + 1),
+    ]
     per_model = [m for m in train_models if m in ranking["references"]]  # the others are cross-model
     transferred = False
     for method in methods:
         cells = []
         for eval_model, group in cols:
             source = eval_model if eval_model in per_model else (per_model[0] if per_model else None)
-            stat = (ranking["predictors"].get(source, {}).get(method, {}).get(eval_model, {}).get(group)
-                    if source else None)
+            stat = (
+                ranking["predictors"].get(source, {}).get(method, {}).get(eval_model, {}).get(group) if source else None
+            )
             transferred |= stat is not None and source != eval_model
             cells.append(_cell(stat, ranking["references"][eval_model][group], transferred=source != eval_model))
         lines.append(f"| {METHOD_NAMES.get(method, method)} | " + " | ".join(cells) + " |")
     # cross-model predictors (trained on several models' answers, so no eval model of their own)
     for model in [m for m in train_models if m not in per_model]:
         for method, by_eval in ranking["predictors"][model].items():
-            cells = [_cell(by_eval.get(eval_model, {}).get(group), ranking["references"][eval_model][group])
-                     for eval_model, group in cols]
+            cells = [
+                _cell(by_eval.get(eval_model, {}).get(group), ranking["references"][eval_model][group])
+                for eval_model, group in cols
+            ]
             lines.append(f"| cross-model {METHOD_NAMES.get(method, method)}: `{model}` | " + " | ".join(cells) + " |")
     has_tfidf = any(ranking["references"][m][g].get("tfidf_ridge") for m, g in cols)
-    refs = [("noise_ceiling", "noise ceiling (sample vs sample)", "n/a (k=1)"),
-            ("prompt_length", "prompt length (tokens)", "–")]
+    refs = [
+        ("noise_ceiling", "noise ceiling (sample vs sample)", "n/a (k=1)"),
+        ("prompt_length", "prompt length (tokens)", "–"),
+    ]
     if any("tfidf_ridge" in ranking["references"][m][g] for m, g in cols):  # absent from older ranking.json
         refs.append(("tfidf_ridge", "TF-IDF + ridge (train split)", "n/a (few train prompts)"))
     for ref, label, missing in refs:
@@ -99,38 +124,62 @@ def render_markdown(ranking: dict) -> str:
             stat = ranking["references"][eval_model][group].get(ref)
             cells.append(_fmt(stat["kendall_tau_b"], (stat["ci_low"], stat["ci_high"])) if stat else missing)
         lines.append(f"| *{label}* | " + " | ".join(cells) + " |")
-    lines.append("| *test prompts* | " + " | ".join(str(ranking["references"][m][g]["n_prompts"]) for m, g in cols) + " |")
+    lines.append(
+        "| *test prompts* | " + " | ".join(str(ranking["references"][m][g]["n_prompts"]) for m, g in cols) + " |"
+    )
     lines.append("")
     notes = ["✗: does not beat the prompt-length baseline (paired bootstrap 95% CI of the gain includes 0)."]
     if has_tfidf:
         ngram_max = (ranking.get("settings", {}).get("tfidf_ridge") or {}).get("ngram_max", "?")
-        notes.append("‡: does not beat the TF-IDF + ridge reference (paired bootstrap 95% CI of the gain includes 0); "
-                     f"TF-IDF of word 1–{ngram_max}-grams + ridge on log answer length, fitted on the eval model's "
-                     "train-split prompts, alpha chosen on its val split.")
+        notes.append(
+            "‡: does not beat the TF-IDF + ridge reference (paired bootstrap 95% CI of the gain includes 0); "
+            f"TF-IDF of word 1–{ngram_max}-grams + ridge on log answer length, fitted on the eval model's "
+            "train-split prompts, alpha chosen on its val split."
+        )
     if transferred:
         notes.append(f"†: no predictor trained on this model's answers alone; the {per_model[0]} predictor is shown.")
-    notes.append("Noise ceiling: τ_b between two independent samples' lengths, averaged over sample pairs; "
-                 "predictors are scored against the mean of all samples, so they can exceed it.")
+    notes.append(
+        "Noise ceiling: τ_b between two independent samples' lengths, averaged over sample pairs; "
+        "predictors are scored against the mean of all samples, so they can exceed it."
+    )
     settings = ranking.get("settings", {})
-    notes.append(f"Prompt length counted with the `{settings.get('baseline_tokenizer', 'minilm-l6')}` tokenizer; "
-                 f"pair accuracy on pairs with relative length gap ≥ δ={settings.get('delta')}.")
+    notes.append(
+        f"Prompt length counted with the `{settings.get('baseline_tokenizer', 'minilm-l6')}` tokenizer; "
+        f"pair accuracy on pairs with relative length gap ≥ δ={settings.get('delta')}."
+    )
     lines += [f"- {n}" for n in notes]
 
     eval_models = list(ranking["references"])
     for method in methods:
-        lines += ["", f"## Cross-model transfer, {METHOD_NAMES.get(method, method)}: τ_b (rows: trained on, "
-                      "columns: evaluated on, all datasets)", "",
-                  "| trained on | " + " | ".join(eval_models) + " |", "|" + "---|" * (len(eval_models) + 1)]
+        lines += [
+            "",
+            f"## Cross-model transfer, {METHOD_NAMES.get(method, method)}: τ_b (rows: trained on, "
+            "columns: evaluated on, all datasets)",
+            "",
+            "| trained on | " + " | ".join(eval_models) + " |",
+            "|" + "---|" * (len(eval_models) + 1),
+        ]
         for model in train_models:
             by_eval = ranking["predictors"][model].get(method, {})
-            lines.append(f"| {model} | " + " | ".join(
-                _fmt(by_eval.get(e, {}).get(OVERALL, {}).get("kendall_tau_b")) for e in eval_models) + " |")
-        lines.append("| *prompt length* | " + " | ".join(
-            _fmt(ranking["references"][e][OVERALL]["prompt_length"]["kendall_tau_b"]) for e in eval_models) + " |")
+            lines.append(
+                f"| {model} | "
+                + " | ".join(_fmt(by_eval.get(e, {}).get(OVERALL, {}).get("kendall_tau_b")) for e in eval_models)
+                + " |"
+            )
+        lines.append(
+            "| *prompt length* | "
+            + " | ".join(_fmt(ranking["references"][e][OVERALL]["prompt_length"]["kendall_tau_b"]) for e in eval_models)
+            + " |"
+        )
         if has_tfidf:
-            lines.append("| *TF-IDF + ridge* | " + " | ".join(
-                _fmt((ranking["references"][e][OVERALL].get("tfidf_ridge") or {}).get("kendall_tau_b"))
-                for e in eval_models) + " |")
+            lines.append(
+                "| *TF-IDF + ridge* | "
+                + " | ".join(
+                    _fmt((ranking["references"][e][OVERALL].get("tfidf_ridge") or {}).get("kendall_tau_b"))
+                    for e in eval_models
+                )
+                + " |"
+            )
     lines += _method_difference_lines(ranking)
     return "\n".join(lines) + "\n"
 
@@ -138,13 +187,20 @@ def render_markdown(ranking: dict) -> str:
 def _method_difference_lines(ranking: dict) -> list[str]:
     """Pairwise minus each other method, all datasets: is the pairwise loss worth it?"""
     diffs = ranking.get("method_differences") or {}
-    others = list(dict.fromkeys(m for by_eval in diffs.values() for by_group in by_eval.values()
-                                for m in by_group.get(OVERALL, {})))
+    others = list(
+        dict.fromkeys(
+            m for by_eval in diffs.values() for by_group in by_eval.values() for m in by_group.get(OVERALL, {})
+        )
+    )
     if not others:
         return []
-    lines = ["", "## Pairwise minus each other method: Δτ_b (paired bootstrap 95% CI, all datasets)", "",
-             "| trained on → evaluated on | " + " | ".join(f"− {METHOD_NAMES.get(m, m)}" for m in others) + " |",
-             "|" + "---|" * (len(others) + 1)]
+    lines = [
+        "",
+        "## Pairwise minus each other method: Δτ_b (paired bootstrap 95% CI, all datasets)",
+        "",
+        "| trained on → evaluated on | " + " | ".join(f"− {METHOD_NAMES.get(m, m)}" for m in others) + " |",
+        "|" + "---|" * (len(others) + 1),
+    ]
     for model, by_eval in diffs.items():
         for eval_model, by_group in by_eval.items():
             cells = []

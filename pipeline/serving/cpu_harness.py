@@ -16,8 +16,15 @@ from pathlib import Path
 
 BLOCK = 16
 TOKEN = 7  # a sampled token that is neither EOS nor a stop token
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.txt",
-                   "chat_template.jinja", "merges.txt", "vocab.json")
+TOKENIZER_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "vocab.txt",
+    "chat_template.jinja",
+    "merges.txt",
+    "vocab.json",
+)
 
 
 def model_dir(path: Path, tokenizer_dir: Path | None = None, tokenizer=None) -> Path:
@@ -35,9 +42,17 @@ def model_dir(path: Path, tokenizer_dir: Path | None = None, tokenizer=None) -> 
         from transformers import AutoTokenizer
 
         vocab = len(AutoTokenizer.from_pretrained(path))
-    config = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 64,
-              "intermediate_size": 128, "num_attention_heads": 2, "num_key_value_heads": 2,
-              "num_hidden_layers": 1, "vocab_size": vocab, "max_position_embeddings": 4096}
+    config = {
+        "architectures": ["LlamaForCausalLM"],
+        "model_type": "llama",
+        "hidden_size": 64,
+        "intermediate_size": 128,
+        "num_attention_heads": 2,
+        "num_key_value_heads": 2,
+        "num_hidden_layers": 1,
+        "vocab_size": vocab,
+        "max_position_embeddings": 4096,
+    }
     (path / "config.json").write_text(json.dumps(config))
     return path
 
@@ -48,9 +63,16 @@ def model_config(path: Path):
     return ModelConfig(model=str(path), dtype="float32", seed=0, max_model_len=4096)
 
 
-def build_scheduler(cls, model_cfg, *, max_num_seqs: int = 4, num_blocks: int = 1000,
-                    async_scheduling: bool = False, pars: dict | None = None,
-                    max_num_batched_tokens: int = 2048):
+def build_scheduler(
+    cls,
+    model_cfg,
+    *,
+    max_num_seqs: int = 4,
+    num_blocks: int = 1000,
+    async_scheduling: bool = False,
+    pars: dict | None = None,
+    max_num_batched_tokens: int = 2048,
+):
     """A real scheduler of `cls` with `num_blocks` KV blocks of BLOCK tokens; `pars` is its
     additional_config["pars"] (ignored by vLLM's own classes)."""
     import torch
@@ -58,20 +80,38 @@ def build_scheduler(cls, model_cfg, *, max_num_seqs: int = 4, num_blocks: int = 
     from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
     from vllm.v1.structured_output import StructuredOutputManager
 
-    sched_cfg = SchedulerConfig(max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
-                                max_model_len=4096, enable_chunked_prefill=True, is_encoder_decoder=False)
-    vllm_config = VllmConfig(scheduler_config=sched_cfg, model_config=model_cfg,
-                             cache_config=CacheConfig(block_size=BLOCK, enable_prefix_caching=False),
-                             additional_config={"pars": dict(pars or {})})
+    sched_cfg = SchedulerConfig(
+        max_num_seqs=max_num_seqs,
+        max_num_batched_tokens=max_num_batched_tokens,
+        max_model_len=4096,
+        enable_chunked_prefill=True,
+        is_encoder_decoder=False,
+    )
+    vllm_config = VllmConfig(
+        scheduler_config=sched_cfg,
+        model_config=model_cfg,
+        cache_config=CacheConfig(block_size=BLOCK, enable_prefix_caching=False),
+        additional_config={"pars": dict(pars or {})},
+    )
     # The CPU platform forces async scheduling off; the AsyncScheduler tests put it back.
     vllm_config.scheduler_config.async_scheduling = async_scheduling
     vllm_config.cache_config.num_gpu_blocks = num_blocks
-    kv = KVCacheConfig(num_blocks=num_blocks, kv_cache_tensors=[], kv_cache_groups=[
-        KVCacheGroupSpec(["layer"], FullAttentionSpec(block_size=BLOCK, num_kv_heads=1, head_size=1,
-                                                      dtype=torch.float32))])
-    return cls(vllm_config=vllm_config, kv_cache_config=kv,
-               structured_output_manager=StructuredOutputManager(vllm_config), block_size=BLOCK,
-               log_stats=False)
+    kv = KVCacheConfig(
+        num_blocks=num_blocks,
+        kv_cache_tensors=[],
+        kv_cache_groups=[
+            KVCacheGroupSpec(
+                ["layer"], FullAttentionSpec(block_size=BLOCK, num_kv_heads=1, head_size=1, dtype=torch.float32)
+            )
+        ],
+    )
+    return cls(
+        vllm_config=vllm_config,
+        kv_cache_config=kv,
+        structured_output_manager=StructuredOutputManager(vllm_config),
+        block_size=BLOCK,
+        log_stats=False,
+    )
 
 
 class FakeEngine:
@@ -92,8 +132,16 @@ class FakeEngine:
         self.arrival: dict[str, float] = {}
         self._n = 0
 
-    def add(self, rid: str, prompt_len: int, out_len: int, score: float | None = None,
-            prompt_ids: list[int] | None = None, arrival: float | None = None, priority: int = 0):
+    def add(
+        self,
+        rid: str,
+        prompt_len: int,
+        out_len: int,
+        score: float | None = None,
+        prompt_ids: list[int] | None = None,
+        arrival: float | None = None,
+        priority: int = 0,
+    ):
         from vllm.sampling_params import SamplingParams
         from vllm.v1.request import Request
 
@@ -104,16 +152,27 @@ class FakeEngine:
         arrival = (self.t if arrival is None else arrival) + self._n * 1e-6
         ids = prompt_ids if prompt_ids is not None else [1000 + self._n % 500] * prompt_len
         self.arrival[rid] = arrival
-        self.s.add_request(Request(request_id=rid, prompt_token_ids=ids, sampling_params=params,
-                                   pooling_params=None, arrival_time=arrival, priority=priority))
+        self.s.add_request(
+            Request(
+                request_id=rid,
+                prompt_token_ids=ids,
+                sampling_params=params,
+                pooling_params=None,
+                arrival_time=arrival,
+                priority=priority,
+            )
+        )
 
     def _process(self, item):
         from vllm.v1.outputs import ModelRunnerOutput
 
         out, sampled = item
         req_ids = list(out.num_scheduled_tokens)
-        mro = ModelRunnerOutput(req_ids=req_ids, req_id_to_index={r: i for i, r in enumerate(req_ids)},
-                                sampled_token_ids=[sampled[r] for r in req_ids])
+        mro = ModelRunnerOutput(
+            req_ids=req_ids,
+            req_id_to_index={r: i for i, r in enumerate(req_ids)},
+            sampled_token_ids=[sampled[r] for r in req_ids],
+        )
         for eco in self.s.update_from_output(out, mro).values():
             self.finished.extend(o.request_id for o in eco.outputs if o.finish_reason is not None)
 
@@ -125,8 +184,7 @@ class FakeEngine:
                 self.admitted.append((self.t, r.request_id))
         self.preempted.extend((self.t, rid) for rid in (out.preempted_req_ids or ()))
         # A request whose prefill completes this step samples one token.
-        sampled = {rid: ([] if self.s.requests[rid].is_prefill_chunk else [TOKEN])
-                   for rid in out.num_scheduled_tokens}
+        sampled = {rid: ([] if self.s.requests[rid].is_prefill_chunk else [TOKEN]) for rid in out.num_scheduled_tokens}
         self.in_flight.append((out, sampled))
         # Sync: answer at once. Async: keep one step in flight; drain when nothing new was scheduled.
         keep = 1 if self.async_scheduling and out.num_scheduled_tokens else 0

@@ -134,6 +134,13 @@ def _scoring(raw, where: str) -> str:
     return raw
 
 
-_CHECKS = {"checkpoint": _text, "starvation_s": _positive_seconds, "batch_size": _batch_size,
-           "device": _device, "score_key": _text, "scoring": _scoring,
-           "fault_log_interval_s": _positive_seconds, "scorer_threads": _threads}
+_CHECKS = {
+    "checkpoint": _text,
+    "starvation_s": _positive_seconds,
+    "batch_size": _batch_size,
+    "device": _device,
+    "score_key": _text,
+    "scoring": _scoring,
+    "fault_log_interval_s": _positive_seconds,
+    "scorer_threads": _threads,
+}

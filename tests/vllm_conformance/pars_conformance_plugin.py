@@ -48,65 +48,156 @@ _CLIP_STD = [0.26862954, 0.26130258, 0.27577711]
 # The hub models the tests name: their real config.json (the scheduler reads max_model_len, the
 # multimodal layout and is_encoder_decoder from it; weights are never loaded), the processor files
 # multimodal models need, and the special tokens their processors look up.
-_OPT = {"architectures": ["OPTForCausalLM"], "model_type": "opt", "activation_function": "relu",
-        "bos_token_id": 2, "eos_token_id": 2, "pad_token_id": 1, "max_position_embeddings": 2048,
-        "vocab_size": 50272, "torch_dtype": "float16"}
+_OPT = {
+    "architectures": ["OPTForCausalLM"],
+    "model_type": "opt",
+    "activation_function": "relu",
+    "bos_token_id": 2,
+    "eos_token_id": 2,
+    "pad_token_id": 1,
+    "max_position_embeddings": 2048,
+    "vocab_size": 50272,
+    "torch_dtype": "float16",
+}
 SHIMS: dict[str, dict] = {
-    "facebook/opt-125m": {"config.json": {**_OPT, "hidden_size": 768, "ffn_dim": 3072, "num_hidden_layers": 12,
-                                          "num_attention_heads": 12, "word_embed_proj_dim": 768,
-                                          "do_layer_norm_before": True}},
-    "facebook/opt-350m": {"config.json": {**_OPT, "hidden_size": 1024, "ffn_dim": 4096, "num_hidden_layers": 24,
-                                          "num_attention_heads": 16, "word_embed_proj_dim": 512,
-                                          "do_layer_norm_before": False}},
+    "facebook/opt-125m": {
+        "config.json": {
+            **_OPT,
+            "hidden_size": 768,
+            "ffn_dim": 3072,
+            "num_hidden_layers": 12,
+            "num_attention_heads": 12,
+            "word_embed_proj_dim": 768,
+            "do_layer_norm_before": True,
+        }
+    },
+    "facebook/opt-350m": {
+        "config.json": {
+            **_OPT,
+            "hidden_size": 1024,
+            "ffn_dim": 4096,
+            "num_hidden_layers": 24,
+            "num_attention_heads": 16,
+            "word_embed_proj_dim": 512,
+            "do_layer_norm_before": False,
+        }
+    },
     "llava-hf/llava-1.5-7b-hf": {
         "config.json": {
-            "architectures": ["LlavaForConditionalGeneration"], "model_type": "llava",
-            "image_token_index": 32000, "pad_token_id": 32001, "projector_hidden_act": "gelu",
-            "vision_feature_layer": -2, "vision_feature_select_strategy": "default",
-            "tie_word_embeddings": False, "torch_dtype": "float16", "vocab_size": 32064,
-            "text_config": {"architectures": ["LlamaForCausalLM"], "model_type": "llama",
-                            "max_position_embeddings": 4096, "rms_norm_eps": 1e-05, "vocab_size": 32064,
-                            "torch_dtype": "float16"},
-            "vision_config": {"model_type": "clip_vision_model", "hidden_size": 1024, "image_size": 336,
-                              "intermediate_size": 4096, "num_attention_heads": 16, "num_hidden_layers": 24,
-                              "patch_size": 14, "projection_dim": 768},
+            "architectures": ["LlavaForConditionalGeneration"],
+            "model_type": "llava",
+            "image_token_index": 32000,
+            "pad_token_id": 32001,
+            "projector_hidden_act": "gelu",
+            "vision_feature_layer": -2,
+            "vision_feature_select_strategy": "default",
+            "tie_word_embeddings": False,
+            "torch_dtype": "float16",
+            "vocab_size": 32064,
+            "text_config": {
+                "architectures": ["LlamaForCausalLM"],
+                "model_type": "llama",
+                "max_position_embeddings": 4096,
+                "rms_norm_eps": 1e-05,
+                "vocab_size": 32064,
+                "torch_dtype": "float16",
+            },
+            "vision_config": {
+                "model_type": "clip_vision_model",
+                "hidden_size": 1024,
+                "image_size": 336,
+                "intermediate_size": 4096,
+                "num_attention_heads": 16,
+                "num_hidden_layers": 24,
+                "patch_size": 14,
+                "projection_dim": 768,
+            },
         },
         "preprocessor_config.json": {
-            "image_processor_type": "CLIPImageProcessor", "processor_class": "LlavaProcessor",
-            "crop_size": {"height": 336, "width": 336}, "size": {"shortest_edge": 336},
-            "do_center_crop": True, "do_convert_rgb": True, "do_normalize": True, "do_rescale": True,
-            "do_resize": True, "image_mean": _CLIP_MEAN, "image_std": _CLIP_STD, "resample": 3,
+            "image_processor_type": "CLIPImageProcessor",
+            "processor_class": "LlavaProcessor",
+            "crop_size": {"height": 336, "width": 336},
+            "size": {"shortest_edge": 336},
+            "do_center_crop": True,
+            "do_convert_rgb": True,
+            "do_normalize": True,
+            "do_rescale": True,
+            "do_resize": True,
+            "image_mean": _CLIP_MEAN,
+            "image_std": _CLIP_STD,
+            "resample": 3,
             "rescale_factor": 0.00392156862745098,
         },
-        "processor_config.json": {"processor_class": "LlavaProcessor", "image_token": "<image>", "patch_size": 14,
-                                  "vision_feature_select_strategy": "default", "num_additional_image_tokens": 1},
+        "processor_config.json": {
+            "processor_class": "LlavaProcessor",
+            "image_token": "<image>",
+            "patch_size": 14,
+            "vision_feature_select_strategy": "default",
+            "num_additional_image_tokens": 1,
+        },
         "tokens": {"image_token_index": "<image>"},
     },
     "Qwen/Qwen2.5-VL-3B-Instruct": {
         "config.json": {
-            "architectures": ["Qwen2_5_VLForConditionalGeneration"], "model_type": "qwen2_5_vl",
-            "hidden_size": 2048, "intermediate_size": 11008, "max_position_embeddings": 128000,
-            "num_attention_heads": 16, "num_hidden_layers": 36, "num_key_value_heads": 2,
-            "rms_norm_eps": 1e-06, "rope_theta": 1000000.0, "sliding_window": 32768, "max_window_layers": 70,
-            "use_sliding_window": False, "tie_word_embeddings": True, "torch_dtype": "bfloat16",
-            "vocab_size": 151936, "bos_token_id": 151643, "eos_token_id": 151645,
-            "image_token_id": 151655, "video_token_id": 151656, "vision_start_token_id": 151652,
-            "vision_end_token_id": 151653, "vision_token_id": 151654,
+            "architectures": ["Qwen2_5_VLForConditionalGeneration"],
+            "model_type": "qwen2_5_vl",
+            "hidden_size": 2048,
+            "intermediate_size": 11008,
+            "max_position_embeddings": 128000,
+            "num_attention_heads": 16,
+            "num_hidden_layers": 36,
+            "num_key_value_heads": 2,
+            "rms_norm_eps": 1e-06,
+            "rope_theta": 1000000.0,
+            "sliding_window": 32768,
+            "max_window_layers": 70,
+            "use_sliding_window": False,
+            "tie_word_embeddings": True,
+            "torch_dtype": "bfloat16",
+            "vocab_size": 151936,
+            "bos_token_id": 151643,
+            "eos_token_id": 151645,
+            "image_token_id": 151655,
+            "video_token_id": 151656,
+            "vision_start_token_id": 151652,
+            "vision_end_token_id": 151653,
+            "vision_token_id": 151654,
             "rope_scaling": {"type": "mrope", "mrope_section": [16, 24, 24]},
-            "vision_config": {"depth": 32, "hidden_act": "silu", "hidden_size": 1280, "intermediate_size": 3420,
-                              "num_heads": 16, "in_chans": 3, "out_hidden_size": 2048, "patch_size": 14,
-                              "spatial_merge_size": 2, "spatial_patch_size": 14, "window_size": 112,
-                              "fullatt_block_indexes": [7, 15, 23, 31], "tokens_per_second": 2,
-                              "temporal_patch_size": 2},
+            "vision_config": {
+                "depth": 32,
+                "hidden_act": "silu",
+                "hidden_size": 1280,
+                "intermediate_size": 3420,
+                "num_heads": 16,
+                "in_chans": 3,
+                "out_hidden_size": 2048,
+                "patch_size": 14,
+                "spatial_merge_size": 2,
+                "spatial_patch_size": 14,
+                "window_size": 112,
+                "fullatt_block_indexes": [7, 15, 23, 31],
+                "tokens_per_second": 2,
+                "temporal_patch_size": 2,
+            },
         },
         "preprocessor_config.json": {
-            "image_processor_type": "Qwen2VLImageProcessor", "processor_class": "Qwen2_5_VLProcessor",
-            "min_pixels": 3136, "max_pixels": 12845056, "patch_size": 14, "temporal_patch_size": 2,
-            "merge_size": 2, "image_mean": _CLIP_MEAN, "image_std": _CLIP_STD,
+            "image_processor_type": "Qwen2VLImageProcessor",
+            "processor_class": "Qwen2_5_VLProcessor",
+            "min_pixels": 3136,
+            "max_pixels": 12845056,
+            "patch_size": 14,
+            "temporal_patch_size": 2,
+            "merge_size": 2,
+            "image_mean": _CLIP_MEAN,
+            "image_std": _CLIP_STD,
         },
-        "tokens": {"vision_start_token_id": "<|vision_start|>", "vision_end_token_id": "<|vision_end|>",
-                   "vision_token_id": "<|vision_pad|>", "image_token_id": "<|image_pad|>",
-                   "video_token_id": "<|video_pad|>"},
+        "tokens": {
+            "vision_start_token_id": "<|vision_start|>",
+            "vision_end_token_id": "<|vision_end|>",
+            "vision_token_id": "<|vision_pad|>",
+            "image_token_id": "<|image_pad|>",
+            "video_token_id": "<|video_pad|>",
+        },
     },
 }
 
@@ -225,8 +316,13 @@ def pytest_unconfigure(config: pytest.Config) -> None:
         shutil.rmtree(_shim_root, ignore_errors=True)
     report = os.environ.get("PARS_CONFORMANCE_REPORT")
     if report:
-        Path(report).write_text(json.dumps({"mode": MODE, "outcomes": _outcomes, "unavailable_models": _unavailable,
-                                            **_built}, indent=1, sort_keys=True))
+        Path(report).write_text(
+            json.dumps(
+                {"mode": MODE, "outcomes": _outcomes, "unavailable_models": _unavailable, **_built},
+                indent=1,
+                sort_keys=True,
+            )
+        )
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:
@@ -247,8 +343,11 @@ def pytest_runtest_makereport(item, call):
         for name in _unavailable:
             if f"specified: '{name}'" in text:  # ModelConfig's error for a name it cannot resolve
                 report.outcome = "skipped"
-                report.longrepr = (str(item.path), item.location[1] or 0,
-                                   "Skipped: " + UNAVAILABLE_REASON.format(name=name))
+                report.longrepr = (
+                    str(item.path),
+                    item.location[1] or 0,
+                    "Skipped: " + UNAVAILABLE_REASON.format(name=name),
+                )
                 break
     return report
 
