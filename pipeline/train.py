@@ -164,7 +164,11 @@ def train_one(
     if cfg["patience"]:
         from lightning.pytorch.callbacks import EarlyStopping
 
-        callbacks.append(EarlyStopping(monitor="val/tau_b", mode="max", patience=int(cfg["patience"])))
+        # an undefined tau_b (NaN: constant scores, e.g. a fresh head) counts as no improvement;
+        # Lightning's default (check_finite) would end the run at the first one
+        callbacks.append(
+            EarlyStopping(monitor="val/tau_b", mode="max", patience=int(cfg["patience"]), check_finite=False)
+        )
     trainer = L.Trainer(
         **trainer_args,
         logger=logger if logger is not None else False,

@@ -121,6 +121,24 @@ def test_each_method_learns_and_exports(toy_root, tiny_encoder_dir, monkeypatch,
     assert curve[0].startswith("epoch,train_loss,val_tau_b") and len(curve) == 5
 
 
+def test_an_undefined_val_tau_does_not_stop_training(toy_root, tiny_encoder_dir, monkeypatch):
+    """Early stopping counts an epoch whose val tau_b is undefined (NaN) as no improvement: the run
+    goes on, and the best defined epoch is kept."""
+    monkeypatch.setenv("WANDB_MODE", "disabled")
+    import pipeline.ranking.lightning as lightning_module
+
+    real = lightning_module.kendall_tau_b
+    calls = []
+
+    def nan_first(x, y):
+        calls.append(1)
+        return float("nan") if len(calls) == 1 else real(x, y)
+
+    monkeypatch.setattr(lightning_module, "kendall_tau_b", nan_first)
+    res = run(toy_root, tiny_encoder_dir, "pairwise", "nan", epochs=3, patience=2)
+    assert res["epochs_run"] == 3 and res["best_epoch"] >= 1 and np.isfinite(res["val_tau_b"])
+
+
 def test_best_epoch_is_exported_and_scores_match(toy_root, tiny_encoder_dir, monkeypatch):
     """The exported weights are the best epoch's: re-scoring val prompts gives the recorded tau_b."""
     monkeypatch.setenv("WANDB_MODE", "disabled")

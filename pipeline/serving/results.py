@@ -141,7 +141,9 @@ def fidelity_section(fid: dict[str, Any]) -> list[str]:
         "",
         f"{fid.get('requests')} requests; step time {_num(1000 * step.get('c0_s', float('nan')), '.1f')} ms + "
         f"{_num(1000 * step.get('c1_s_per_token', float('nan')), '.3f')} ms/token, fitted on another burst "
-        f"(`{fid.get('calibration')}`). Error = (simulator − engine) / engine.",
+        f"(`{fid.get('calibration')}`); PARS scores reach the simulated queue at the background scorer's "
+        f"calibration rate, {_num(fid.get('scoring_rate_prompts_per_s'), '.0f')} prompts/s, shortest prompts first; "
+        f"the first token is sampled at prefill. Error = (simulator − engine) / engine.",
         "",
         "| policy | mean per-token latency: engine / sim / error | p90: engine / sim / error "
         "| mean TTFT error | throughput error |",
