@@ -87,7 +87,8 @@ def run_mode(mode: str, args, model_cfg, prompt_ids: list[list[int]]) -> dict:
         engine.step()
         steps += 1
         per_call.append(sched.pars_stats["last_overhead_s"])
-        keyed = sched.pars_stats["num_scored"] + sched.pars_stats["num_fallback"]
+        stats = sched.pars_stats  # every arrival scored, left provisional, or finished before its score
+        keyed = stats["num_scored"] + stats["num_fallback"] + stats["num_finished_unscored"]
         if keyed >= len(prompt_ids):
             break
         time.sleep(args.step_ms / 1000)
@@ -104,6 +105,7 @@ def run_mode(mode: str, args, model_cfg, prompt_ids: list[list[int]]) -> dict:
         "seconds_until_all_scored": round(seconds, 3),
         "num_scored": sched.pars_stats["num_scored"],
         "num_faults": sched.pars_stats["num_faults"],
+        "num_finished_unscored": sched.pars_stats["num_finished_unscored"],
         "finished_requests": len(engine.finished),
     }
 

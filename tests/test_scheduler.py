@@ -452,6 +452,38 @@ def test_scoring_worker_delivers_parts_as_they_finish():
     worker.close()
 
 
+def test_a_request_aborted_before_its_score_is_no_fault(make_scheduler, tokenizer):
+    """A request that finishes (here: is aborted) before the background scorer reaches it needs no
+    score: it is counted apart, not as a scoring fault or a fallback."""
+    import threading
+
+    from vllm.v1.request import RequestStatus
+
+    from pipeline.serving.vllm_scheduler import PARSScheduler
+
+    sched = make_scheduler(PARSScheduler, max_num_seqs=1)
+    release = threading.Event()
+    real_parts = sched.pars_scorer.score_parts
+
+    def held(texts, *args, **kw):
+        assert release.wait(10)
+        yield from real_parts(texts, *args, **kw)
+
+    sched.pars_scorer.score_parts = held
+    eng = FakeEngine(sched)
+    eng.add("first", 0, out_len=2, score=-1e9, prompt_ids=tokenizer("go first")["input_ids"])
+    for i, text in enumerate(["say hi", "write an essay", "list colors"]):
+        eng.add(f"p{i}", 0, out_len=2, prompt_ids=tokenizer(text)["input_ids"])
+    eng.step()  # the worker holds p0..p2
+    sched.finish_requests("p1", RequestStatus.FINISHED_ABORTED)
+    release.set()
+    assert sched.pars_worker.wait_idle(10)
+    eng.step()  # takes the scores
+    stats = sched.pars_stats
+    assert (stats["num_scored"], stats["num_finished_unscored"]) == (2, 1)
+    assert stats["num_faults"] == 0 and stats["num_fallback"] == 0
+
+
 def test_scorer_thread_uses_its_own_torch_threads(make_scheduler, tokenizer):
     """The background scorer runs with scorer_threads torch threads (1 by default: a second OpenMP
     pool slows every engine step on a shared CPU) and leaves the engine thread's count alone."""

@@ -176,6 +176,7 @@ class PARSSchedulerMixin:
             "num_client_scores": 0,
             "num_fallback": 0,
             "num_faults": 0,
+            "num_finished_unscored": 0,
             "num_provisional": 0,
             "num_batches": 0,
             "score_s": 0.0,
@@ -341,15 +342,17 @@ class PARSSchedulerMixin:
         stats = self.pars_stats
         stats["score_s"] += batch.seconds
         stats["num_batches"] += 1
-        if batch.error is not None:
-            self._pars_fault("scoring %d prompts failed (%r)", len(batch.items), batch.error)
-        elif any(score is None for score in batch.scores):
-            self._pars_fault(
-                "%d of %d prompts could not be scored", sum(score is None for score in batch.scores), len(batch.items)
-            )
+        # a request that finished (or was aborted) before the scorer reached it needs no score:
+        # neither a fault nor a fallback
+        unscored = [r for r, score in zip(batch.items, batch.scores) if score is None and not r.is_finished()]
+        stats["num_finished_unscored"] += sum(score is None for score in batch.scores) - len(unscored)
+        if batch.error is not None and unscored:
+            self._pars_fault("scoring %d prompts failed (%r)", len(unscored), batch.error)
+        elif unscored:
+            self._pars_fault("%d of %d prompts could not be scored", len(unscored), len(batch.items))
+        stats["num_fallback"] += len(unscored)
         for request, score in zip(batch.items, batch.scores):
             if score is None:
-                stats["num_fallback"] += 1
                 continue
             stats["num_scored"] += 1
             self._pars_score_sum += score
