@@ -124,8 +124,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.output and args.output.endswith(".parquet"):
         out.to_parquet(args.output, index=False)
     else:
-        # no records: no lines (pandas would write one empty line, which is not a JSONL record)
-        text = out.to_json(orient="records", lines=True, force_ascii=False) if len(out) else ""
+        # no records: no lines (pandas would write one empty line, which is not a JSONL record);
+        # ASCII only: a raw U+0085 / U+2028 in an id would split the record for line readers
+        # that follow Unicode line breaks (Python's str.splitlines)
+        text = out.to_json(orient="records", lines=True, force_ascii=True) if len(out) else ""
         if args.output:
             Path(args.output).write_text(text, encoding="utf-8")
         else:

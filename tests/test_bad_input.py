@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from pipeline.cli import main as pars
@@ -218,6 +218,7 @@ def _score_ok(out: str, n_records: int) -> None:
 
 @examples(30)
 @given(lines=st.lists(LINE, max_size=5))
+@example(lines=[b'{"id": {"\\u0085": null}, "prompt": ""}'])  # U+0085 in an id once split an output line
 def test_score_random_jsonl(capsys, workdir, checkpoint, lines):
     src = fresh(workdir) / "in.jsonl"
     blob = b"\n".join(lines)

@@ -129,25 +129,32 @@ def test_checkpoint_scores_in_one_batch_at_schedule(make_scheduler, checkpoint, 
     assert eng.order() == [f"p{i}" for i in sorted(range(len(prompts)), key=lambda i: expected[i])] + ["client"]
 
 
+def hold_scoring(sched):
+    """Hold the scheduler's real ranker until the returned event is set (the worker blocks in it)."""
+    import threading
+
+    release = threading.Event()
+    real_parts = sched.pars_scorer.score_parts
+
+    def held(texts, *args, **kw):
+        assert release.wait(10)
+        yield from real_parts(texts, *args, **kw)
+
+    sched.pars_scorer.score_parts = held
+    return release
+
+
 def test_background_scoring_never_waits_and_replaces_requests(make_scheduler, checkpoint, tokenizer):
     """Background scoring: schedule() returns while the ranker is still busy; arrivals wait at a
     provisional place (arrival order, behind a low client score, ahead of a high one) and move to
     their scored place once the worker is done. Every request is scored once and finishes once."""
-    import threading
 
     from pipeline.serving.scorer import Scorer
     from pipeline.serving.vllm_scheduler import PARSScheduler
 
     sched = make_scheduler(PARSScheduler, max_num_seqs=1)
     assert sched.pars_config.scoring == "background" and sched.pars_worker is not None
-    release = threading.Event()
-    real_parts = sched.pars_scorer.score_parts
-
-    def held(texts, *args, **kw):  # the real ranker, held until the test lets it finish
-        assert release.wait(10)
-        yield from real_parts(texts, *args, **kw)
-
-    sched.pars_scorer.score_parts = held
+    release = hold_scoring(sched)
     eng = FakeEngine(sched)
     prompts = [
         "write a long essay about the history of rome",
@@ -455,21 +462,13 @@ def test_scoring_worker_delivers_parts_as_they_finish():
 def test_a_request_aborted_before_its_score_is_no_fault(make_scheduler, tokenizer):
     """A request that finishes (here: is aborted) before the background scorer reaches it needs no
     score: it is counted apart, not as a scoring fault or a fallback."""
-    import threading
 
     from vllm.v1.request import RequestStatus
 
     from pipeline.serving.vllm_scheduler import PARSScheduler
 
     sched = make_scheduler(PARSScheduler, max_num_seqs=1)
-    release = threading.Event()
-    real_parts = sched.pars_scorer.score_parts
-
-    def held(texts, *args, **kw):
-        assert release.wait(10)
-        yield from real_parts(texts, *args, **kw)
-
-    sched.pars_scorer.score_parts = held
+    release = hold_scoring(sched)
     eng = FakeEngine(sched)
     eng.add("first", 0, out_len=2, score=-1e9, prompt_ids=tokenizer("go first")["input_ids"])
     for i, text in enumerate(["say hi", "write an essay", "list colors"]):
