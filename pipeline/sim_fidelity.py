@@ -135,7 +135,9 @@ def replay(
         )  # as vLLM samples it
         key = policy_key(policy, arrival, o, scores if policy == "pars" else None)
         # oracle sends its key with the request (a client score); PARS's come from the scorer
-        ready = score_ready_times(s, rate) if policy == "pars" and rate else None
+        # the scorer's batch size as the run used it (files from before it was recorded: the default)
+        batch = int(validation["pars"].get("scoring_batch_size", PARSConfig.batch_size))
+        ready = score_ready_times(s, rate, batch_size=batch) if policy == "pars" and rate else None
         out[policy] = simulate(arrival, s, o, key=key, config=cfg, key_ready=ready)
     return out
 
