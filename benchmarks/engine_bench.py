@@ -321,7 +321,11 @@ def run_policy(policy: str, args, checkpoint: Path, workload: list[dict]) -> dic
         result["overhead_fraction"] = stats["overhead_s"] / wall
         result["max_overhead_s_per_schedule"] = scheduler.pars_stats["max_overhead_s"]
         result["scoring_fraction"] = stats["score_s"] / wall
-        result["scoring_batch_size"] = int(scheduler.pars_config.batch_size)  # sim_fidelity replays it
+        # the scorer's batching, which sim_fidelity replays
+        from pipeline.serving.pars_config import SCORING_CHUNK_BATCHES
+
+        result["scoring_batch_size"] = int(scheduler.pars_config.batch_size)
+        result["scoring_chunk_batches"] = SCORING_CHUNK_BATCHES
         result["pars_stats"] = stats
     if policy != "fcfs" and (len(ids) != len(first)):
         raise AssertionError(f"{policy}: some requests produced no tokens")

@@ -118,6 +118,17 @@ def replay(
     o = np.asarray(w["output_tokens"], dtype=np.int64)
     scores = np.asarray(w["pars_scores"], dtype=np.float64)
     arrival = burst(len(s))
+    # when each PARS score reached the queue, batched as the run's scorer did (files from before
+    # the bench recorded its batching: the scheduler's defaults); oracle's keys are client scores
+    pars_run = validation["pars"]
+    ready = None
+    if rate:
+        ready = score_ready_times(
+            s,
+            rate,
+            batch_size=int(pars_run.get("scoring_batch_size", PARSConfig.batch_size)),
+            chunk_batches=int(pars_run.get("scoring_chunk_batches", SCORING_CHUNK_BATCHES)),
+        )
     out = {}
     for policy in POLICIES:
         e = validation[policy]["engine"]
@@ -131,14 +142,10 @@ def replay(
             step_c0=step["c0_s"],
             step_c1=step["c1_s_per_token"],
             starvation_s=math.inf if policy == "fcfs" else starvation_s,
-            first_token_at_prefill=True,
-        )  # as vLLM samples it
+            first_token_at_prefill=True,  # as vLLM samples it
+        )
         key = policy_key(policy, arrival, o, scores if policy == "pars" else None)
-        # oracle sends its key with the request (a client score); PARS's come from the scorer
-        # the scorer's batch size as the run used it (files from before it was recorded: the default)
-        batch = int(validation["pars"].get("scoring_batch_size", PARSConfig.batch_size))
-        ready = score_ready_times(s, rate, batch_size=batch) if policy == "pars" and rate else None
-        out[policy] = simulate(arrival, s, o, key=key, config=cfg, key_ready=ready)
+        out[policy] = simulate(arrival, s, o, key=key, config=cfg, key_ready=ready if policy == "pars" else None)
     return out
 
 

@@ -342,17 +342,14 @@ class PARSSchedulerMixin:
         stats = self.pars_stats
         stats["score_s"] += batch.seconds
         stats["num_batches"] += 1
-        # a request that finished (or was aborted) before the scorer reached it needs no score:
-        # neither a fault nor a fallback
-        unscored = [r for r, score in zip(batch.items, batch.scores) if score is None and not r.is_finished()]
-        stats["num_finished_unscored"] += sum(score is None for score in batch.scores) - len(unscored)
-        if batch.error is not None and unscored:
-            self._pars_fault("scoring %d prompts failed (%r)", len(unscored), batch.error)
-        elif unscored:
-            self._pars_fault("%d of %d prompts could not be scored", len(unscored), len(batch.items))
-        stats["num_fallback"] += len(unscored)
+        unscored = 0
         for request, score in zip(batch.items, batch.scores):
             if score is None:
+                if request.is_finished():
+                    # finished (or aborted) before the scorer reached it: needs no score, no fault
+                    stats["num_finished_unscored"] += 1
+                else:
+                    unscored += 1  # stays at its provisional place
                 continue
             stats["num_scored"] += 1
             self._pars_score_sum += score
@@ -363,6 +360,11 @@ class PARSSchedulerMixin:
             request.pars_key = (request.priority, score)
             if not self.waiting.rekey(request) and request.status == RequestStatus.RUNNING:
                 self._pars_running_dirty = True  # admitted on its provisional key: re-sort running
+        stats["num_fallback"] += unscored
+        if unscored and batch.error is not None:
+            self._pars_fault("scoring %d prompts failed (%r)", unscored, batch.error)
+        elif unscored:
+            self._pars_fault("%d of %d prompts could not be scored", unscored, len(batch.items))
 
     # -- the scheduling step -----------------------------------------------------------------------
     def schedule(self, *args, **kwargs):
