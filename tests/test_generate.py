@@ -299,3 +299,17 @@ def test_openai_spec_numbers_are_named(bad, key):
 
     with pytest.raises(ValueError, match=f"`{key}` must be"):
         OpenAIBackend({"base_url": "http://localhost:1", "model": "m", **bad})
+
+
+def test_vllm_identity_adds_repetition_penalty_only_when_set():
+    from pipeline.backends.vllm_backend import VllmBackend
+
+    base = {"model": "m", "k": 4, "max_tokens": 256}
+    plain = VllmBackend(base).identity()
+    assert "repetition_penalty" not in plain  # caches written before the knob keep their keys
+    assert VllmBackend({**base, "repetition_penalty": 1.0}).identity() == plain
+    penalised = VllmBackend({**base, "repetition_penalty": 1.1}).identity()
+    assert penalised["repetition_penalty"] == 1.1
+    assert cache_key(penalised, "p") != cache_key(plain, "p")
+    with pytest.raises(ValueError, match="repetition_penalty"):
+        VllmBackend({**base, "repetition_penalty": 0}).identity()

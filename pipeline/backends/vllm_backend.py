@@ -35,7 +35,7 @@ class VllmBackend(Backend):
 
     def identity(self) -> dict[str, Any]:
         s = self.spec
-        return {
+        ident = {
             "backend": self.name,
             "model": str(s["model"]),
             "k": self.k,
@@ -44,6 +44,12 @@ class VllmBackend(Backend):
             "max_tokens": int(s.get("max_tokens", 512)),
             "seed": int(s.get("seed", 0)),
         }
+        penalty = float(s.get("repetition_penalty", 1.0))
+        if penalty <= 0:
+            raise ValueError(f"vllm backend: repetition_penalty must be > 0, got {penalty}")
+        if penalty != 1.0:  # only when set, so caches made before the knob existed stay valid
+            ident["repetition_penalty"] = penalty
+        return ident
 
     def describe(self) -> dict[str, Any]:
         import vllm
@@ -96,6 +102,7 @@ class VllmBackend(Backend):
             temperature=ident["temperature"],
             top_p=ident["top_p"],
             max_tokens=ident["max_tokens"],
+            repetition_penalty=ident.get("repetition_penalty", 1.0),
             output_kind=RequestOutputKind.FINAL_ONLY,
         )
 
