@@ -11,8 +11,10 @@ train-split prompts, alpha chosen on its val split): the cheap learned model a f
 has to beat to be worth its encoder. `method_differences` holds the paired bootstrap of
 tau_b(pairwise) - tau_b(other method) for each train model, eval model and group.
 
-Each distinct test prompt is scored once per predictor (through the serving Scorer, so what is
-evaluated is exactly what serving loads) and reused for every eval model.
+Each distinct test prompt is scored once per predictor (the serving Scorer's checkpoints, cut to
+tokens as serving cuts them) and reused for every eval model. Predictors fine-tuned from one
+encoder share their frozen lower layers bit for bit: those run once per batch for all of them
+(`score_together`), the same scores for a fraction of the work.
 
 Writes metrics/ranking.json, metrics/transfer.json, data/scores/scores.parquet and
 plots/evaluate/ (a DVC plot CSV and two PNGs); logs the table to W&B (offline by default).
@@ -61,26 +63,29 @@ def prompt_token_counts(texts: list[str], tokenizer_name: str) -> np.ndarray:
 def score_predictors(
     test: pd.DataFrame, predictors: list[tuple[str, str]], models_root: Path, batch_size: int
 ) -> pd.DataFrame:
-    """Scores of each predictor on each test prompt, one Scorer pass per predictor."""
-    from pipeline.serving.scorer import Scorer
+    """Scores of each predictor on each test prompt. The predictors' shared frozen lower layers
+    run once per batch for all of them (`score_together`)."""
+    from pipeline.serving.scorer import Scorer, score_together
 
-    frames = []
     texts = test["prompt"].tolist()
+    scorers = []
     for model, method in predictors:
         path = predictor_dir(model, method, models_root)
-        print(f"evaluate: scoring {len(texts)} test prompts with {path}", flush=True)
-        scorer = Scorer.from_pretrained(path, batch_size=batch_size)
-        frames.append(
-            pd.DataFrame(
-                {
-                    "prompt_id": test["prompt_id"].to_numpy(),
-                    "dataset": test["dataset"].to_numpy(),
-                    "train_model": model,
-                    "method": method,
-                    "score": scorer.score(texts, progress=True),
-                }
-            )
+        scorers.append(Scorer.from_pretrained(path, batch_size=batch_size))
+    if scorers:
+        print(f"evaluate: scoring {len(texts)} test prompts with {len(scorers)} predictors", flush=True)
+    frames = [
+        pd.DataFrame(
+            {
+                "prompt_id": test["prompt_id"].to_numpy(),
+                "dataset": test["dataset"].to_numpy(),
+                "train_model": model,
+                "method": method,
+                "score": scores,
+            }
         )
+        for (model, method), scores in zip(predictors, score_together(scorers, texts, progress=True))
+    ]
     if not frames:
         return pd.DataFrame({name: pd.Series(dtype=object) for name in SCORES.names})
     return pd.concat(frames, ignore_index=True)

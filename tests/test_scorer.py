@@ -187,3 +187,47 @@ def test_pars_score_refuses_a_batch_size_below_one(tiny_checkpoint, tmp_path, ca
     assert exc.value.code == 2
     err = capsys.readouterr().err
     assert "--batch-size" in err and "Traceback" not in err
+
+
+def test_score_together_shares_frozen_layers_and_matches_each_scorer(tiny_checkpoint, tiny_ranker, tokenizer, tmp_path):
+    """Predictors fine-tuned from one encoder share their frozen lower layers: scored together,
+    those run once, and every predictor's scores equal its own Scorer's."""
+    import torch
+
+    from pipeline.ranking.checkpoint import save_checkpoint
+    from pipeline.serving.scorer import score_together, share_groups, shared_lower_layers
+
+    top_changed = copy_ranker(tiny_ranker)
+    with torch.no_grad():  # a different upper layer and head: what fine-tuning above a frozen layer 0 does
+        for p in [*top_changed._layers()[1].parameters(), *top_changed.head.parameters()]:
+            p.add_(torch.randn_like(p) * 0.1)
+    all_changed = copy_ranker(tiny_ranker)
+    with torch.no_grad():
+        for p in all_changed.encoder.embeddings.parameters():
+            p.add_(0.01)
+    assert shared_lower_layers(tiny_ranker, top_changed) == 1
+    assert shared_lower_layers(tiny_ranker, copy_ranker(tiny_ranker)) == 2
+    assert shared_lower_layers(tiny_ranker, all_changed) == -1
+    dirs = [tiny_checkpoint]
+    for name, model in (("top", top_changed), ("all", all_changed)):
+        dirs.append(
+            save_checkpoint(model, tokenizer, tmp_path / name, method="pairwise", max_length=64, encoder="tiny")
+        )
+    dirs.append(  # same weights, other max_length: other token ids, so it is never grouped
+        save_checkpoint(tiny_ranker, tokenizer, tmp_path / "short", method="pairwise", max_length=8, encoder="tiny")
+    )
+    scorers = [Scorer.from_pretrained(d, batch_size=3) for d in dirs]
+    groups = share_groups(scorers, [s.encode(TEXTS) for s in scorers])
+    assert groups == [([0, 1], 1), ([2], 2), ([3], 2)]
+    together = score_together(scorers, TEXTS)
+    for scorer, scores in zip(scorers, together):
+        np.testing.assert_allclose(scores, scorer.score(TEXTS), rtol=1e-4, atol=1e-5)
+    assert not np.allclose(together[0], together[1])  # the shared pass did not hand one model's scores to another
+    assert not np.allclose(together[0], together[3])
+    assert [s.shape for s in score_together(scorers, [])] == [(0,)] * 4
+
+
+def copy_ranker(model):
+    import copy
+
+    return copy.deepcopy(model).eval()

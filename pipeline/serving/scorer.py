@@ -131,25 +131,117 @@ class Scorer:
         first: what `score` computes, delivered incrementally (the scheduler's background worker)."""
         import torch
 
-        texts = list(texts)
-        if not texts:
-            return
-        for i, text in enumerate(texts):
-            if not isinstance(text, str):
-                raise TypeError(f"score: item {i} is {type(text).__name__}, not str")
-        batch_size = int(batch_size or self.batch_size)
-        from pipeline.ranking.model import encode_prompts, pad_batch
-
-        ids = encode_prompts(self.tokenizer, texts, self.max_length, self.head_fraction)
-        order = np.argsort([len(x) for x in ids], kind="stable")
-        starts = range(0, len(texts), batch_size)
-        if progress:
-            from tqdm.auto import tqdm
-
-            starts = tqdm(starts, desc="scoring", unit="batch", leave=False)
-        for start in starts:
-            rows = order[start : start + batch_size]
-            input_ids, attention_mask = pad_batch([ids[r] for r in rows], self.pad_id)
+        ids = self.encode(texts)
+        for rows, input_ids, attention_mask in _length_sorted_batches(
+            ids, self.pad_id, int(batch_size or self.batch_size), progress
+        ):
             with torch.inference_mode():
                 scores = self.model(input_ids=input_ids.to(self.device), attention_mask=attention_mask.to(self.device))
             yield rows, scores.float().cpu().numpy()
+
+    def encode(self, texts: Sequence[str]) -> list[list[int]]:
+        """Token ids as the model sees them: cut to max_length, head + tail, as in training."""
+        from pipeline.ranking.model import encode_prompts
+
+        texts = list(texts)
+        for i, text in enumerate(texts):
+            if not isinstance(text, str):
+                raise TypeError(f"score: item {i} is {type(text).__name__}, not str")
+        return encode_prompts(self.tokenizer, texts, self.max_length, self.head_fraction) if texts else []
+
+
+def _length_sorted_batches(ids: list[list[int]], pad_id: int, batch_size: int, progress: bool):
+    """(rows, input_ids, attention_mask) per batch, shortest prompts first (each batch padded only
+    to its own longest prompt)."""
+    from pipeline.ranking.model import pad_batch
+
+    order = np.argsort([len(x) for x in ids], kind="stable")
+    starts = range(0, len(ids), batch_size)
+    if progress:
+        from tqdm.auto import tqdm
+
+        starts = tqdm(starts, desc="scoring", unit="batch", leave=False)
+    for start in starts:
+        rows = order[start : start + batch_size]
+        yield (rows, *pad_batch([ids[r] for r in rows], pad_id))
+
+
+def shared_lower_layers(a, b) -> int:
+    """How many transformer layers two LengthRankers share bit for bit after identical embeddings
+    (the frozen, cached lower layers of predictors trained from one encoder); -1 when even the
+    embeddings differ or either is not BERT-style."""
+    import torch
+
+    def same(x, y) -> bool:
+        sx, sy = x.state_dict(), y.state_dict()
+        return sx.keys() == sy.keys() and all(sx[k].shape == sy[k].shape and torch.equal(sx[k], sy[k]) for k in sx)
+
+    try:
+        layers_a, layers_b = a._layers(), b._layers()
+    except ValueError:
+        return -1
+    if not same(a.encoder.embeddings, b.encoder.embeddings):
+        return -1
+    n = 0
+    while n < min(len(layers_a), len(layers_b)) and same(layers_a[n], layers_b[n]):
+        n += 1
+    return n
+
+
+def score_together(
+    scorers: Sequence[Scorer], texts: Sequence[str], batch_size: int | None = None, progress: bool = False
+) -> list[np.ndarray]:
+    """`[s.score(texts) for s in scorers]`, with the work the scorers have in common done once.
+
+    Scorers that cut prompts to the same token ids and share their embeddings and lower layers bit
+    for bit (predictors fine-tuned from one encoder with `train.frozen_layers` > 0) run those
+    layers once per batch, then each its own upper layers and head: the same scores up to float
+    rounding (score_from(hidden_after(x)) == forward(x), tested), for a fraction of the work."""
+    import torch
+
+    texts = list(texts)
+    outs = [np.empty(len(texts), dtype=np.float32) for _ in scorers]
+    if not texts:
+        return outs
+    ids = [s.encode(texts) for s in scorers]
+    for members, n_shared in share_groups(scorers, ids):
+        if len(members) == 1:
+            outs[members[0]][:] = scorers[members[0]].score(texts, batch_size, progress)
+            continue
+        lead = scorers[members[0]]
+        for rows, input_ids, attention_mask in _length_sorted_batches(
+            ids[members[0]], lead.pad_id, int(batch_size or lead.batch_size), progress
+        ):
+            input_ids, attention_mask = input_ids.to(lead.device), attention_mask.to(lead.device)
+            with torch.inference_mode():
+                hidden = lead.model.hidden_after(input_ids, attention_mask, n_shared)
+                for m in members:
+                    outs[m][rows] = scorers[m].model.score_from(hidden, attention_mask, n_shared).float().cpu().numpy()
+    return outs
+
+
+def share_groups(scorers: Sequence[Scorer], ids: list[list[list[int]]]) -> list[tuple[list[int], int]]:
+    """(member indices, shared layers) per group of scorers that see the same token ids and share
+    at least one lower layer after identical embeddings; every other scorer is a group of its own."""
+    groups: list[list] = []
+    for i, scorer in enumerate(scorers):
+        for group in groups:
+            lead = scorers[group[0][0]]
+            if ids[i] != ids[group[0][0]] or (scorer.pad_id, scorer.device) != (lead.pad_id, lead.device):
+                continue
+            common = shared_lower_layers(lead.model, scorer.model)
+            if common >= 1:
+                group[0].append(i)
+                group[1] = min(group[1], common)
+                break
+        else:
+            groups.append([[i], scorer.model.num_layers if _bert_style(scorer.model) else 0])
+    return [(members, n_shared) for members, n_shared in groups]
+
+
+def _bert_style(model) -> bool:
+    try:
+        model._layers()
+    except ValueError:
+        return False
+    return True
