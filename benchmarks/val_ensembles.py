@@ -42,7 +42,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
 
     from pipeline.evaluate import tfidf_ridge_scores
-    from pipeline.serving.scorer import Scorer
+    from pipeline.serving.scorer import Scorer, score_together
 
     names = [n.strip() for n in args.predictors.split(",") if n.strip()]
     for path in [prompts_path(), generations_path(args.model)] + [Path("models") / n / "pars.json" for n in names]:
@@ -66,9 +66,9 @@ def main(argv: list[str] | None = None) -> int:
         min_df=ref["min_df"],
     )
     scores = {f"tfidf_ridge (alpha {alpha:g})": tfidf}
-    for name in names:
-        print(f"val_ensembles: scoring {len(val)} val prompts with models/{name}", flush=True)
-        scores[name] = Scorer.from_pretrained(Path("models") / name).score(val["prompt"].tolist())
+    print(f"val_ensembles: scoring {len(val)} val prompts with models/{{{','.join(names)}}}", flush=True)
+    scorers = [Scorer.from_pretrained(Path("models") / name) for name in names]
+    scores.update(zip(names, score_together(scorers, val["prompt"].tolist(), progress=True)))
     ranks = {name: rankdata(v) / len(v) for name, v in scores.items()}
     rows = [
         {"members": list(combo), "val_kendall_tau_b": kendall_tau_b(sum(ranks[m] for m in combo), lengths)}
