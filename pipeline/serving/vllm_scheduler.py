@@ -140,7 +140,9 @@ class PARSSchedulerMixin:
         # Load the ranker now: a missing or corrupt checkpoint stops start-up (CheckpointError).
         from pipeline.serving.scorer import Scorer
 
-        self.pars_scorer = Scorer.from_pretrained(cfg.checkpoint, device=cfg.device, batch_size=cfg.batch_size)
+        self.pars_scorer = Scorer.from_pretrained(
+            cfg.checkpoint, device=cfg.device, batch_size=cfg.batch_size, quantize=cfg.quantize
+        )
         self.pars_tokenizer = self._pars_load_tokenizer()
         self._pars_user_text = (
             _strip_chat_template(self.pars_tokenizer) if self.pars_tokenizer is not None else (lambda text: None)
