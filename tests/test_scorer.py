@@ -252,3 +252,7 @@ def test_int8_scorer_quantizes_the_encoder_only_and_keeps_the_order(tiny_checkpo
     assert kendall_tau_b(a, b) > 0.8  # close to the float order, not equal to it
     with pytest.raises(ValueError, match="quantize"):
         Scorer.from_pretrained(tiny_checkpoint, quantize="int4")
+    from pipeline.serving.scorer import share_groups
+
+    pair = [float_scorer, int8]  # never grouped: an int8 scorer shares nothing with a float one
+    assert share_groups(pair, [s.encode(TEXTS) for s in pair]) == [([0], 2), ([1], 2)]

@@ -59,9 +59,9 @@ def verify_files(path: Path, meta: dict) -> None:
 
 
 # "int8": the encoder's Linear layers with int8 weights (per output channel) and activations
-# quantized on the fly, on the CPU; the head stays float. Cuts the scorer's CPU time about 3x
-# (benchmarks/score_throughput.py --quantize int8) for a val tau_b within noise of float's
-# (metrics/choices/scorer_int8.json). "none": the float model evaluate scored.
+# quantized on the fly, on the CPU; the head stays float. About 3x less scoring CPU, and a
+# somewhat different ranking (val tau_b, both speeds: benchmarks/scorer_int8.py ->
+# metrics/choices/scorer_int8.json). "none": the float model evaluate scored.
 QUANTIZE_MODES = ("none", "int8")
 
 
@@ -267,8 +267,11 @@ def share_groups(scorers: Sequence[Scorer], ids: list[list[list[int]]]) -> list[
     for i, scorer in enumerate(scorers):
         for group in groups:
             lead = scorers[group[0][0]]
-            if ids[i] != ids[group[0][0]] or (scorer.pad_id, scorer.device) != (lead.pad_id, lead.device):
+            same_input = ids[i] == ids[group[0][0]]
+            if not same_input or (scorer.pad_id, scorer.device) != (lead.pad_id, lead.device):
                 continue
+            if scorer.quantize != "none" or lead.quantize != "none":
+                continue  # quantized layers are neither compared nor shared
             common = shared_lower_layers(lead.model, scorer.model)
             if common >= 1:
                 group[0].append(i)
