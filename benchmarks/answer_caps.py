@@ -1,6 +1,7 @@
 """How an answer cap (max_tokens) censors a generator's sampled answers, and what each cap costs.
 
-    python benchmarks/answer_caps.py                              # SmolLM2, cap 1024, 12 train prompts/dataset
+    python benchmarks/answer_caps.py           # SmolLM2, cap 1024, 12 train prompts per dataset
+    python benchmarks/answer_caps.py --json metrics/choices/answer_caps-rp1.0.json
     python benchmarks/answer_caps.py --repetition-penalty 1.1 --json metrics/choices/answer_caps-rp1.1.json
 
 Generates k answers per prompt once, at the largest cap, on train-split prompts (never test), then
@@ -84,6 +85,8 @@ def main() -> None:
     datasets = args.datasets.split(",")
     train = prompts[(prompts["split"] == "train") & prompts["dataset"].isin(datasets)].sort_values("prompt_id")
     chosen = train.groupby("dataset", sort=False, group_keys=False).head(args.per_dataset)
+    if chosen.empty:
+        raise SystemExit(f"--datasets {args.datasets}: no train-split prompts in {args.prompts_file}")
     items = [PromptItem(r.prompt_id, r.prompt, r.dataset, r.source_id) for r in chosen.itertuples()]
     backend = VllmBackend(
         {
@@ -104,7 +107,12 @@ def main() -> None:
     results = dict(backend.generate(items))
     wall = time.perf_counter() - t0
     backend.close()
+    skipped = dict(backend.skipped)  # prompts too long for max_model_len - max_tokens: say so
+    if skipped:
+        print(f"answer_caps: {len(skipped)} of {len(items)} prompts skipped: {skipped}")
     lengths = np.array([[s.output_tokens for s in results[p.prompt_id]] for p in items if p.prompt_id in results])
+    if lengths.size == 0:
+        raise SystemExit(f"answer_caps: no answers ({len(items)} prompts chosen, {len(skipped)} skipped)")
     tokens_per_s = float(lengths.sum()) / wall
     by_dataset = {}
     for name in datasets:
@@ -118,6 +126,7 @@ def main() -> None:
         "model": str(model),
         "split": "train (the test split was not used)",
         "prompts": len(lengths),
+        "skipped_prompts": skipped,
         "k": args.k,
         "temperature": args.temperature,
         "top_p": args.top_p,
@@ -127,7 +136,9 @@ def main() -> None:
         "tokens_per_s": round(tokens_per_s, 1),
         "mean_cv_uncut_prompts": round(
             statistics.mean(
-                float(np.std(r) / np.mean(r)) for r in lengths if (r < args.max_tokens).all() and np.mean(r) > 0
+                float(np.std(r, ddof=1) / np.mean(r))  # ddof=1: as the lengths stage computes it
+                for r in lengths
+                if (r < args.max_tokens).all() and np.mean(r) > 0
             ),
             3,
         )

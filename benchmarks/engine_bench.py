@@ -87,7 +87,7 @@ def parse_args(argv=None):
     p.add_argument(
         "--quantize",
         default="none",
-        choices=["none", "int8"],
+        choices=["none", "int8"],  # pipeline.serving.scorer.QUANTIZE_MODES (not imported: vLLM-free parse)
         help="the PARS scorer's quantization (pars policy; the workload's recorded scores use it too)",
     )
     p.add_argument("--seed", type=int, default=0)

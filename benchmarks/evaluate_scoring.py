@@ -1,7 +1,7 @@
 """Evaluate's scoring, side by side: each predictor on its own against all of them in one pass.
 
     python benchmarks/evaluate_scoring.py                      # evaluate's predictors, 600 prompts
-    python benchmarks/evaluate_scoring.py --prompts 1000 --json metrics/evaluate_scoring.json
+    python benchmarks/evaluate_scoring.py --json metrics/evaluate_scoring.json
 
 Loads the predictors the evaluate stage scores (params `evaluate`: train_models x methods, and the
 cross-model ones), then scores the same test prompts twice in one run: one `Scorer.score` pass per
@@ -49,6 +49,9 @@ def main() -> None:
     prompts = pd.read_parquet(args.prompts_file)
     test = prompts[prompts["split"] == "test"]
     texts = test.sample(min(args.prompts, len(test)), random_state=args.seed)["prompt"].tolist()
+    if not texts:
+        raise SystemExit(f"--prompts {args.prompts}: no test prompts to score in {args.prompts_file}")
+    score_together(scorers, texts[:8])  # warm-up of both paths (first-call costs), not timed
 
     t0 = time.perf_counter()
     separate = [s.score(texts) for s in scorers]

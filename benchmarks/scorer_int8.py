@@ -32,10 +32,17 @@ def main() -> None:
     from pipeline.serving.scorer import Scorer
 
     torch.set_num_threads(args.threads)
+    if not Path(args.checkpoint).is_dir():
+        raise SystemExit(f"--checkpoint {args.checkpoint}: no such checkpoint (run `dvc repro export` first)")
+    for model in args.models.split(","):
+        if not Path(f"data/generations/{model}/generations.parquet").is_file():
+            raise SystemExit(f"--models: no data/generations/{model}/generations.parquet (run `dvc repro generate`)")
     prompts = pd.read_parquet(args.prompts_file)
     val = prompts[prompts["split"] == "val"].set_index("prompt_id")
     scorers = {q: Scorer.from_pretrained(args.checkpoint, quantize=q) for q in ("none", "int8")}
     out = {"checkpoint": args.checkpoint, "split": "val (the test split was not used)", "threads": args.threads}
+    for scorer in scorers.values():  # warm-up (first-call costs), not timed
+        scorer.score(val["prompt"].head(8).tolist())
     seconds = {q: 0.0 for q in scorers}
     per_model = {}
     for model in args.models.split(","):

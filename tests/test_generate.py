@@ -311,5 +311,6 @@ def test_vllm_identity_adds_repetition_penalty_only_when_set():
     penalised = VllmBackend({**base, "repetition_penalty": 1.1}).identity()
     assert penalised["repetition_penalty"] == 1.1
     assert cache_key(penalised, "p") != cache_key(plain, "p")
-    with pytest.raises(ValueError, match="repetition_penalty"):
-        VllmBackend({**base, "repetition_penalty": 0}).identity()
+    for bad in (0, float("nan"), "strong", True):
+        with pytest.raises(ValueError, match="repetition_penalty must be a number > 0"):
+            VllmBackend({**base, "repetition_penalty": bad}).identity()

@@ -237,15 +237,21 @@ def test_int8_scorer_quantizes_the_encoder_only_and_keeps_the_order(tiny_checkpo
     import torch
 
     from pipeline.ranking.metrics import kendall_tau_b
+    from pipeline.serving.scorer import quantize_encoder_int8
 
     float_scorer = Scorer.from_pretrained(tiny_checkpoint)
     int8 = Scorer.from_pretrained(tiny_checkpoint, quantize="int8")
+    linear_names = ("query", "key", "value", "dense")
     kinds = {
-        type(m).__module__ for n, m in int8.model.named_modules() if n.startswith("encoder.") and n.endswith("dense")
+        type(m).__module__
+        for n, m in int8.model.named_modules()
+        if n.startswith("encoder.") and n.endswith(linear_names) and "LayerNorm" not in n
     }
     assert kinds == {"torch.ao.nn.quantized.dynamic.modules.linear"}  # every encoder Linear is int8
     assert isinstance(int8.model.head, torch.nn.Linear)  # the head stays float
-    assert isinstance(float_scorer.model.encoder.encoder.layer[0].intermediate.dense, torch.nn.Linear)  # a copy
+    original = float_scorer.model
+    quantize_encoder_int8(original)
+    assert isinstance(original.encoder.encoder.layer[0].intermediate.dense, torch.nn.Linear)  # works on a copy
     texts = TEXTS + [f"prompt number {i} " * (i % 7 + 1) for i in range(40)]
     a, b = float_scorer.score(texts), int8.score(texts)
     assert np.isfinite(b).all() and not np.array_equal(a, b)

@@ -6,6 +6,7 @@ but the prompts in flight)."""
 
 from __future__ import annotations
 
+import math
 import os
 from typing import Any, Iterable, Iterator
 
@@ -44,9 +45,13 @@ class VllmBackend(Backend):
             "max_tokens": int(s.get("max_tokens", 512)),
             "seed": int(s.get("seed", 0)),
         }
-        penalty = float(s.get("repetition_penalty", 1.0))
-        if penalty <= 0:
-            raise ValueError(f"vllm backend: repetition_penalty must be > 0, got {penalty}")
+        raw = s.get("repetition_penalty", 1.0)
+        try:
+            penalty = float(raw)
+        except (TypeError, ValueError):
+            penalty = math.nan
+        if isinstance(raw, bool) or not math.isfinite(penalty) or penalty <= 0:
+            raise ValueError(f"vllm backend: repetition_penalty must be a number > 0, got {raw!r}")
         if penalty != 1.0:  # only when set, so caches made before the knob existed stay valid
             ident["repetition_penalty"] = penalty
         return ident

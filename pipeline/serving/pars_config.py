@@ -43,7 +43,8 @@ class PARSConfig:
     # (benchmarks/engine_bench.py, scorer_threads 0 against 1). Applied on the scorer thread.
     scorer_threads: int = 1
     # "int8": the scorer's encoder with dynamically quantized int8 Linear layers (CPU only): about
-    # 3x less scoring CPU, scores not bit-equal to the evaluated float model (Scorer.QUANTIZE_MODES)
+    # 3x less scoring CPU, a somewhat different ranking than the evaluated float model's
+    # (pipeline.serving.scorer.QUANTIZE_MODES; metrics/choices/scorer_int8.json)
     quantize: str = "none"
 
     @classmethod
@@ -70,7 +71,10 @@ class PARSConfig:
             values[name] = _CHECKS[name](raw, where)
         config = cls(**values)
         if config.quantize == "int8" and not config.device.startswith("cpu"):
-            raise PARSConfigError(f"pars quantize 'int8' runs on the CPU only, but device is {config.device!r}")
+            raise PARSConfigError(
+                f"additional_config['pars'] (or PARS_QUANTIZE / PARS_DEVICE): quantize 'int8' runs on the "
+                f"CPU only, but device is {config.device!r}"
+            )
         return config
 
     @classmethod

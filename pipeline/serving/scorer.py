@@ -214,13 +214,26 @@ def shared_lower_layers(a, b) -> int:
 
     def same(x, y) -> bool:
         sx, sy = x.state_dict(), y.state_dict()
-        return sx.keys() == sy.keys() and all(sx[k].shape == sy[k].shape and torch.equal(sx[k], sy[k]) for k in sx)
+        return sx.keys() == sy.keys() and all(
+            isinstance(sx[k], torch.Tensor)  # quantized layers hold packed params: never "the same"
+            and isinstance(sy[k], torch.Tensor)
+            and sx[k].shape == sy[k].shape
+            and torch.equal(sx[k], sy[k])
+            for k in sx
+        )
+
+    def architecture(model) -> dict:  # what makes equal weights compute the same (not names or depth)
+        config = getattr(model.encoder, "config", None)
+        skip = ("name_or_path", "num_hidden_layers", "transformers_version", "architectures")
+        return {
+            k: v for k, v in (config.to_dict() if config else {}).items() if not k.startswith("_") and k not in skip
+        }
 
     try:
         layers_a, layers_b = a._layers(), b._layers()
     except ValueError:
         return -1
-    if not same(a.encoder.embeddings, b.encoder.embeddings):
+    if architecture(a) != architecture(b) or not same(a.encoder.embeddings, b.encoder.embeddings):
         return -1
     n = 0
     while n < min(len(layers_a), len(layers_b)) and same(layers_a[n], layers_b[n]):

@@ -189,7 +189,8 @@ class PARSSchedulerMixin:
             "last_overhead_s": 0.0,
         }
         logger.info(
-            "PARS scheduler: checkpoint %s (%s, test tau_b %s), starvation %.1f s, batch %d, " "device %s, %s scoring",
+            "PARS scheduler: checkpoint %s (%s, float test tau_b %s), starvation %.1f s, batch %d, "
+            "device %s, %s scoring, quantize %s",
             cfg.checkpoint,
             self.pars_scorer.meta.get("method"),
             self.pars_scorer.meta.get("test_tau_b"),
@@ -197,6 +198,7 @@ class PARSSchedulerMixin:
             cfg.batch_size,
             cfg.device,
             cfg.scoring,
+            cfg.quantize,
         )
 
     def _pars_scorer_thread_init(self) -> None:
