@@ -36,6 +36,7 @@ os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 import numpy as np  # noqa: E402
 
 from pipeline.queueing.theory import fit_step_time  # noqa: E402  (numpy only: no numba before vLLM)
+from pipeline.serving.scorer import QUANTIZE_MODES  # noqa: E402  (numpy only)
 
 SCHEDULER = "pipeline.serving.vllm_scheduler.PARSAsyncScheduler"  # builds the sync twin on CPU
 
@@ -87,7 +88,7 @@ def parse_args(argv=None):
     p.add_argument(
         "--quantize",
         default="none",
-        choices=["none", "int8"],  # pipeline.serving.scorer.QUANTIZE_MODES (not imported: vLLM-free parse)
+        choices=QUANTIZE_MODES,
         help="the PARS scorer's quantization (pars policy; the workload's recorded scores use it too)",
     )
     p.add_argument("--seed", type=int, default=0)

@@ -35,13 +35,12 @@ def main() -> None:
     import pandas as pd
 
     from pipeline.contracts import predictor_dir
+    from pipeline.evaluate import evaluated_predictors
     from pipeline.params import load_params
     from pipeline.serving.scorer import Scorer, score_together, share_groups
 
     params = load_params("evaluate")
-    predictors = [(m, k) for m in params["train_models"] for k in params["methods"]]
-    predictors += [(m, "pairwise") for m in params.get("cross_models") or []]
-    paths = [predictor_dir(m, k, Path(args.models_root)) for m, k in predictors]
+    paths = [predictor_dir(m, k, Path(args.models_root)) for m, k in evaluated_predictors(params)]
     missing = [str(p) for p in paths if not p.is_dir()]
     if missing:
         raise SystemExit(f"no predictor at {missing[0]} (run `dvc repro train train_cross` first)")

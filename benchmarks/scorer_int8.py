@@ -28,6 +28,8 @@ def main() -> None:
     import pandas as pd
     import torch
 
+    from pipeline.contracts import generations_path
+    from pipeline.ranking.labels import prompt_labels
     from pipeline.ranking.metrics import kendall_tau_b
     from pipeline.serving.scorer import Scorer
 
@@ -35,8 +37,8 @@ def main() -> None:
     if not Path(args.checkpoint).is_dir():
         raise SystemExit(f"--checkpoint {args.checkpoint}: no such checkpoint (run `dvc repro export` first)")
     for model in args.models.split(","):
-        if not Path(f"data/generations/{model}/generations.parquet").is_file():
-            raise SystemExit(f"--models: no data/generations/{model}/generations.parquet (run `dvc repro generate`)")
+        if not generations_path(model).is_file():
+            raise SystemExit(f"--models: no {generations_path(model)} (run `dvc repro generate`)")
     prompts = pd.read_parquet(args.prompts_file)
     val = prompts[prompts["split"] == "val"].set_index("prompt_id")
     scorers = {q: Scorer.from_pretrained(args.checkpoint, quantize=q) for q in ("none", "int8")}
@@ -46,8 +48,8 @@ def main() -> None:
     seconds = {q: 0.0 for q in scorers}
     per_model = {}
     for model in args.models.split(","):
-        gens = pd.read_parquet(f"data/generations/{model}/generations.parquet")
-        lengths = gens.groupby("prompt_id")["output_tokens"].mean()
+        # the pairs stage's labels: mean output_tokens over a prompt's samples
+        lengths = prompt_labels(pd.read_parquet(generations_path(model))).set_index("prompt_id")["length"]
         ids = [pid for pid in lengths.index if pid in val.index]
         texts, truth = val.loc[ids, "prompt"].tolist(), lengths.loc[ids].to_numpy()
         scores = {}

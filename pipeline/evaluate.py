@@ -60,6 +60,12 @@ def prompt_token_counts(texts: list[str], tokenizer_name: str) -> np.ndarray:
     return np.array([len(x) for x in ids], dtype=float)
 
 
+def evaluated_predictors(params) -> list[tuple[str, str]]:
+    """(train model, method) of every predictor the evaluate section names, cross-model ones last."""
+    predictors = [(m, meth) for m in params["train_models"] for meth in params["methods"]]
+    return predictors + [(m, "pairwise") for m in params["cross_models"] or []]  # cross-model: pairwise only
+
+
 def score_predictors(
     test: pd.DataFrame, predictors: list[tuple[str, str]], models_root: Path, batch_size: int
 ) -> pd.DataFrame:
@@ -478,8 +484,7 @@ def run(
     plots_dir: str | Path = "plots/evaluate",
 ) -> dict:
     data_root, models_root, metrics_dir = Path(data_root), Path(models_root), Path(metrics_dir)
-    predictors = [(m, meth) for m in params["train_models"] for meth in params["methods"]]
-    predictors += [(m, "pairwise") for m in params["cross_models"] or []]  # cross-model: pairwise only
+    predictors = evaluated_predictors(params)
     missing = [
         str(predictor_dir(m, meth, models_root))
         for m, meth in predictors

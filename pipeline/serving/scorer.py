@@ -65,12 +65,6 @@ def verify_files(path: Path, meta: dict) -> None:
 QUANTIZE_MODES = ("none", "int8")
 
 
-def torch_device_type(device: str) -> str:
-    import torch
-
-    return torch.device(device).type
-
-
 def quantize_encoder_int8(model):
     """A copy of the ranker whose encoder Linear layers are dynamically quantized (torch.ao)."""
     import copy
@@ -96,7 +90,9 @@ class Scorer:
         if quantize not in QUANTIZE_MODES:
             raise ValueError(f"quantize must be one of {list(QUANTIZE_MODES)}, got {quantize!r}")
         if quantize == "int8":
-            if torch_device_type(device) != "cpu":
+            import torch
+
+            if torch.device(device).type != "cpu":
                 raise ValueError(f"quantize 'int8' runs on the CPU only, not on device {device!r}")
             model = quantize_encoder_int8(model)
         self.quantize = quantize
