@@ -134,7 +134,7 @@ def train_one(
         head_fraction=head_fraction,
         length_buckets=int(cfg["length_buckets"]),
     )
-    model = LengthRanker.from_pretrained_encoder(cfg["encoder"], dropout=float(cfg["dropout"]))
+    model = LengthRanker.from_pretrained_encoder(cfg["encoder"], dropout=float(cfg["dropout"]), pooling=cfg["pooling"])
     prepare_for_training(model, method, dm.train_table.lengths)
     cache_seconds = 0.0
     if frozen:

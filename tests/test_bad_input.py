@@ -264,6 +264,7 @@ def test_score_checkpoint_with_any_json_as_pars_json(capsys, workdir, checkpoint
             "format_version",
             "max_length",
             "head_fraction",
+            "pooling",
             "score_direction",
             "weights_sha256",
             "files_sha256",

@@ -249,9 +249,11 @@ def test_packaged_minilm_trains_one_short_epoch(toy_root, monkeypatch):
     assert -1.0 <= res["val_tau_b"] <= 1.0
 
 
-def test_split_forward_equals_full_forward(tiny_ranker):
+@pytest.mark.parametrize("pooling", ["cls", "mean"])
+def test_split_forward_equals_full_forward(tiny_ranker, pooling):
     """Training with cached frozen layers computes exactly what serving's full forward computes."""
     tiny_ranker.eval()
+    tiny_ranker.pooling = pooling
     torch.manual_seed(1)
     ids = torch.randint(1000, 2000, (3, 9))
     mask = torch.ones_like(ids)
@@ -262,8 +264,27 @@ def test_split_forward_equals_full_forward(tiny_ranker):
         for k in range(tiny_ranker.num_layers + 1):
             split = tiny_ranker.score_from(tiny_ranker.hidden_after(ids, mask, k), mask, k)
             assert torch.allclose(split, full, atol=1e-5), k
+        if pooling == "mean":  # padding never reaches the pooled vector: a row alone scores the same
+            alone = tiny_ranker(input_ids=ids[2:, :3], attention_mask=mask[2:, :3])
+            assert torch.allclose(alone, full[2:], atol=1e-5)
     with pytest.raises(ValueError, match="frozen_layers must be in 0..2"):
         tiny_ranker.freeze_lower(3)
+
+
+def test_pooling_is_checked_and_travels_with_the_checkpoint(tiny_bert_config, tokenizer, tmp_path):
+    from pipeline.ranking.model import LengthRanker
+    from pipeline.serving import Scorer, save_checkpoint
+
+    with pytest.raises(ValueError, match="pooling must be one of"):
+        LengthRanker.from_config(tiny_bert_config, pooling="max")
+    model = LengthRanker.from_config(tiny_bert_config, pooling="mean").eval()
+    save_checkpoint(model, tokenizer, tmp_path / "ckpt", method="pairwise", max_length=16, encoder="tiny")
+    scorer = Scorer.from_pretrained(tmp_path / "ckpt")
+    assert scorer.meta["pooling"] == "mean" and scorer.model.pooling == "mean"
+    with torch.no_grad():
+        ids = torch.tensor([tokenizer("a short prompt")["input_ids"]])
+        expected = model(input_ids=ids, attention_mask=torch.ones_like(ids))
+    assert scorer.score(["a short prompt"])[0] == pytest.approx(float(expected[0]), abs=1e-5)
 
 
 def test_encode_prompts_keeps_head_and_tail(tokenizer):

@@ -36,6 +36,7 @@ FILES = [
     "tests/v1/core/test_priority_scheduler_random.py",
 ]
 MODES = ("stock", "checkpoint", "arrival")
+TORCHVISION = VLLM_TESTS.parent / "torchvision-0.28.0"  # scripts/fetch_vllm_tests.py: TORCHVISION_DEST
 TIMEOUT_S = 1800  # per mode; a stuck scheduler loop must not eat CI's whole budget
 
 
@@ -87,7 +88,8 @@ def test_vllm_scheduler_suite(mode, tmp_path, request):
     env.update(
         PARS_CONFORMANCE_MODE=mode,
         PARS_CONFORMANCE_REPORT=str(tmp_path / "report.json"),
-        PYTHONPATH=os.pathsep.join(filter(None, [str(PLUGIN_DIR), env.get("PYTHONPATH")])),
+        # torchvision for the multimodal tests' processors, kept out of the venv (see the fetch script)
+        PYTHONPATH=os.pathsep.join(filter(None, [str(PLUGIN_DIR), str(TORCHVISION), env.get("PYTHONPATH")])),
     )
     if mode != "stock":
         env["PARS_CHECKPOINT"] = str(request.getfixturevalue("tiny_checkpoint"))

@@ -66,6 +66,9 @@ def save_checkpoint(
         "trained_on": trained_on or {},
         "test_tau_b": test_tau_b,
         "weights_sha256": sha256_file(out / WEIGHTS),
+        # how the encoder's output becomes one vector (LengthRanker.pooling): written when it is not
+        # the paper's [CLS], so cls checkpoints stay as they were (absent = cls)
+        **({"pooling": model.pooling} if model.pooling != "cls" else {}),
         **(extra or {}),
     }
     (out / META).write_text(json.dumps(meta, indent=2) + "\n", encoding="utf-8")

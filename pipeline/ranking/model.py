@@ -1,5 +1,6 @@
-"""The plain predictor: a Hugging Face encoder's [CLS] vector and a linear head, one score
-per prompt, higher = longer answer. No Lightning here: export and serving use this module alone.
+"""The plain predictor: a Hugging Face encoder's pooled output ([CLS] vector, the paper's, or the
+mean over the prompt's tokens) and a linear head, one score per prompt, higher = longer answer.
+No Lightning here: export and serving use this module alone.
 """
 
 from __future__ import annotations
@@ -13,33 +14,45 @@ from torch import nn
 
 from pipeline.encoders import resolve_encoder
 
+POOLINGS = ("cls", "mean")
+
 
 class LengthRanker(nn.Module):
-    """encoder -> [CLS] -> dropout -> linear -> score."""
+    """encoder -> pooling ([CLS] vector, or mean over non-padding tokens) -> dropout -> linear -> score."""
 
-    def __init__(self, encoder: nn.Module, dropout: float = 0.1):
+    def __init__(self, encoder: nn.Module, dropout: float = 0.1, pooling: str = "cls"):
         super().__init__()
+        if pooling not in POOLINGS:
+            raise ValueError(f"pooling must be one of {POOLINGS}, got {pooling!r}")
         self.encoder = encoder
+        self.pooling = pooling
         self.dropout = nn.Dropout(dropout)
         self.head = nn.Linear(encoder.config.hidden_size, 1)
 
     @classmethod
-    def from_pretrained_encoder(cls, name: str, dropout: float = 0.1) -> "LengthRanker":
+    def from_pretrained_encoder(cls, name: str, dropout: float = 0.1, pooling: str = "cls") -> "LengthRanker":
         from transformers import AutoModel
 
-        return cls(AutoModel.from_pretrained(resolve_encoder(name)), dropout=dropout)
+        return cls(AutoModel.from_pretrained(resolve_encoder(name)), dropout=dropout, pooling=pooling)
 
     @classmethod
-    def from_config(cls, config, dropout: float = 0.1) -> "LengthRanker":
+    def from_config(cls, config, dropout: float = 0.1, pooling: str = "cls") -> "LengthRanker":
         """An untrained model of the given encoder config (tests, and loading a checkpoint)."""
         from transformers import AutoModel
 
-        return cls(AutoModel.from_config(config), dropout=dropout)
+        return cls(AutoModel.from_config(config), dropout=dropout, pooling=pooling)
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, **kwargs) -> torch.Tensor:
         out = self.encoder(input_ids=input_ids, attention_mask=attention_mask, **kwargs)
-        cls_vector = out.last_hidden_state[:, 0]
-        return self.head(self.dropout(cls_vector)).squeeze(-1)
+        return self._head(out.last_hidden_state, attention_mask)
+
+    def _head(self, hidden: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        if self.pooling == "mean":
+            mask = attention_mask[:, :, None].to(hidden.dtype)
+            pooled = (hidden * mask).sum(1) / mask.sum(1).clamp(min=1.0)
+        else:
+            pooled = hidden[:, 0]
+        return self.head(self.dropout(pooled)).squeeze(-1)
 
     # -- the same network in two halves: training with a frozen, cached lower encoder --------
     def _layers(self) -> nn.ModuleList:
@@ -75,7 +88,7 @@ class LengthRanker(nn.Module):
         """Scores from the hidden states after layer `start_layer`: the rest of `forward`.
         score_from(hidden_after(x, m, k), m, k) == forward(x, m) (tested)."""
         hidden = self._run_layers(hidden, attention_mask, start_layer, self.num_layers)
-        return self.head(self.dropout(hidden[:, 0])).squeeze(-1)
+        return self._head(hidden, attention_mask)
 
     def _run_layers(self, hidden: torch.Tensor, attention_mask: torch.Tensor, start: int, stop: int) -> torch.Tensor:
         # additive mask (batch, 1, 1, keys): 0 where attended, the dtype's minimum on padding

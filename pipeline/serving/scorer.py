@@ -113,7 +113,7 @@ class Scorer:
         from safetensors.torch import load_file
         from transformers import AutoConfig, AutoTokenizer
 
-        from pipeline.ranking.model import LengthRanker
+        from pipeline.ranking.model import POOLINGS, LengthRanker
 
         path = Path(path)
         meta = load_meta(path)  # missing files, unknown format version, hashes of weights and files
@@ -132,10 +132,13 @@ class Scorer:
         head = meta.get("head_fraction", 1.0)
         if isinstance(head, bool) or not isinstance(head, (int, float)) or not 0.0 <= head <= 1.0:
             raise CheckpointError(f"checkpoint {path}: head_fraction {head!r} is not a number in [0, 1]")
+        pooling = meta.get("pooling", "cls")
+        if pooling not in POOLINGS:
+            raise CheckpointError(f"checkpoint {path}: pooling {pooling!r} is not one of {POOLINGS}")
         try:
             config = AutoConfig.from_pretrained(path)
             tokenizer = AutoTokenizer.from_pretrained(path)
-            model = LengthRanker.from_config(config)
+            model = LengthRanker.from_config(config, pooling=pooling)
             model.load_state_dict(load_file(str(path / WEIGHTS)))  # strict: every tensor must match
         except Exception as exc:  # a half-written or foreign directory
             raise CheckpointError(f"checkpoint {path} could not be loaded: {exc}") from exc
