@@ -21,6 +21,7 @@ Standard library (and pip) only. Exit status 1, with one line on stderr, when th
 from __future__ import annotations
 
 import argparse
+import contextlib
 import hashlib
 import shutil
 import subprocess
@@ -30,6 +31,7 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
 
 VLLM_VERSION = "0.32.0"
@@ -92,43 +94,49 @@ def sha256_of(path: Path) -> str:
     return digest.hexdigest()
 
 
-def extract(archive: Path, dest: Path) -> int:
-    """Extract the kept members into a fresh dest (via a temp dir, so a failure leaves nothing half-done)."""
-    staging = Path(tempfile.mkdtemp(prefix="vllm-tests-", dir=dest.parent))
-    count = 0
+@contextlib.contextmanager
+def staged(dest: Path, prefix: str) -> Iterator[Path]:
+    """A fresh temp dir beside dest that replaces dest when the block ends without an error (so a
+    failure leaves nothing half-done)."""
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=prefix, dir=dest.parent))
     try:
-        with tarfile.open(archive, "r:gz") as tar:
-            for member in tar:
-                rel = _wanted(member.name)
-                if rel is None or not member.isfile():
-                    continue
-                path = staging / rel
-                if ".." in Path(rel).parts:
-                    raise RuntimeError(f"unsafe path in archive: {member.name}")
-                path.parent.mkdir(parents=True, exist_ok=True)
-                with tar.extractfile(member) as src, open(path, "wb") as out:
-                    shutil.copyfileobj(src, out)
-                count += 1
-        missing = [k for k in KEEP if not (staging / k).exists()]
-        if missing:
-            raise RuntimeError(f"{archive} lacks {missing}: not the vLLM {VLLM_VERSION} source archive?")
-        (staging / MARKER).write_text(f"{ARCHIVE_URL}\nsha256 {ARCHIVE_SHA256}\n")
+        yield staging
         if dest.exists():
             shutil.rmtree(dest)
         staging.rename(dest)
     finally:
         if staging.exists():
             shutil.rmtree(staging)
+
+
+def extract(archive: Path, dest: Path) -> int:
+    """Extract the kept members into a fresh dest."""
+    count = 0
+    with staged(dest, "vllm-tests-") as staging, tarfile.open(archive, "r:gz") as tar:
+        for member in tar:
+            rel = _wanted(member.name)
+            if rel is None or not member.isfile():
+                continue
+            path = staging / rel
+            if ".." in Path(rel).parts:
+                raise RuntimeError(f"unsafe path in archive: {member.name}")
+            path.parent.mkdir(parents=True, exist_ok=True)
+            with tar.extractfile(member) as src, open(path, "wb") as out:
+                shutil.copyfileobj(src, out)
+            count += 1
+        missing = [k for k in KEEP if not (staging / k).exists()]
+        if missing:
+            raise RuntimeError(f"{archive} lacks {missing}: not the vLLM {VLLM_VERSION} source archive?")
+        (staging / MARKER).write_text(f"{ARCHIVE_URL}\nsha256 {ARCHIVE_SHA256}\n")
     return count
 
 
 def fetch_torchvision(dest: Path) -> str:
-    """pip-install torchvision (files only, no dependencies) into dest, via a staging dir."""
+    """pip-install torchvision (files only, no dependencies) into a fresh dest."""
     if (dest / MARKER).is_file():
         return f"torchvision {TORCHVISION_VERSION} already in {dest}"
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix="torchvision-", dir=dest.parent))
-    try:
+    with staged(dest, "torchvision-") as staging:
         command = [sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-compile", "--target"]
         proc = subprocess.run(
             [*command, str(staging), f"torchvision=={TORCHVISION_VERSION}"], capture_output=True, text=True
@@ -137,12 +145,6 @@ def fetch_torchvision(dest: Path) -> str:
             last = (proc.stderr.strip().splitlines() or ["no output"])[-1]
             raise RuntimeError(f"pip could not install torchvision=={TORCHVISION_VERSION}: {last}")
         (staging / MARKER).write_text(f"torchvision=={TORCHVISION_VERSION}\n")
-        if dest.exists():
-            shutil.rmtree(dest)
-        staging.rename(dest)
-    finally:
-        if staging.exists():
-            shutil.rmtree(staging)
     return f"torchvision {TORCHVISION_VERSION} installed in {dest}"
 
 
