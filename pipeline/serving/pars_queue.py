@@ -25,17 +25,18 @@ FIRST_SCORE = -math.inf
 class _Entry:
     """One queued request; shared by both heaps so removal is O(1) (lazy deletion)."""
 
-    __slots__ = ("key", "arrival", "since", "seq", "request", "alive")
+    __slots__ = ("key", "arrival", "since", "first", "seq", "request", "alive")
 
-    def __init__(self, key, arrival: float, since: float, seq: int, request: Request):
-        self.key, self.arrival, self.since, self.seq = key, arrival, since, seq
+    def __init__(self, key, arrival: float, since: float, first: int, seq: int, request: Request):
+        self.key, self.arrival, self.since, self.first, self.seq = key, arrival, since, first, seq
         self.request, self.alive = request, True
 
 
 class PARSRequestQueue(RequestQueue):
     """The waiting queue: ascending (priority, score), with starvation promotion within a priority.
 
-    Two heaps over the same entries: by (priority, score, arrival) and by (priority, time queued).
+    Two heaps over the same entries: by (priority, score, arrival) and by (priority, time queued,
+    order first queued).
     Each peek/pop is O(log n) amortised; nothing is re-sorted per step. Requests added before they
     have a key sit in `pending` (in arrival order) until `flush()` hands them to `score_fn` together.
 
@@ -61,6 +62,7 @@ class PARSRequestQueue(RequestQueue):
         self._by_age: list[tuple] = []
         self._entries: dict[Request, _Entry] = {}
         self._seq = itertools.count()
+        self._first = itertools.count()
         self._dead = 0
 
     # -- scoring and the clock --------------------------------------------------------------
@@ -91,17 +93,25 @@ class PARSRequestQueue(RequestQueue):
             return
         if not hasattr(request, "pars_key"):
             self._score_fn([request])
-        if not hasattr(request, "pars_since"):
-            request.pars_since = self.clock()
-        entry = _Entry(request.pars_key, request.arrival_time, request.pars_since, next(self._seq), request)
+        self._first_seen(request)
+        entry = _Entry(
+            request.pars_key, request.arrival_time, request.pars_since, request.pars_first, next(self._seq), request
+        )
         self._entries[request] = entry
         heapq.heappush(self._by_score, (entry.key, entry.arrival, entry.seq, entry))
-        heapq.heappush(self._by_age, (request.priority, entry.since, entry.seq, entry))
+        heapq.heappush(self._by_age, (request.priority, entry.since, entry.first, entry.seq, entry))
+
+    def _first_seen(self, request: Request) -> None:
+        """Stamp a request the first time this queue sees it: when (the wait is timed from here, class
+        doc) and in what order (ties between equal times). Both survive preemption, so a preempted
+        request does not fall behind requests that were queued after it in the same clock tick."""
+        if not hasattr(request, "pars_since"):
+            request.pars_since = self.clock()
+            request.pars_first = next(self._first)
 
     # -- RequestQueue -------------------------------------------------------------------------
     def add_request(self, request: Request) -> None:
-        if not hasattr(request, "pars_since"):
-            request.pars_since = self.clock()  # the wait is timed from here (class doc)
+        self._first_seen(request)
         if hasattr(request, "pars_key"):
             self._push(request)  # a request seen before (e.g. resumed) keeps its score
         else:
@@ -120,12 +130,12 @@ class PARSRequestQueue(RequestQueue):
         if self._pending:  # safety net: schedule() flushes first, so this is normally empty
             self.flush()
         age, score = self._by_age, self._by_score
-        while age and not age[0][3].alive:
+        while age and not age[0][-1].alive:
             heapq.heappop(age)
         # The age heap's top is the oldest request of the most urgent priority level present: the
         # only one that may be promoted (starvation works within a priority level).
         if age and self.now - age[0][1] > self.starvation_s:
-            return age[0][3], True
+            return age[0][-1], True
         while score and not score[0][3].alive:
             heapq.heappop(score)
         if not score:
@@ -153,7 +163,7 @@ class PARSRequestQueue(RequestQueue):
         # Compact when dead entries dominate, so the heaps stay O(live).
         if self._dead > 64 and self._dead > 2 * len(self._entries):
             self._by_score = [e for e in self._by_score if e[3].alive]
-            self._by_age = [e for e in self._by_age if e[3].alive]
+            self._by_age = [e for e in self._by_age if e[-1].alive]
             heapq.heapify(self._by_score)
             heapq.heapify(self._by_age)
             self._dead = 0
@@ -182,7 +192,7 @@ class PARSRequestQueue(RequestQueue):
 
         def order(e: _Entry):
             if self.now - e.since > self.starvation_s:
-                return (e.request.priority, 0, e.since, e.arrival, e.seq)
+                return (e.request.priority, 0, e.since, e.first, e.seq)
             return (e.request.priority, 1, e.key, e.arrival, e.seq)
 
         yield from (e.request for e in sorted(self._entries.values(), key=order))
