@@ -70,11 +70,12 @@ class PARSConfig:
                 continue
             values[name] = _CHECKS[name](raw, where)
         config = cls(**values)
-        if config.quantize == "int8" and not config.device.startswith("cpu"):
-            raise PARSConfigError(
-                f"additional_config['pars'] (or PARS_QUANTIZE / PARS_DEVICE): quantize 'int8' runs on the "
-                f"CPU only, but device is {config.device!r}"
-            )
+        from pipeline.serving.scorer import check_quantize
+
+        try:  # the Scorer's own rule, checked before the checkpoint loads
+            check_quantize(config.quantize, config.device)
+        except ValueError as exc:
+            raise PARSConfigError(f"additional_config['pars'] (or PARS_QUANTIZE / PARS_DEVICE): {exc}") from None
         return config
 
     @classmethod

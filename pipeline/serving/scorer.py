@@ -65,6 +65,17 @@ def verify_files(path: Path, meta: dict) -> None:
 QUANTIZE_MODES = ("none", "int8")
 
 
+def check_quantize(quantize: str, device: str) -> None:
+    """ValueError unless `quantize` is a mode that runs on `device` (int8: the CPU only)."""
+    if quantize not in QUANTIZE_MODES:
+        raise ValueError(f"quantize must be one of {list(QUANTIZE_MODES)}, got {quantize!r}")
+    if quantize == "int8":
+        import torch
+
+        if torch.device(device).type != "cpu":
+            raise ValueError(f"quantize 'int8' runs on the CPU only, not on device {device!r}")
+
+
 def quantize_encoder_int8(model):
     """A copy of the ranker whose encoder Linear layers are dynamically quantized (torch.ao)."""
     import copy
@@ -87,13 +98,8 @@ class Scorer:
     """Loads a checkpoint written by `save_checkpoint`; `score(texts)` -> higher = longer answer."""
 
     def __init__(self, model, tokenizer, meta: dict, device: str = "cpu", batch_size: int = 32, quantize: str = "none"):
-        if quantize not in QUANTIZE_MODES:
-            raise ValueError(f"quantize must be one of {list(QUANTIZE_MODES)}, got {quantize!r}")
+        check_quantize(quantize, device)
         if quantize == "int8":
-            import torch
-
-            if torch.device(device).type != "cpu":
-                raise ValueError(f"quantize 'int8' runs on the CPU only, not on device {device!r}")
             model = quantize_encoder_int8(model)
         self.quantize = quantize
         self.model = model.eval().to(device)
@@ -113,7 +119,7 @@ class Scorer:
         from safetensors.torch import load_file
         from transformers import AutoConfig, AutoTokenizer
 
-        from pipeline.ranking.model import POOLINGS, LengthRanker
+        from pipeline.ranking.model import LengthRanker
 
         path = Path(path)
         meta = load_meta(path)  # missing files, unknown format version, hashes of weights and files
@@ -132,13 +138,11 @@ class Scorer:
         head = meta.get("head_fraction", 1.0)
         if isinstance(head, bool) or not isinstance(head, (int, float)) or not 0.0 <= head <= 1.0:
             raise CheckpointError(f"checkpoint {path}: head_fraction {head!r} is not a number in [0, 1]")
-        pooling = meta.get("pooling", "cls")
-        if pooling not in POOLINGS:
-            raise CheckpointError(f"checkpoint {path}: pooling {pooling!r} is not one of {POOLINGS}")
         try:
             config = AutoConfig.from_pretrained(path)
             tokenizer = AutoTokenizer.from_pretrained(path)
-            model = LengthRanker.from_config(config, pooling=pooling)
+            # absent = cls (older checkpoints); LengthRanker refuses an unknown pooling
+            model = LengthRanker.from_config(config, pooling=meta.get("pooling", "cls"))
             model.load_state_dict(load_file(str(path / WEIGHTS)))  # strict: every tensor must match
         except Exception as exc:  # a half-written or foreign directory
             raise CheckpointError(f"checkpoint {path} could not be loaded: {exc}") from exc
