@@ -45,6 +45,37 @@ from pipeline.ranking.labels import keep_mask, prompt_labels
 PAIR_SPLITS = ("train", "val")
 
 
+def count_passing_pairs(lengths: np.ndarray, truncated: np.ndarray, delta: float) -> tuple[int, int]:
+    """Exact counts, over all n(n-1)/2 unordered pairs, of those passing the δ test and of those
+    `keep_mask` keeps (δ test and truncation rule), in O(n log n): a split of tens of thousands of
+    prompts has too many pairs to list.
+
+    With lengths sorted, the partners that pass the δ test against a prompt as the longer member
+    are a prefix (every value up to about (1-δ)·its length); equal lengths never pass (δ > 0), so
+    each passing pair is counted once, from its longer member. The prefix's end is located with
+    the same float test as `keep_mask`, so the counts agree with it exactly."""
+    order = np.argsort(np.asarray(lengths, dtype=np.float64), kind="stable")
+    length = np.asarray(lengths, dtype=np.float64)[order]
+    shorter_ok = ~np.asarray(truncated, dtype=bool)[order]  # the shorter member must not be cut
+    if len(length) < 2:
+        return 0, 0
+    values = np.unique(length)
+    none = np.zeros(len(length), bool)
+
+    def passes(m: np.ndarray) -> np.ndarray:  # values[m] as the shorter member passes against length
+        inside = (m >= 0) & (m < len(values))
+        small = values[np.clip(m, 0, len(values) - 1)]
+        return inside & (small < length) & keep_mask(small, length, none, none, delta)
+
+    last = np.searchsorted(values, (1 - delta) * length, side="right") - 1  # last passing value, up to rounding
+    for _ in range(3):  # rounding moves the bound by an ulp: at most one distinct value either way
+        last = np.where(passes(last) | (last < 0), last, last - 1)
+        last = np.where(passes(last + 1), last + 1, last)
+    prefix = np.where(last >= 0, np.searchsorted(length, values[np.clip(last, 0, None)], side="right"), 0)
+    kept_before = np.concatenate([[0], np.cumsum(shorter_ok)])
+    return int(prefix.sum()), int(kept_before[prefix].sum())
+
+
 def sample_pairs(
     labels: pd.DataFrame, partners: int, max_tries_factor: int, delta: float, rng: np.random.Generator
 ) -> tuple[pd.DataFrame, dict[str, Any]]:
@@ -86,19 +117,16 @@ def sample_pairs(
             "label": np.where(lengths[a] > lengths[b], 1, -1).astype(np.int8),
         }
     )
-    # Exact pass rates over all unordered pairs of the split (n is at most a few thousand here).
-    iu, ju = np.triu_indices(n, k=1)
-    delta_ok = keep_mask(lengths[iu], lengths[ju], np.zeros(len(iu), bool), np.zeros(len(iu), bool), delta)
-    full_ok = keep_mask(lengths[iu], lengths[ju], trunc[iu], trunc[ju], delta)
-    n_all = max(len(iu), 1)
+    delta_pass, full_pass = count_passing_pairs(lengths, trunc, delta)
+    n_all = max(n * (n - 1) // 2, 1)
     stats = {
         "n_prompts": n,
         "n_truncated_prompts": int(trunc.sum()),
         "n_pairs": int(kept),
         "label_balance": float((pairs["label"] == 1).mean()) if kept else None,
         "kept_fraction_of_draws": kept / draws if draws else None,
-        "pass_fraction_all_pairs": float(full_ok.sum() / n_all),
-        "dropped_for_truncation": float((delta_ok & ~full_ok).sum() / n_all),
+        "pass_fraction_all_pairs": full_pass / n_all,
+        "dropped_for_truncation": (delta_pass - full_pass) / n_all,
         "prompts_short_of_partners": int(short),
         "mean_partners_per_prompt": kept / n if n else 0.0,
     }

@@ -17,7 +17,7 @@ from pipeline.contracts import (
     read_table,
     write_table,
 )
-from pipeline.pairs import build_pairs, main
+from pipeline.pairs import build_pairs, count_passing_pairs, main
 from pipeline.ranking.labels import in_batch_pairs, keep_mask, prompt_labels
 
 
@@ -130,3 +130,21 @@ def test_errors_name_the_problem(tmp_path):
     odd = gens.assign(finish_reason="abort")
     with pytest.raises(ValueError, match="finish_reason"):
         build_pairs(odd, prompts, params_section("pairs", delta=0.2), model="odd")
+
+
+@pytest.mark.parametrize("delta", [0.2, 0.25, 0.5])
+def test_pass_counts_match_the_filter_over_every_pair(delta):
+    # lengths with many ties, zeros, boundary ratios (8 vs 10 at delta 0.2) and means of k samples
+    rng = np.random.default_rng(1)
+    for trial in range(60):
+        n = int(rng.integers(0, 60))
+        k = 1 + trial % 4
+        lengths = rng.integers(0, 30, size=(n, k)).mean(axis=1)
+        truncated = rng.random(n) < 0.3
+        i, j = np.triu_indices(n, k=1)
+        untruncated = np.zeros(len(i), bool)
+        expected = (
+            int(keep_mask(lengths[i], lengths[j], untruncated, untruncated, delta).sum()),
+            int(keep_mask(lengths[i], lengths[j], truncated[i], truncated[j], delta).sum()),
+        )
+        assert count_passing_pairs(lengths, truncated, delta) == expected
