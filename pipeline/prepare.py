@@ -5,6 +5,8 @@
 - split: a hash of prompt_id against the fractions in params, so a prompt's split never
   depends on which other prompts were loaded, or on the model.
 - cap: per dataset, the prompts with the smallest ids (a deterministic uniform sample).
+- a source may tie a prompt's split to another prompt's (ShareGPT's later turns take their
+  conversation's first-turn split); `splits: [train]` keeps only prompts of those splits.
 Problems (empty, non-UTF-8, malformed, missing text, oversized, duplicate) are counted by
 name per source in data/prompts/report.json and printed.
 """
@@ -55,7 +57,7 @@ def assign_split(pid: str, fractions: dict[str, float]) -> str:
 
 
 # options every entry of prepare.sources takes, whatever its source
-COMMON_OPTIONS = ("cap", "dataset", "source")
+COMMON_OPTIONS = ("cap", "dataset", "source", "splits")
 
 
 def source_options(name: str, options: Any, where: str) -> tuple[str, dict]:
@@ -87,6 +89,11 @@ def source_options(name: str, options: Any, where: str) -> tuple[str, dict]:
     cap = options.get("cap")
     if cap is not None and (isinstance(cap, bool) or not isinstance(cap, int) or cap < 0):
         raise PARSError(f"{where}: cap {cap!r} is not a number of prompts (a whole number >= 0, or null for all)")
+    splits = options.get("splits")
+    if splits is not None and (
+        not isinstance(splits, list) or not splits or not set(splits) <= {"train", "val", "test"}
+    ):
+        raise PARSError(f"{where}: splits {splits!r} is not a list of train, val, test (or null for all)")
     return kind, options
 
 
@@ -95,6 +102,7 @@ def load_source(
 ) -> tuple[pd.DataFrame, dict]:
     kind, options = source_options(name, options, where or f"prepare.sources.{name}")
     cap = options.pop("cap", None)
+    keep_splits = options.pop("splits", None)
     dataset = options.pop("dataset", name)  # several entries may read one source kind
     options.pop("source", None)
     counts = {
@@ -124,12 +132,16 @@ def load_source(
             counts["duplicates"] += 1
             continue
         seen.add(pid)
-        rows.append((pid, dataset, text, rec.source_id))
-    df = pd.DataFrame(rows, columns=["prompt_id", "dataset", "prompt", "source_id"])
+        split_id = prompt_id(rec.split_with[0], rec.split_with[1]) if rec.split_with else pid
+        rows.append((pid, dataset, text, rec.source_id, assign_split(split_id, fractions)))
+    df = pd.DataFrame(rows, columns=["prompt_id", "dataset", "prompt", "source_id", "split"])
+    if keep_splits is not None:
+        counts["other_split"] = int((~df["split"].isin(keep_splits)).sum())
+        df = df[df["split"].isin(keep_splits)]
     df = df.sort_values("prompt_id", kind="stable")
     if cap is not None:
         df = df.head(int(cap))
-    df["split"] = [assign_split(p, fractions) for p in df["prompt_id"]]
+    df = df[["prompt_id", "dataset", "prompt", "split", "source_id"]]
     counts["kept"] = len(df)
     return df, counts
 

@@ -109,6 +109,56 @@ def test_recorded_backend_imports_answers(tmp_path):
     pd.testing.assert_frame_equal(gens, pd.read_parquet(tmp_path / "gpt-4-turbo" / "generations.parquet"))
 
 
+def test_recorded_backend_reads_one_models_answers_from_several_datasets(tmp_path, monkeypatch):
+    import pipeline.backends.recorded as recorded
+    from pipeline.sources.base import RawRecord, Source
+
+    class Firsts(Source):
+        name, answer_models = "firsts", ("m",)
+
+        def records(self):
+            yield from (RawRecord(f"c{i}", f"first question {i}", {"m": "short " * (i + 1)}) for i in range(4))
+
+    class Later(Source):
+        name, answer_models = "later", ("m",)
+
+        def records(self):
+            yield RawRecord("c0", "and then?", {"m": "word " * 40})  # an id "firsts" has too
+            yield RawRecord("c1:2", "no answer recorded")
+
+    sources = {"firsts": Firsts, "later": Later}
+    monkeypatch.setattr(recorded, "get_source", lambda name: sources[name]())
+    prompts = pd.DataFrame(
+        {
+            "prompt_id": [f"p{i}" for i in range(6)],
+            "dataset": ["firsts"] * 4 + ["later"] * 2,
+            "prompt": [f"first question {i}" for i in range(4)] + ["and then?", "no answer recorded"],
+            "split": "train",
+            "source_id": ["c0", "c1", "c2", "c3", "c0", "c1:2"],
+        }
+    )
+    meta = run(
+        "m",
+        {"backend": "recorded", "source": ["firsts:m", "later:m"]},
+        prompts,
+        tmp_path / "m",
+        recorded_tokenizer="minilm-l6",
+    )
+    gens = pd.read_parquet(tmp_path / "m" / "generations.parquet").set_index("prompt_id")
+    # answers are keyed by dataset and id: c0 is two prompts; a prompt without an answer is left out
+    assert sorted(gens.index) == ["p0", "p1", "p2", "p3", "p4"]
+    assert gens.loc["p4", "output_tokens"] == 40 and gens.loc["p0", "output_tokens"] == 1
+    assert meta["samples"] == 5 and meta["source"] == ["firsts:m", "later:m"]
+
+
+def test_recorded_backend_names_a_bad_source():
+    from pipeline.backends.recorded import RecordedBackend
+
+    for bad in ("sharegpt", ["sharegpt:chatgpt", "sharegpt_turns"], []):
+        with pytest.raises(ValueError, match="must be '<dataset>:<answer model>' or a list of them"):
+            RecordedBackend({"source": bad})
+
+
 # ---- openai backend: retry rules, against a real HTTP server on loopback --------------------
 
 

@@ -110,6 +110,26 @@ def test_sharegpt_reads_every_complete_record_before_the_cut():
     assert sum("chatgpt" in r.answers for r in usable) > 0.9 * len(usable)
 
 
+def test_sharegpt_later_turns_take_their_conversations_split():
+    firsts = {r.source_id: r.prompt for r in get_source("sharegpt").records() if r.problem is None}
+    turns = [r for r in get_source("sharegpt_turns").records() if r.problem is None]
+    assert len(turns) > 20000  # about 44k human turns after the first, most with ChatGPT's reply
+    assert sum("chatgpt" in r.answers for r in turns) > 0.9 * len(turns)
+    for r in turns[:500]:
+        conversation, turn = r.source_id.rsplit(":", 1)
+        assert int(turn) >= 2 and r.split_with == ("sharegpt", firsts[conversation])
+    # in prepare, a later turn lands in the split its first turn gets in the sharegpt dataset
+    df, counts = load_source("sharegpt_turns", {"splits": ["train"]}, FRACTIONS, 16000)
+    assert set(df["split"]) == {"train"} and counts["other_split"] > 0.2 * len(df)
+    rows = df.set_index("source_id")
+    for source_id in list(rows.index[:300]):
+        first = firsts[source_id.rsplit(":", 1)[0]]
+        assert assign_split(prompt_id("sharegpt", first), FRACTIONS) == "train"
+    assert (
+        counts["kept"] == len(df) and counts["kept"] + counts["other_split"] + counts["duplicates"] <= counts["records"]
+    )
+
+
 def test_prepare_stage_end_to_end(tmp_path, monkeypatch):
     good = tmp_path / "a.jsonl"
     _write_jsonl(good, [json.dumps({"id": i, "prompt": f"task {i}: summarise the text"}).encode() for i in range(30)])
@@ -146,12 +166,14 @@ def test_a_prompt_file_of_ones_own_needs_only_its_path(tmp_path):
     [
         (
             {"path": "x.jsonl", "text_feild": "q"},
-            "prepare.sources.mine: unknown option 'text_feild' (known: cap, dataset, source, path, text_field, id_field)",
+            "prepare.sources.mine: unknown option 'text_feild' (known: cap, dataset, source, splits, path, text_field, id_field)",
         ),
         ({"caps": 3}, "prepare.sources.mine: unknown source 'mine'"),
         ({"source": "jsonl"}, "prepare.sources.mine: the jsonl source needs option 'path'"),
         ({"path": "x.jsonl", "cap": -1}, "prepare.sources.mine: cap -1 is not a number of prompts"),
         (750, "prepare.sources.mine: expected a mapping of options"),
+        ({"path": "x.jsonl", "splits": ["trian"]}, "prepare.sources.mine: splits ['trian'] is not a list of train"),
+        ({"path": "x.jsonl", "splits": "train"}, "prepare.sources.mine: splits 'train' is not a list of train"),
     ],
 )
 def test_bad_source_options_are_named(options, message):
@@ -171,5 +193,5 @@ def test_a_misspelt_option_of_a_packaged_source_is_one_line(tmp_path, monkeypatc
     assert pars(["prepare", "--out", str(tmp_path / "p.parquet")]) == 1
     assert capsys.readouterr().err == (
         f"pars prepare: error: {params}: prepare.sources.humaneval: unknown option "
-        f"'cpa' (known: cap, dataset, source)\n"
+        f"'cpa' (known: cap, dataset, source, splits)\n"
     )

@@ -1,6 +1,7 @@
 """The `recorded` backend: answers that already exist, imported as generations (one sample).
 
-`source: "<dataset>:<answer model>"`, e.g. `arena_hard:o3-mini-2025-01-31`. The answers ship
+`source: "<dataset>:<answer model>"`, e.g. `arena_hard:o3-mini-2025-01-31`, or a list of them (one
+model's answers from several datasets, e.g. ShareGPT's first and later turns). The answers ship
 as text, so lengths are counted with one documented tokenizer (`generate.recorded_tokenizer`,
 default the packaged bert-base-uncased WordPiece of MiniLM) for prompt and answer alike. A
 hidden reasoning trace (o3-mini's) is not in the file and so cannot be counted: meta.json says so.
@@ -21,18 +22,22 @@ class RecordedBackend(Backend):
 
     def __init__(self, spec: dict[str, Any]):
         source = spec.get("source", "")
-        if ":" not in source:
-            raise ValueError(f"recorded backend: `source` must be '<dataset>:<answer model>', got {source!r}")
-        self.dataset, self.answer_model = source.split(":", 1)
+        sources = source if isinstance(source, list) and source else [source]
+        if not all(isinstance(one, str) and ":" in one for one in sources):
+            raise ValueError(
+                f"recorded backend: `source` must be '<dataset>:<answer model>' or a list of them, got {source!r}"
+            )
+        self.source = source  # as given: a single source keeps its identity (and generation cache keys)
+        self.sources = [tuple(one.split(":", 1)) for one in sources]
         self.tokenizer_name = spec.get("recorded_tokenizer") or "minilm-l6"
-        self._answers: dict[str, str] | None = None
+        self._answers: dict[tuple[str, str], str] | None = None
         self._tokenizer = None
         self.skipped: dict[str, str] = {}
 
     def identity(self) -> dict[str, Any]:
         return {
             "backend": self.name,
-            "source": f"{self.dataset}:{self.answer_model}",
+            "source": self.source,
             "k": 1,
             "tokenizer": self.tokenizer_name,
         }
@@ -44,24 +49,31 @@ class RecordedBackend(Backend):
             "token counts use the tokenizer named here; hidden reasoning traces are not counted",
         }
 
-    def answers(self) -> dict[str, str]:
+    def answers(self) -> dict[tuple[str, str], str]:
+        """(dataset, source_id) -> the recorded answer text."""
         if self._answers is None:
-            source = get_source(self.dataset)
-            if self.answer_model not in source.answer_models:
-                raise ValueError(
-                    f"source {self.dataset!r} has no recorded answers of {self.answer_model!r} "
-                    f"(it has {list(source.answer_models)})"
-                )
-            self._answers = {
-                r.source_id: r.answers[self.answer_model] for r in source.records() if self.answer_model in r.answers
-            }
+            self._answers = {}
+            for dataset, answer_model in self.sources:
+                source = get_source(dataset)
+                if answer_model not in source.answer_models:
+                    raise ValueError(
+                        f"source {dataset!r} has no recorded answers of {answer_model!r} "
+                        f"(it has {list(source.answer_models)})"
+                    )
+                for r in source.records():
+                    if answer_model in r.answers:
+                        self._answers[(dataset, r.source_id)] = r.answers[answer_model]
         return self._answers
 
     def select(self, prompts: pd.DataFrame) -> pd.DataFrame:
-        mine = prompts[prompts["dataset"] == self.dataset]
-        if mine.empty:
-            raise ValueError(f"recorded backend: no prompts of dataset {self.dataset!r} (is it in prepare.sources?)")
-        return mine[mine["source_id"].isin(self.answers().keys())].reset_index(drop=True)
+        datasets = [dataset for dataset, _ in self.sources]
+        mine = prompts[prompts["dataset"].isin(datasets)]
+        missing = [d for d in datasets if d not in set(mine["dataset"])]
+        if missing:
+            raise ValueError(f"recorded backend: no prompts of dataset {missing[0]!r} (is it in prepare.sources?)")
+        answers = self.answers()
+        has = [(d, s) in answers for d, s in zip(mine["dataset"], mine["source_id"])]
+        return mine[has].reset_index(drop=True)
 
     def _count(self, texts: list[str]) -> list[int]:
         if self._tokenizer is None:
@@ -78,7 +90,7 @@ class RecordedBackend(Backend):
         items = list(items)
         for start in range(0, len(items), 256):
             batch = items[start : start + 256]
-            split = [split_reasoning(answers[it.source_id]) for it in batch]
+            split = [split_reasoning(answers[(it.dataset, it.source_id)]) for it in batch]
             n_prompt = self._count([it.prompt for it in batch])
             n_answer = self._count([answer for _, answer in split])
             n_reason = self._count([reasoning for reasoning, _ in split])

