@@ -145,7 +145,8 @@ def run(
                 cache.add(keys[pid], pid, samples)
                 new_tokens += sum(s.output_tokens for s in samples)
                 bar.update(1)
-                bar.set_postfix(tok_s=f"{new_tokens / max(time.perf_counter() - t0, 1e-9):.0f}")
+                # refresh=False: the bar redraws at its own rate (every call would print 40k lines)
+                bar.set_postfix(tok_s=f"{new_tokens / max(time.perf_counter() - t0, 1e-9):.0f}", refresh=False)
         finally:
             bar.close()
             backend.close()
