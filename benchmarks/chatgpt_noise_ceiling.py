@@ -64,8 +64,10 @@ def main(argv: list[str] | None = None) -> int:
     ceiling = noise_ceiling(lengths)
     ceiling.pop("_boot")
     result = {
-        "what": "tau_b between the token lengths of two distinct ChatGPT replies to the same ShareGPT "
-        "first turn (all splits; evaluate's noise_ceiling over the sample columns)",
+        "model": "chatgpt",
+        "dataset": "sharegpt",
+        "what": "tau_b between the token lengths of two distinct ChatGPT replies to one ShareGPT first turn, "
+        "on the first turns the file holds with distinct replies (all splits, not a random sample)",
         "command": "python benchmarks/chatgpt_noise_ceiling.py",
         "tokenizer": tokenizer_name,
         "distinct_first_turns_with_a_reply": len(replies),

@@ -20,6 +20,8 @@ SERVING_FILES = {
     "sim_fidelity": "metrics/sim_fidelity.json",
     "capacity": "metrics/capacity.json",
 }
+# noise ceilings of models with one recorded answer per prompt, estimated by a benchmark
+ESTIMATED_CEILINGS = ("metrics/choices/chatgpt_noise_ceiling.json",)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -34,7 +36,8 @@ def main(argv: list[str] | None = None) -> int:
     path = Path(args.ranking)
     if not path.is_file():
         raise FileNotFoundError(f"{path} does not exist (run `pars evaluate` or `dvc repro evaluate` first)")
-    text = render_markdown(json.loads(path.read_text(encoding="utf-8")))
+    ceilings = [json.loads(Path(f).read_text(encoding="utf-8")) for f in ESTIMATED_CEILINGS if Path(f).is_file()]
+    text = render_markdown(json.loads(path.read_text(encoding="utf-8")), ceilings)
     if not args.ranking_only:
         serving = {
             key: json.loads(Path(f).read_text(encoding="utf-8")) if Path(f).is_file() else None

@@ -422,6 +422,34 @@ def test_report_shows_tfidf_row_marks_and_method_differences():
     assert "TF-IDF" not in old and "Pairwise minus" not in old and "| pairwise (PARS) |" in old
 
 
+def test_report_shows_an_estimated_noise_ceiling_only_where_evaluate_has_none():
+    from pipeline.evaluate import _no_nan, evaluate
+    from pipeline.ranking.report_tables import render_markdown
+
+    prompts, gens, scores, ptoks = _keyword_project()
+    r = json.loads(
+        json.dumps(
+            _no_nan(evaluate(prompts, gens, scores, ptoks, delta=0.2, n_boot=50, seed=0, level=0.95, tfidf_ridge=TFIDF))
+        )
+    )
+    group = next(iter(r["references"]["kw"]))
+    estimate = {
+        "model": "kw",
+        "dataset": group,
+        "what": "two replies of repeated prompts",
+        "command": "python benchmarks/x.py",
+        "noise_ceiling": {"kendall_tau_b": 0.616, "ci_low": 0.541, "ci_high": 0.693, "n_prompts": 171},
+    }
+    has_own = r["references"]["kw"][group].get("noise_ceiling") is not None
+    md = render_markdown(r, [estimate])
+    assert ("0.616 (0.54–0.69) §" in md) is not has_own
+    r["references"]["kw"][group]["noise_ceiling"] = None  # k=1: the estimate fills the cell, with its note
+    md = render_markdown(r, [estimate])
+    assert "0.616 (0.54–0.69) §" in md and "§: kw's noise ceiling estimated outside the test split" in md
+    assert "171 prompts (`python benchmarks/x.py`)" in md
+    assert "§" not in render_markdown(r, [{**estimate, "model": "other"}])  # another model's: not shown
+
+
 # ---------------------------------------------------------------- the stage end to end
 
 

@@ -80,7 +80,11 @@ def _cell(stat: dict | None, refs: dict, transferred: bool = False) -> str:
     return _fmt(stat["kendall_tau_b"], (stat["ci_low"], stat["ci_high"])) + mark
 
 
-def render_markdown(ranking: dict) -> str:
+def render_markdown(ranking: dict, estimated_ceilings: list[dict] | None = None) -> str:
+    """The tau_b tables. `estimated_ceilings`: noise ceilings measured outside evaluate for a model
+    with one sample per prompt (benchmarks/chatgpt_noise_ceiling.py), each with `model`, `dataset`,
+    `noise_ceiling` and `what`; shown, marked §, where evaluate has none."""
+    estimated = {(e["model"], e["dataset"]): e for e in estimated_ceilings or []}
     cols = _columns(ranking)
     train_models = list(ranking["predictors"])
     methods = list(dict.fromkeys(m for by_method in ranking["predictors"].values() for m in by_method))
@@ -118,11 +122,16 @@ def render_markdown(ranking: dict) -> str:
     ]
     if any("tfidf_ridge" in ranking["references"][m][g] for m, g in cols):  # absent from older ranking.json
         refs.append(("tfidf_ridge", "TF-IDF + ridge (train split)", "n/a (few train prompts)"))
+    estimated_shown = []
     for ref, label, missing in refs:
         cells = []
         for eval_model, group in cols:
             stat = ranking["references"][eval_model][group].get(ref)
-            cells.append(_fmt(stat["kendall_tau_b"], (stat["ci_low"], stat["ci_high"])) if stat else missing)
+            mark = ""
+            if stat is None and ref == "noise_ceiling" and (eval_model, group) in estimated:
+                stat, mark = estimated[(eval_model, group)]["noise_ceiling"], " §"
+                estimated_shown.append(estimated[(eval_model, group)])
+            cells.append(_fmt(stat["kendall_tau_b"], (stat["ci_low"], stat["ci_high"])) + mark if stat else missing)
         lines.append(f"| *{label}* | " + " | ".join(cells) + " |")
     lines.append(
         "| *test prompts* | " + " | ".join(str(ranking["references"][m][g]["n_prompts"]) for m, g in cols) + " |"
@@ -142,6 +151,11 @@ def render_markdown(ranking: dict) -> str:
         "Noise ceiling: τ_b between two independent samples' lengths, averaged over sample pairs; "
         "predictors are scored against the mean of all samples, so they can exceed it."
     )
+    for e in estimated_shown:
+        notes.append(
+            f"§: {e['model']}'s noise ceiling estimated outside the test split: {e['what']}; "
+            f"{e['noise_ceiling']['n_prompts']} prompts (`{e['command']}`)."
+        )
     settings = ranking.get("settings", {})
     notes.append(
         f"Prompt length counted with the `{settings.get('baseline_tokenizer', 'minilm-l6')}` tokenizer; "
