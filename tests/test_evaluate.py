@@ -83,6 +83,21 @@ def test_pair_accuracy_delta_filter_truncation_and_ties():
     assert M.delta_pair_accuracy([1, 2], [10, 10], delta=0.2) == (pytest.approx(np.nan, nan_ok=True), 0)
 
 
+def test_pair_accuracy_in_blocks_equals_one_pass_over_every_kept_pair():
+    from pipeline.ranking.labels import in_batch_pairs
+
+    rng = np.random.default_rng(3)
+    for _ in range(40):
+        n = int(rng.integers(2, 120))
+        lengths = rng.integers(0, 20, n).astype(float)  # ties, zeros and boundary ratios
+        scores = rng.integers(0, 6, n).astype(float)  # tied scores count one half
+        truncated = rng.random(n) < 0.2
+        pairs = in_batch_pairs(lengths, truncated, 0.2)
+        expected = (M.pair_accuracy(scores, lengths, pairs), len(pairs))
+        got = M.delta_pair_accuracy(scores, lengths, truncated, delta=0.2, chunk_pairs=int(rng.integers(1, 400)))
+        assert got[1] == expected[1] and (got[0] == expected[0] or np.isnan(expected[0]) and np.isnan(got[0]))
+
+
 def test_noise_ceiling():
     gens = pd.DataFrame(
         {
