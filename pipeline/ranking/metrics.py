@@ -94,12 +94,14 @@ def pair_accuracy(scores, lengths, pairs) -> float:
     pairs = np.asarray(pairs, dtype=np.int64).reshape(-1, 2)
     if len(pairs) == 0:
         return float("nan")
-    s = np.asarray(scores, dtype=float)
-    lens = np.asarray(lengths, dtype=float)
+    return float(_pair_agreement(np.asarray(scores, dtype=float), np.asarray(lengths, dtype=float), pairs).mean())
+
+
+def _pair_agreement(scores: np.ndarray, lengths: np.ndarray, pairs: np.ndarray) -> np.ndarray:
+    """Per pair: 1 if the scores order it as the lengths do, 1/2 on equal scores, else 0."""
     i, j = pairs[:, 0], pairs[:, 1]
-    sign_len = np.sign(lens[i] - lens[j])
-    sign_score = np.sign(s[i] - s[j])
-    return float(np.where(sign_score == 0, 0.5, (sign_score == sign_len).astype(float)).mean())
+    sign_score = np.sign(scores[i] - scores[j])
+    return np.where(sign_score == 0, 0.5, (sign_score == np.sign(lengths[i] - lengths[j])).astype(float))
 
 
 def delta_pair_accuracy(
@@ -125,10 +127,9 @@ def delta_pair_accuracy(
         i, j = np.nonzero(np.arange(n)[None, :] > first[:, None])  # j > i: each unordered pair once
         i = i + start
         keep = keep_mask(lens[i], lens[j], t[i], t[j], delta)
-        i, j = i[keep], j[keep]
-        sign_score = np.sign(s[i] - s[j])
-        right += float(np.where(sign_score == 0, 0.5, (sign_score == np.sign(lens[i] - lens[j])).astype(float)).sum())
-        kept += len(i)
+        pairs = np.stack([i[keep], j[keep]], axis=1)
+        right += float(_pair_agreement(s, lens, pairs).sum())
+        kept += len(pairs)
     return (right / kept if kept else float("nan")), kept
 
 
