@@ -26,10 +26,25 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from pipeline.backends.base import PromptItem  # noqa: E402
+from pipeline.backends.recorded import RecordedBackend  # noqa: E402
 from pipeline.params import load_params  # noqa: E402
-from pipeline.prepare import normalise, prompt_id  # noqa: E402
+from pipeline.prepare import prompt_id  # noqa: E402
 from pipeline.ranking.metrics import noise_ceiling  # noqa: E402
 from pipeline.sources import get_source  # noqa: E402
+from pipeline.sources.base import normalise  # noqa: E402
+
+
+def first_per_reply(records: list[tuple[str, str, str]]) -> list[tuple[str, str]]:
+    """(source id, text) of the first record of each distinct reply, in file order: the same
+    conversation shared twice is one sample, not two."""
+    seen: set[str] = set()
+    kept = []
+    for source_id, text, reply in records:
+        if reply not in seen:
+            seen.add(reply)
+            kept.append((source_id, text))
+    return kept
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -37,30 +52,28 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", default="metrics/choices/chatgpt_noise_ceiling.json")
     args = ap.parse_args(argv)
 
-    replies: dict[str, list[str]] = collections.defaultdict(list)
+    # every usable first turn with ChatGPT's reply, grouped by prompt id: (source id, text, reply)
+    records: dict[str, list[tuple[str, str, str]]] = collections.defaultdict(list)
     for rec in get_source("sharegpt").records():
         if rec.problem is None and rec.prompt and normalise(rec.prompt) and "chatgpt" in rec.answers:
-            replies[prompt_id("sharegpt", rec.prompt)].append(rec.answers["chatgpt"])
-    repeated = {pid: texts for pid, texts in replies.items() if len(texts) > 1}
-    distinct = {pid: list(dict.fromkeys(texts)) for pid, texts in repeated.items()}
-    sampled = {pid: texts for pid, texts in distinct.items() if len(texts) > 1}
+            text = normalise(rec.prompt)
+            records[prompt_id("sharegpt", text)].append((rec.source_id, text, rec.answers["chatgpt"]))
+    repeated = {pid: recs for pid, recs in records.items() if len(recs) > 1}
+    distinct = {pid: first_per_reply(recs) for pid, recs in repeated.items()}
+    sampled = {pid: recs for pid, recs in distinct.items() if len(recs) > 1}
 
-    from transformers import AutoTokenizer
-
-    from pipeline.encoders import resolve_encoder
-
+    # counted as the generate stage counts recorded answers: the same backend and tokenizer
     tokenizer_name = load_params("generate")["recorded_tokenizer"]
-    tokenizer = AutoTokenizer.from_pretrained(resolve_encoder(tokenizer_name))
-    tokenizer.model_max_length = 10**9  # counting only
-    # the first two distinct replies of each prompt (file order): a few prompts ("hi") have hundreds,
-    # and averaging over every column pair would weight those few prompts most
-    lengths = np.array(
-        [
-            [len(ids) for ids in tokenizer(texts[:2], add_special_tokens=False)["input_ids"]]
-            for texts in sampled.values()
-        ],
-        dtype=float,
-    )
+    backend = RecordedBackend({"source": "sharegpt:chatgpt", "recorded_tokenizer": tokenizer_name})
+    # the first two distinct replies of each prompt: a few prompts ("hi") have hundreds, and
+    # averaging over every column pair would weight those few prompts most
+    items = [
+        PromptItem(f"{pid}#{k}", text, "sharegpt", sid)
+        for pid, recs in sampled.items()
+        for k, (sid, text) in enumerate(recs[:2])
+    ]
+    tokens = {key: samples[0].output_tokens for key, samples in backend.generate(items)}
+    lengths = np.array([[tokens[f"{pid}#{k}"] for k in range(2)] for pid in sampled], dtype=float)
     ceiling = noise_ceiling(lengths)
     ceiling.pop("_boot")
     result = {
@@ -70,11 +83,11 @@ def main(argv: list[str] | None = None) -> int:
         "on the first turns the file holds with distinct replies (all splits, not a random sample)",
         "command": "python benchmarks/chatgpt_noise_ceiling.py",
         "tokenizer": tokenizer_name,
-        "distinct_first_turns_with_a_reply": len(replies),
+        "distinct_first_turns_with_a_reply": len(records),
         "first_turns_with_several_replies": len(repeated),
-        "of_which_all_replies_identical": sum(len(texts) == 1 for texts in distinct.values()),
+        "of_which_all_replies_identical": sum(len(recs) == 1 for recs in distinct.values()),
         "first_turns_with_distinct_replies": len(sampled),
-        "most_distinct_replies_of_one_prompt": max(len(texts) for texts in sampled.values()),
+        "most_distinct_replies_of_one_prompt": max(len(recs) for recs in sampled.values()),
         "replies_used_per_prompt": 2,
         "median_tokens": float(np.nanmedian(lengths)),
         "noise_ceiling": ceiling,

@@ -54,8 +54,9 @@ def count_passing_pairs(lengths: np.ndarray, truncated: np.ndarray, delta: float
     are a prefix (every value up to about (1-δ)·its length); equal lengths never pass (δ > 0), so
     each passing pair is counted once, from its longer member. The prefix's end is located with
     the same float test as `keep_mask`, so the counts agree with it exactly."""
-    order = np.argsort(np.asarray(lengths, dtype=np.float64), kind="stable")
-    length = np.asarray(lengths, dtype=np.float64)[order]
+    lengths = np.asarray(lengths, dtype=np.float64)
+    order = np.argsort(lengths, kind="stable")
+    length = lengths[order]
     shorter_ok = ~np.asarray(truncated, dtype=bool)[order]  # the shorter member must not be cut
     if len(length) < 2:
         return 0, 0

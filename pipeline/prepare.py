@@ -17,7 +17,6 @@ import argparse
 import hashlib
 import inspect
 import re
-import unicodedata
 from pathlib import Path
 from typing import Any
 
@@ -27,13 +26,9 @@ from pipeline.contracts import PROMPTS, ensure_parent, prompts_path, write_json,
 from pipeline.errors import PARSError
 from pipeline.params import load_params
 from pipeline.sources import SOURCES, get_source
+from pipeline.sources.base import normalise
 
 _WS = re.compile(r"\s+")
-
-
-def normalise(text: str) -> str:
-    """The prompt as stored: Unicode NFC, surrounding whitespace stripped."""
-    return unicodedata.normalize("NFC", text).strip()
 
 
 def prompt_id(dataset: str, text: str) -> str:

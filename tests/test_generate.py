@@ -118,6 +118,9 @@ def test_recorded_backend_reads_one_models_answers_from_several_datasets(tmp_pat
 
         def records(self):
             yield from (RawRecord(f"c{i}", f"first question {i}", {"m": "short " * (i + 1)}) for i in range(4))
+            # an id that repeats with another prompt and reply (ShareGPT has 123): it must not
+            # replace c1's answer
+            yield RawRecord("c1", "a different conversation", {"m": "word " * 7})
 
     class Later(Source):
         name, answer_models = "later", ("m",)
@@ -148,6 +151,7 @@ def test_recorded_backend_reads_one_models_answers_from_several_datasets(tmp_pat
     # answers are keyed by dataset and id: c0 is two prompts; a prompt without an answer is left out
     assert sorted(gens.index) == ["p0", "p1", "p2", "p3", "p4"]
     assert gens.loc["p4", "output_tokens"] == 40 and gens.loc["p0", "output_tokens"] == 1
+    assert gens.loc["p1", "output_tokens"] == 2  # its own reply, not the later record's with the same id
     assert meta["samples"] == 5 and meta["source"] == ["firsts:m", "later:m"]
 
 

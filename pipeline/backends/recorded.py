@@ -15,6 +15,7 @@ import pandas as pd
 
 from pipeline.backends.base import Backend, PromptItem, Sample, split_reasoning
 from pipeline.sources import get_source
+from pipeline.sources.base import normalise
 
 
 class RecordedBackend(Backend):
@@ -30,7 +31,7 @@ class RecordedBackend(Backend):
         self.source = source  # as given: a single source keeps its identity (and generation cache keys)
         self.sources = [tuple(one.split(":", 1)) for one in sources]
         self.tokenizer_name = spec.get("recorded_tokenizer") or "minilm-l6"
-        self._answers: dict[tuple[str, str], str] | None = None
+        self._answers: dict[tuple[str, str, str], str] | None = None
         self._tokenizer = None
         self.skipped: dict[str, str] = {}
 
@@ -49,8 +50,10 @@ class RecordedBackend(Backend):
             "token counts use the tokenizer named here; hidden reasoning traces are not counted",
         }
 
-    def answers(self) -> dict[tuple[str, str], str]:
-        """(dataset, source_id) -> the recorded answer text."""
+    def answers(self) -> dict[tuple[str, str, str], str]:
+        """(dataset, source_id, prompt as stored) -> the recorded answer text. The prompt is part of
+        the key because ids repeat: ShareGPT has 123 ids shared by two conversations with
+        different first turns and replies, and which of them an id alone finds depends on order."""
         if self._answers is None:
             self._answers = {}
             for dataset, answer_model in self.sources:
@@ -61,8 +64,8 @@ class RecordedBackend(Backend):
                         f"(it has {list(source.answer_models)})"
                     )
                 for r in source.records():
-                    if answer_model in r.answers:
-                        self._answers[(dataset, r.source_id)] = r.answers[answer_model]
+                    if answer_model in r.answers and isinstance(r.prompt, str):
+                        self._answers[(dataset, r.source_id, normalise(r.prompt))] = r.answers[answer_model]
         return self._answers
 
     def select(self, prompts: pd.DataFrame) -> pd.DataFrame:
@@ -72,7 +75,7 @@ class RecordedBackend(Backend):
         if missing:
             raise ValueError(f"recorded backend: no prompts of dataset {missing[0]!r} (is it in prepare.sources?)")
         answers = self.answers()
-        has = [(d, s) in answers for d, s in zip(mine["dataset"], mine["source_id"])]
+        has = [key in answers for key in zip(mine["dataset"], mine["source_id"], mine["prompt"])]
         return mine[has].reset_index(drop=True)
 
     def _count(self, texts: list[str]) -> list[int]:
@@ -90,7 +93,7 @@ class RecordedBackend(Backend):
         items = list(items)
         for start in range(0, len(items), 256):
             batch = items[start : start + 256]
-            split = [split_reasoning(answers[(it.dataset, it.source_id)]) for it in batch]
+            split = [split_reasoning(answers[(it.dataset, it.source_id, it.prompt)]) for it in batch]
             n_prompt = self._count([it.prompt for it in batch])
             n_answer = self._count([answer for _, answer in split])
             n_reason = self._count([reasoning for reasoning, _ in split])

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import unicodedata
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterator
@@ -11,6 +12,11 @@ from typing import Iterator
 
 class SourceUnavailable(FileNotFoundError):
     """A source whose data cannot be found (package not installed, hub unreachable)."""
+
+
+def normalise(text: str) -> str:
+    """A prompt as stored: Unicode NFC, surrounding whitespace stripped."""
+    return unicodedata.normalize("NFC", text).strip()
 
 
 @dataclass
