@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import sys
 import types
 from pathlib import Path
@@ -57,25 +56,6 @@ def parse_args(argv=None):
     return args
 
 
-def engine_configs(fidelity: dict, starvation_s: float):
-    """(FCFS, PARS) simulator configs of the fitted engine: vLLM's FCFS scheduler has no starvation rule."""
-    from pipeline.queueing.simulator import EngineConfig
-
-    e, step = fidelity["engine"], fidelity["step_model"]
-    pars = EngineConfig(
-        M=e["M"],
-        chunk=e["chunk"],
-        token_budget=e["token_budget"],
-        max_num_seqs=e["max_num_seqs"],
-        block_size=e["block_size"],
-        step_c0=step["c0_s"],
-        step_c1=step["c1_s_per_token"],
-        starvation_s=starvation_s,
-        first_token_at_prefill=True,
-    )
-    return EngineConfig(**{**pars.__dict__, "starvation_s": math.inf}), pars
-
-
 def summary(values: list[float]) -> dict:
     v = np.asarray(values, dtype=float)
     return {
@@ -97,11 +77,14 @@ def main(argv=None) -> int:
     from pipeline.queueing.simulator import burst, simulate
     from pipeline.ranking.metrics import kendall_tau_b
     from pipeline.serving.scorer import Scorer
-    from pipeline.sim_fidelity import score_ready_times
+    from pipeline.sim_fidelity import engine_config, score_ready_times
 
     fidelity = json.loads(Path(args.fidelity).read_text())
     rate = float(fidelity["scoring_rate_prompts_per_s"])
-    fcfs_cfg, pars_cfg = engine_configs(fidelity, args.starvation_s)
+    fcfs_cfg, pars_cfg = (
+        engine_config(fidelity["engine"], fidelity["step_model"], args.starvation_s, policy)
+        for policy in ("fcfs", "pars")
+    )
     tokenizer = AutoTokenizer.from_pretrained(args.tokenizer)
     scorer = Scorer.from_pretrained(args.checkpoint)
     scores: dict[str, float] = {}  # prompt_id -> checkpoint score, each prompt scored once

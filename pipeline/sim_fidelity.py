@@ -106,12 +106,31 @@ def score_ready_times(
     return ready
 
 
+def engine_config(engine: dict[str, Any], step: dict[str, float], starvation_s: float, policy: str):
+    """The simulator set up as the benchmark's engine (its KV blocks, budget, chunk, max_num_seqs)
+    with the fitted step time, for one policy: vLLM's FCFS scheduler has no starvation rule, the
+    PARS scheduler (pars, oracle) has one."""
+    from pipeline.queueing.simulator import EngineConfig
+
+    return EngineConfig(
+        M=engine["M"],
+        chunk=engine["chunk"],
+        token_budget=engine["token_budget"],
+        max_num_seqs=engine["max_num_seqs"],
+        block_size=engine["block_size"],
+        step_c0=step["c0_s"],
+        step_c1=step["c1_s_per_token"],
+        starvation_s=math.inf if policy == "fcfs" else starvation_s,
+        first_token_at_prefill=True,  # as vLLM samples it
+    )
+
+
 def replay(
     validation: dict[str, Any], step: dict[str, float], starvation_s: float, rate: float | None = None
 ) -> dict[str, Any]:
     """The validation burst through the simulator under each policy; PARS scores arrive at the
     background scorer's `rate` (prompts/s; None: all known at t = 0)."""
-    from pipeline.queueing.simulator import EngineConfig, burst, simulate
+    from pipeline.queueing.simulator import burst, simulate
 
     w = validation["workload"]
     s = np.asarray(w["prompt_tokens"], dtype=np.int64)
@@ -131,19 +150,7 @@ def replay(
         )
     out = {}
     for policy in POLICIES:
-        e = validation[policy]["engine"]
-        # vLLM's FCFS scheduler has no starvation rule; the PARS scheduler (pars, oracle) has one
-        cfg = EngineConfig(
-            M=e["M"],
-            chunk=e["chunk"],
-            token_budget=e["token_budget"],
-            max_num_seqs=e["max_num_seqs"],
-            block_size=e["block_size"],
-            step_c0=step["c0_s"],
-            step_c1=step["c1_s_per_token"],
-            starvation_s=math.inf if policy == "fcfs" else starvation_s,
-            first_token_at_prefill=True,  # as vLLM samples it
-        )
+        cfg = engine_config(validation[policy]["engine"], step, starvation_s, policy)
         key = policy_key(policy, arrival, o, scores if policy == "pars" else None)
         out[policy] = simulate(arrival, s, o, key=key, config=cfg, key_ready=ready if policy == "pars" else None)
     return out
