@@ -91,7 +91,7 @@ def main(argv=None) -> int:
     out = {
         "what": "FCFS/PARS mean per-token latency of the engine benchmark's burst, over draws of prompts, "
         "replayed through the simulator fitted to the engine (metrics/sim_fidelity.json)",
-        "command": "python benchmarks/engine_draws.py " + " ".join(argv if argv is not None else sys.argv[1:]),
+        "command": " ".join(["python benchmarks/engine_draws.py", *(argv if argv is not None else sys.argv[1:])]),
         "split": args.split,
         "checkpoint": args.checkpoint,
         "engine": fidelity["engine"],
