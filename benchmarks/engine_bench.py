@@ -144,29 +144,41 @@ def ensure_checkpoint(args) -> Path:
 
 def load_workload(args, tokenizer):
     """Test prompts with their recorded answer lengths; the chat template applied as at generation."""
+    return draw_workload(read_split(args.prompts, args.generations, args.split), args, tokenizer)
+
+
+def read_split(prompts_file, generations_file, split: str):
+    """The split's prompts with their mean recorded answer length (column `length`)."""
     import pandas as pd
 
-    for path, what in ((args.prompts, "prompts"), (args.generations, "generations")):
+    for path, what in ((prompts_file, "prompts"), (generations_file, "generations")):
         if not Path(path).is_file():
             sys.exit(
-                f"engine_bench: {what} file {path} not found. The true answer lengths come from the "
-                f"generate stage (`dvc repro generate@smollm2`); run it first or pass --{what} PATH."
+                f"{Path(sys.argv[0]).stem}: {what} file {path} not found. The true answer lengths come from "
+                f"the generate stage (`dvc repro generate@<model>`); run it first or pass --{what} PATH."
             )
-    prompts = pd.read_parquet(args.prompts)
-    gens = pd.read_parquet(args.generations, columns=["prompt_id", "output_tokens"])
+    prompts = pd.read_parquet(prompts_file)
+    gens = pd.read_parquet(generations_file, columns=["prompt_id", "output_tokens"])
     lengths = gens.groupby("prompt_id")["output_tokens"].mean().round().astype(int)
-    test = prompts[prompts["split"] == args.split].merge(
-        lengths.rename("length"), left_on="prompt_id", right_index=True
-    )
-    if test.empty:
-        sys.exit(f"engine_bench: no {args.split} prompt in {args.prompts} has an answer in {args.generations}")
-    test = test.sample(frac=1.0, random_state=args.seed)  # arrival order: a seeded shuffle
+    frame = prompts[prompts["split"] == split].merge(lengths.rename("length"), left_on="prompt_id", right_index=True)
+    if frame.empty:
+        sys.exit(f"{Path(sys.argv[0]).stem}: no {split} prompt in {prompts_file} has an answer in {generations_file}")
+    return frame
+
+
+def draw_workload(frame, args, tokenizer, token_ids: dict | None = None) -> list[dict]:
+    """The first args.num_prompts prompts of a seeded shuffle of `frame` (the arrival order) that fit
+    in max_model_len, chat-templated; `token_ids` (prompt_id -> ids) keeps templated prompts across
+    draws."""
+    token_ids = {} if token_ids is None else token_ids
     rows = []
-    for row in test.itertuples():
-        text = tokenizer.apply_chat_template(
-            [{"role": "user", "content": row.prompt}], tokenize=False, add_generation_prompt=True
-        )
-        ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+    for row in frame.sample(frac=1.0, random_state=args.seed).itertuples():
+        ids = token_ids.get(row.prompt_id)
+        if ids is None:
+            text = tokenizer.apply_chat_template(
+                [{"role": "user", "content": row.prompt}], tokenize=False, add_generation_prompt=True
+            )
+            ids = token_ids[row.prompt_id] = tokenizer(text, add_special_tokens=False)["input_ids"]
         length = int(max(1, min(round(row.length * args.length_scale), args.max_tokens_cap)))
         if len(ids) + length > args.max_model_len:
             continue

@@ -7,7 +7,7 @@ chunk and max_num_seqs fitted and checked by `pars sim-fidelity` (metrics/sim_fi
 simulator predicts the engine's speedup within about 10%), the checkpoint's scores arriving at the
 background scorer's measured rate, the answer lengths scaled and capped as the benchmark does.
 Each draw is a seeded shuffle of the split's prompts, the first N that fit (engine_bench's own
-`load_workload`). Val split by default: the test split is for the benchmark's final figure.
+`draw_workload`). Val split by default: the test split is for the benchmark's final figure.
 
     python benchmarks/engine_draws.py                       # 30 draws of 200, 300 and 400 val prompts
 
@@ -27,7 +27,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from engine_bench import load_workload  # noqa: E402
+from engine_bench import draw_workload, read_split  # noqa: E402
 
 
 def parse_args(argv=None):
@@ -69,7 +69,7 @@ def summary(values: list[float]) -> dict:
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    for path in (args.fidelity, args.prompts, args.generations, Path(args.checkpoint) / "pars.json"):
+    for path in (args.fidelity, Path(args.checkpoint) / "pars.json"):
         if not Path(path).is_file():
             sys.exit(f"engine_draws: {path} not found (run `dvc repro` first, or pass its path)")
     from transformers import AutoTokenizer
@@ -86,6 +86,8 @@ def main(argv=None) -> int:
         for policy in ("fcfs", "pars")
     )
     tokenizer = AutoTokenizer.from_pretrained(args.tokenizer)
+    frame = read_split(args.prompts, args.generations, args.split)  # read once; each draw shuffles it
+    token_ids: dict[str, list[int]] = {}  # prompt_id -> chat-templated ids, each prompt tokenized once
     scorer = Scorer.from_pretrained(args.checkpoint)
     scores: dict[str, float] = {}  # prompt_id -> checkpoint score, each prompt scored once
     out = {
@@ -103,16 +105,13 @@ def main(argv=None) -> int:
         rows = []
         for seed in range(args.draws):
             draw = types.SimpleNamespace(
-                prompts=args.prompts,
-                generations=args.generations,
-                split=args.split,
                 seed=seed,
                 length_scale=args.length_scale,
                 max_tokens_cap=args.max_tokens_cap,
                 max_model_len=args.max_model_len,
                 num_prompts=n,
             )
-            workload = load_workload(draw, tokenizer)
+            workload = draw_workload(frame, draw, tokenizer, token_ids)
             new = [r for r in workload if r["prompt_id"] not in scores]
             if new:
                 scores.update(zip([r["prompt_id"] for r in new], map(float, scorer.score([r["prompt"] for r in new]))))

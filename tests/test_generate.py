@@ -148,7 +148,7 @@ def test_recorded_backend_reads_one_models_answers_from_several_datasets(tmp_pat
         recorded_tokenizer="minilm-l6",
     )
     gens = pd.read_parquet(tmp_path / "m" / "generations.parquet").set_index("prompt_id")
-    # answers are keyed by dataset and id: c0 is two prompts; a prompt without an answer is left out
+    # answers are keyed by dataset, id and prompt: c0 is two prompts; a prompt without an answer is left out
     assert sorted(gens.index) == ["p0", "p1", "p2", "p3", "p4"]
     assert gens.loc["p4", "output_tokens"] == 40 and gens.loc["p0", "output_tokens"] == 1
     assert gens.loc["p1", "output_tokens"] == 2  # its own reply, not the later record's with the same id
