@@ -505,3 +505,53 @@ def test_ddp_two_cpu_processes_gather_validation_and_export_once(toy_root, tiny_
     idx = np.array([[pos[a], pos[b]] for a, b in zip(val_pairs["a"], val_pairs["b"])])
     assert pair_accuracy(scores, val["length"].to_numpy(), idx) == pytest.approx(res["val_pair_acc"], abs=1e-6)
     assert sorted(p.name for p in (tmp_path / "models").rglob("*") if p.is_dir()) == ["pairwise", "toy"]
+
+
+def _train_sweep_module():
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "train_sweep.py"
+    spec = importlib.util.spec_from_file_location("train_sweep", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_train_sweep_runs_each_setting_once_and_rejects_typos(toy_root, tiny_encoder_dir, monkeypatch, tmp_path):
+    """benchmarks/train_sweep.py: each grid run is a real fit with its overrides; a rerun keeps the
+    finished runs; an override that is no train param fails before anything trains."""
+    import yaml
+
+    monkeypatch.setenv("WANDB_MODE", "disabled")
+    sweep = _train_sweep_module()
+    params = tmp_path / "params.yaml"
+    params.write_text(yaml.safe_dump({"train": dict(train_params(tiny_encoder_dir, epochs=2))}))
+    grid = tmp_path / "grid.yaml"
+    grid.write_text(
+        yaml.safe_dump(
+            {
+                "question": "toy",
+                "base": {"model": "toy", "method": "pairwise"},
+                "runs": {"default": {}, "one epoch, pointwise": {"method": "pointwise", "overrides": {"epochs": 1}}},
+            }
+        )
+    )
+    out, png = tmp_path / "sweep.json", tmp_path / "sweep.png"
+    argv = [str(grid), "--out", str(out), "--params", str(params), "--data", str(toy_root / "data"), "--plot", str(png)]
+    assert sweep.main(argv) == 0
+    runs = json.loads(out.read_text())["runs"]
+    assert runs["default"]["epochs_run"] == 2 and runs["one epoch, pointwise"]["epochs_run"] == 1
+    assert runs["one epoch, pointwise"]["settings"]["method"] == "pointwise"
+    assert all(r["val_tau_b"] > 0.2 for r in runs.values()), runs  # the toy task is learnable
+    assert png.stat().st_size > 0
+
+    def no_training(*args, **kwargs):
+        raise AssertionError("a finished run was trained again")
+
+    monkeypatch.setattr("pipeline.train.train_one", no_training)
+    assert sweep.main(argv) == 0
+
+    grid.write_text(yaml.safe_dump({"runs": {"typo": {"overrides": {"learning_rate": 1e-3}}}}))
+    with pytest.raises(SystemExit, match="'learning_rate' is not a train param"):
+        sweep.main(argv)

@@ -349,9 +349,10 @@ class RankingDataModule(L.LightningDataModule):
             "n_val_pairs": int(len(self.val_pair_idx)),
         }
 
-    def cache_hidden(self, model, n_layers: int, batch_size: int = 64) -> float:
+    def cache_hidden(self, model, n_layers: int, batch_size: int = 64, device: str | torch.device = "cpu") -> float:
         """Run the frozen lower encoder once over every train and val prompt (eval mode, no grad,
-        length-sorted batches) and keep its output; returns the seconds it took."""
+        length-sorted batches) and keep its output in host memory; returns the seconds it took.
+        `device` runs it on an accelerator (the model goes back where it was)."""
         import time
 
         from tqdm.auto import tqdm
@@ -359,7 +360,8 @@ class RankingDataModule(L.LightningDataModule):
         if self.per_pair:
             raise ValueError("train.frozen_layers > 0 needs in-batch batches (pairwise_mode in_batch)")
         t0, was_training = time.perf_counter(), model.training
-        model.eval()
+        home = next(model.parameters()).device
+        model.eval().to(device)
         with torch.inference_mode():
             for name, table in (("train", self.train_table), ("val", self.val_table)):
                 order = np.argsort([len(x) for x in table.input_ids], kind="stable")
@@ -369,11 +371,11 @@ class RankingDataModule(L.LightningDataModule):
                 ):
                     rows = order[start : start + batch_size]
                     ids, mask = pad_batch([table.input_ids[r] for r in rows], self.pad_id)
-                    out = model.hidden_after(ids, mask, n_layers)
+                    out = model.hidden_after(ids.to(device), mask.to(device), n_layers).cpu()
                     for k, r in enumerate(rows):
                         hidden[r] = out[k, : len(table.input_ids[r])].clone()
                 table.hidden = hidden
-        model.train(was_training)
+        model.train(was_training).to(home)
         return time.perf_counter() - t0
 
     def _loader(self, dataset, collate, shuffle: bool, batch_size: int) -> DataLoader:

@@ -1,0 +1,174 @@
+"""Train settings compared on a val split: one `pars train` run per entry of a grid file, each the
+`train` params section with that entry's overrides, the val tau_b of its best epoch written as it
+finishes. For questions a CPU cannot afford to answer (full fine-tuning, longer prompts, more data),
+the same grid runs on a GPU with `--gpu`; val only (the test split is for final figures).
+
+    python benchmarks/train_sweep.py benchmarks/grids/example.yaml --out /tmp/sweep.json
+    python benchmarks/train_sweep.py GRID --gpu --data DATA_ROOT --out metrics/choices/X.json
+
+A grid file:
+
+    question: what the sweep asks
+    base: {model: chatgpt, method: pairwise, overrides: {epochs: 3}}   # shared by every run
+    runs:
+      default: {}
+      lr 2e-4: {overrides: {lr: 2.0e-4}}
+      later turns: {model: chatgpt_turns}                      # data/pairs/chatgpt_turns/
+
+Override keys must exist in the train section (a typo fails before anything trains). The output
+keeps finished runs: a rerun skips a run already there with the same settings.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from pipeline.contracts import write_json  # noqa: E402
+from pipeline.params import load_params  # noqa: E402
+
+GPU_LIGHTNING = {"accelerator": "gpu", "devices": 1, "num_nodes": 1, "precision": "32-true", "strategy": "auto"}
+
+
+def merged(base: dict[str, Any], overrides: dict[str, Any], where: str) -> dict[str, Any]:
+    """`base` with `overrides` applied (nested dicts merged); a key not in base is an error."""
+    out = copy.deepcopy(base)
+    for key, value in overrides.items():
+        if key not in base:
+            raise SystemExit(f"train_sweep: {where}: {key!r} is not a train param")
+        if isinstance(value, dict) and isinstance(base[key], dict):
+            out[key] = merged(base[key], value, f"{where}.{key}")
+        else:
+            out[key] = value
+    return out
+
+
+def plan(grid: dict[str, Any], train: dict[str, Any], gpu: bool, grid_path: str) -> dict[str, dict[str, Any]]:
+    """Every run's model, method and full train section, checked before anything trains."""
+    if not isinstance(grid.get("runs"), dict) or not grid["runs"]:
+        raise SystemExit(f"train_sweep: {grid_path}: no runs")
+    base = grid.get("base") or {}
+    base_cfg = merged(dict(train), {"lightning": GPU_LIGHTNING} if gpu else {}, f"{grid_path}: gpu")
+    base_cfg = merged(base_cfg, base.get("overrides") or {}, f"{grid_path}: base.overrides")
+    runs = {}
+    for name, run in grid["runs"].items():
+        run = run or {}
+        cfg = merged(base_cfg, run.get("overrides") or {}, f"{grid_path}: runs.{name}.overrides")
+        runs[str(name)] = {
+            "model": run.get("model", base.get("model", "chatgpt")),
+            "method": run.get("method", base.get("method", "pairwise")),
+            "train": cfg,
+        }
+    return runs
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("grid", help="grid file (YAML): base and runs")
+    ap.add_argument("--out", required=True, help="JSON written after every run (finished runs are kept)")
+    ap.add_argument("--data", default="data", help="data root holding prompts/ and pairs/<model>/")
+    ap.add_argument("--params", default=None, help="params file whose train section is the base (params.yaml)")
+    ap.add_argument("--gpu", action="store_true", help="train on one CUDA GPU (train.lightning overridden)")
+    ap.add_argument("--encoder", default=None, help="a local encoder directory in place of train.encoder")
+    ap.add_argument("--plot", default=None, help="also draw every run's val tau_b to this PNG")
+    args = ap.parse_args(argv)
+
+    grid_path = Path(args.grid)
+    if not grid_path.is_file():
+        raise SystemExit(f"train_sweep: grid file {grid_path} not found")
+    grid = yaml.safe_load(grid_path.read_text(encoding="utf-8")) or {}
+    train = load_params("train", args.params)
+    if args.encoder:
+        if not Path(args.encoder).is_dir():
+            raise SystemExit(f"train_sweep: --encoder {args.encoder} is not a directory")
+        train["encoder"] = args.encoder
+    runs = plan(grid, train, args.gpu, str(grid_path))
+    if args.gpu:
+        import torch
+
+        if not torch.cuda.is_available():
+            raise SystemExit("train_sweep: --gpu but torch sees no CUDA device")
+        torch.set_float32_matmul_precision("high")  # TF32 matmuls: fp32 weights, several times faster
+
+    from pipeline.train import train_one
+
+    out = Path(args.out)
+    doc = json.loads(out.read_text(encoding="utf-8")) if out.is_file() else {}
+    doc.update({"question": grid.get("question"), "grid": str(grid_path), "split": "val", "data": args.data})
+    if args.gpu:
+        import torch
+
+        doc["device"] = torch.cuda.get_device_name(0)
+    results = doc.setdefault("runs", {})
+    for i, (name, run) in enumerate(runs.items(), 1):
+        if name in results and results[name].get("settings") == run:
+            print(f"[{i}/{len(runs)}] {name}: already done (val tau_b {results[name]['val_tau_b']:.4f})", flush=True)
+            continue
+        print(f"[{i}/{len(runs)}] {name}: {run['model']}/{run['method']}", flush=True)
+        t0 = time.perf_counter()
+        with tempfile.TemporaryDirectory() as tmp:
+            res = train_one(
+                run["model"],
+                run["method"],
+                run["train"],
+                data_root=args.data,
+                models_root=Path(tmp) / "models",
+                metrics_dir=Path(tmp) / "metrics",
+                plots_dir=Path(tmp) / "plots",
+            )
+            curve = (Path(tmp) / "plots" / f"{run['model']}-{run['method']}.csv").read_text(encoding="utf-8")
+        results[name] = {
+            "val_tau_b": round(res["val_tau_b"], 4),
+            "val_pair_acc": round(res["val_pair_acc"], 4),
+            "best_epoch": res["best_epoch"],
+            "epochs_run": res["epochs_run"],
+            "n_train_prompts": res["n_train_prompts"],
+            "train_seconds": res["train_seconds"],
+            "run_seconds": round(time.perf_counter() - t0, 1),
+            "curve_csv": curve,
+            "settings": run,
+        }
+        write_json(doc, out)
+        print(f"[{i}/{len(runs)}] {name}: val tau_b {res['val_tau_b']:.4f} (epoch {res['best_epoch']})", flush=True)
+    if args.plot:
+        plot_runs(doc, args.plot)
+    return 0
+
+
+def plot_runs(doc: dict[str, Any], png: str | Path) -> None:
+    """One bar per run: its best val tau_b, labelled with the train prompts it saw."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    names = list(doc["runs"])
+    taus = [doc["runs"][n]["val_tau_b"] for n in names]
+    fig, ax = plt.subplots(figsize=(9, 0.38 * len(names) + 1.2))
+    ax.barh(range(len(names)), taus, color="tab:blue")
+    for y, n in enumerate(names):
+        r = doc["runs"][n]
+        ax.text(r["val_tau_b"] + 0.002, y, f"{r['val_tau_b']:.3f} ({r['n_train_prompts']:,} prompts)", va="center")
+    ax.set_yticks(range(len(names)), names, fontsize=8)
+    ax.invert_yaxis()
+    ax.set_xlim(min(taus) - 0.03, max(taus) + 0.05)
+    ax.set_xlabel("val Kendall tau_b (best epoch)")
+    ax.set_title(f"{Path(doc['grid']).stem}: {doc.get('device') or 'CPU'}", fontsize=10)
+    fig.tight_layout()
+    Path(png).parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(png, dpi=110)
+    plt.close(fig)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
