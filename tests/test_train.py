@@ -507,12 +507,12 @@ def test_ddp_two_cpu_processes_gather_validation_and_export_once(toy_root, tiny_
     assert sorted(p.name for p in (tmp_path / "models").rglob("*") if p.is_dir()) == ["pairwise", "toy"]
 
 
-def _train_sweep_module():
+def _benchmark_module(name):
     import importlib.util
     from pathlib import Path
 
-    path = Path(__file__).resolve().parents[1] / "benchmarks" / "train_sweep.py"
-    spec = importlib.util.spec_from_file_location("train_sweep", path)
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(name, path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
@@ -524,7 +524,7 @@ def test_train_sweep_runs_each_setting_once_and_rejects_typos(toy_root, tiny_enc
     import yaml
 
     monkeypatch.setenv("WANDB_MODE", "disabled")
-    sweep = _train_sweep_module()
+    sweep = _benchmark_module("train_sweep")
     params = tmp_path / "params.yaml"
     params.write_text(yaml.safe_dump({"train": dict(train_params(tiny_encoder_dir, epochs=2))}))
     grid = tmp_path / "grid.yaml"
@@ -555,3 +555,30 @@ def test_train_sweep_runs_each_setting_once_and_rejects_typos(toy_root, tiny_enc
     grid.write_text(yaml.safe_dump({"runs": {"typo": {"overrides": {"learning_rate": 1e-3}}}}))
     with pytest.raises(SystemExit, match="'learning_rate' is not a train param"):
         sweep.main(argv)
+
+
+def test_seed_spread_trains_each_seed_and_scores_val_and_test(toy_root, tiny_encoder_dir, monkeypatch, tmp_path):
+    """benchmarks/seed_spread.py: one real fit per seed, each checkpoint scored on the eval model's
+    val and test splits; different seeds give different weights; a rerun scores without training."""
+    import yaml
+
+    monkeypatch.setenv("WANDB_MODE", "disabled")
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "data").symlink_to(toy_root / "data")
+    train = dict(train_params(tiny_encoder_dir, epochs=1))
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump({"train": train, "evaluate": {"eval_models": ["toy"]}}))
+    spread = _benchmark_module("seed_spread")
+    argv = ["--model", "toy", "--seeds", "42", "7", "--work", str(tmp_path / "work"), "--out", "spread.json"]
+    assert spread.main(argv) == 0
+    toy = json.loads((tmp_path / "spread.json").read_text())["kendall_tau_b"]["toy"]
+    assert toy["val"]["n_prompts"] == 16 and toy["test"]["n_prompts"] == 6
+    assert set(toy["test"]["by_seed"]) == {"42", "7"} and toy["val"]["sd"] is not None
+    w42 = (tmp_path / "work" / "seed42" / "toy" / "pairwise" / "model.safetensors").read_bytes()
+    w7 = (tmp_path / "work" / "seed7" / "toy" / "pairwise" / "model.safetensors").read_bytes()
+    assert w42 != w7
+
+    def no_training(*args, **kwargs):
+        raise AssertionError("a finished seed was trained again")
+
+    monkeypatch.setattr("pipeline.train.train_one", no_training)
+    assert spread.main(argv) == 0

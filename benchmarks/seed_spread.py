@@ -1,0 +1,106 @@
+"""How much a predictor's ranking quality moves with the training seed alone: the same `pars train`
+run with several seeds, each checkpoint's Kendall tau_b on every eval model's val and test splits.
+A spread measurement, not a choice: nothing is selected by it, so scoring the test split is fair.
+
+    python benchmarks/seed_spread.py                      # the default export: recorded/pairwise
+    python benchmarks/seed_spread.py --model chatgpt --method pointwise --seeds 42 1 2 3
+
+Checkpoints go to <work>/seed<s>/<model>/<method>/; one already there is scored, not retrained
+(an interrupted run resumes). Writes --out (default metrics/choices/seed_spread-<model>-<method>.json).
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+from pathlib import Path
+
+import pandas as pd
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from pipeline.contracts import generations_path, prompts_path, write_json  # noqa: E402
+from pipeline.params import load_params  # noqa: E402
+from pipeline.ranking.labels import prompt_labels  # noqa: E402
+from pipeline.ranking.metrics import kendall_tau_b  # noqa: E402
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", default="recorded", help="train model or cross-model set")
+    ap.add_argument("--method", default="pairwise")
+    ap.add_argument("--seeds", type=int, nargs="+", default=[42, 1, 2])
+    ap.add_argument("--eval-models", default=None, help="comma-separated; default evaluate.eval_models")
+    ap.add_argument("--work", default="/tmp/seed_spread", help="where the checkpoints go")
+    ap.add_argument("--out", default=None)
+    args = ap.parse_args(argv)
+
+    train = load_params("train")
+    eval_models = (args.eval_models or ",".join(load_params("evaluate")["eval_models"])).split(",")
+    eval_models = [m.strip() for m in eval_models if m.strip()]
+    for m in eval_models:
+        if not generations_path(m).is_file():
+            raise SystemExit(f"seed_spread: {generations_path(m)} not found (run `dvc repro`, or check --eval-models)")
+
+    from pipeline.serving.scorer import Scorer
+    from pipeline.train import train_one
+
+    prompts = pd.read_parquet(prompts_path()).drop_duplicates("prompt_id").set_index("prompt_id")
+    splits = {}
+    for m in eval_models:
+        labels = prompt_labels(pd.read_parquet(generations_path(m))).set_index("prompt_id")
+        labels = labels.join(prompts[["split", "prompt"]], how="inner")
+        splits[m] = {s: labels[labels["split"] == s] for s in ("val", "test")}
+
+    taus: dict[str, dict[str, dict[str, float]]] = {}
+    for seed in args.seeds:
+        root = Path(args.work) / f"seed{seed}"
+        ckpt = root / args.model / args.method
+        if not (ckpt / "pars.json").is_file():
+            print(f"seed_spread: training {args.model}/{args.method} with seed {seed}", flush=True)
+            train_one(
+                args.model,
+                args.method,
+                {**train, "seed": seed},
+                models_root=root,
+                metrics_dir=root / "metrics",
+                plots_dir=root / "plots",
+            )
+        scorer = Scorer.from_pretrained(ckpt)
+        for m, parts in splits.items():
+            for split, part in parts.items():
+                tau = kendall_tau_b(scorer.score(part["prompt"].tolist()), part["length"].to_numpy())
+                taus.setdefault(m, {}).setdefault(split, {})[str(seed)] = round(float(tau), 4)
+            print(f"seed {seed}: {m} val {taus[m]['val'][str(seed)]:.3f} test {taus[m]['test'][str(seed)]:.3f}")
+
+    summary = {
+        m: {
+            split: {
+                "n_prompts": int(len(splits[m][split])),
+                "by_seed": by_seed,
+                "mean": round(statistics.mean(by_seed.values()), 4),
+                "sd": round(statistics.stdev(by_seed.values()), 4) if len(by_seed) > 1 else None,
+                "range": [min(by_seed.values()), max(by_seed.values())],
+            }
+            for split, by_seed in per_split.items()
+        }
+        for m, per_split in taus.items()
+    }
+    out = Path(args.out or f"metrics/choices/seed_spread-{args.model}-{args.method}.json")
+    write_json(
+        {
+            "predictor": f"{args.model}/{args.method}",
+            "seeds": args.seeds,
+            "setting": "params.yaml's train section, only train.seed differs",
+            "command": " ".join(["python benchmarks/seed_spread.py", *(argv if argv is not None else sys.argv[1:])]),
+            "kendall_tau_b": summary,
+        },
+        out,
+    )
+    print(f"-> {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
