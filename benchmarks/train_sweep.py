@@ -55,9 +55,12 @@ def merged(base: dict[str, Any], overrides: dict[str, Any], where: str) -> dict[
 
 def plan(grid: dict[str, Any], train: dict[str, Any], gpu: bool, grid_path: str) -> dict[str, dict[str, Any]]:
     """Every run's model, method and full train section, checked before anything trains."""
-    if not isinstance(grid.get("runs"), dict) or not grid["runs"]:
-        raise SystemExit(f"train_sweep: {grid_path}: no runs")
+    if not isinstance(grid, dict) or not isinstance(grid.get("runs"), dict) or not grid["runs"]:
+        raise SystemExit(f"train_sweep: {grid_path}: no runs (a mapping `runs:` of name -> settings)")
     base = grid.get("base") or {}
+    bad = [str(n) for n, r in grid["runs"].items() if r is not None and not isinstance(r, dict)]
+    if not isinstance(base, dict) or bad:
+        raise SystemExit(f"train_sweep: {grid_path}: base and each run must be a mapping ({', '.join(bad) or 'base'})")
     base_cfg = merged(dict(train), {"lightning": GPU_LIGHTNING} if gpu else {}, f"{grid_path}: gpu")
     base_cfg = merged(base_cfg, base.get("overrides") or {}, f"{grid_path}: base.overrides")
     runs = {}
@@ -117,15 +120,18 @@ def main(argv: list[str] | None = None) -> int:
         print(f"[{i}/{len(runs)}] {name}: {run['model']}/{run['method']}", flush=True)
         t0 = time.perf_counter()
         with tempfile.TemporaryDirectory() as tmp:
-            res = train_one(
-                run["model"],
-                run["method"],
-                run["train"],
-                data_root=args.data,
-                models_root=Path(tmp) / "models",
-                metrics_dir=Path(tmp) / "metrics",
-                plots_dir=Path(tmp) / "plots",
-            )
+            try:
+                res = train_one(
+                    run["model"],
+                    run["method"],
+                    run["train"],
+                    data_root=args.data,
+                    models_root=Path(tmp) / "models",
+                    metrics_dir=Path(tmp) / "metrics",
+                    plots_dir=Path(tmp) / "plots",
+                )
+            except (FileNotFoundError, ValueError, KeyError) as exc:  # bad data root, model or setting
+                raise SystemExit(f"train_sweep: run {name!r}: {exc}") from exc
             curve = (Path(tmp) / "plots" / f"{run['model']}-{run['method']}.csv").read_text(encoding="utf-8")
         results[name] = {
             "val_tau_b": round(res["val_tau_b"], 4),

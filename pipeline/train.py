@@ -139,11 +139,11 @@ def train_one(
     cache_seconds = 0.0
     if frozen:
         model.freeze_lower(frozen)
-        # on a GPU run the frozen layers run there too (the cache itself stays in host memory)
+        # on a GPU run the frozen layers run there too, on this process's GPU under ddp (the
+        # cache itself stays in host memory)
         on_gpu = str(lt["accelerator"]) in ("gpu", "cuda", "auto") and torch.cuda.is_available()
-        cache_seconds = dm.cache_hidden(
-            model, frozen, batch_size=int(cfg["eval_batch_size"]), device="cuda" if on_gpu else "cpu"
-        )
+        device = f"cuda:{int(os.environ.get('LOCAL_RANK', 0))}" if on_gpu else "cpu"
+        cache_seconds = dm.cache_hidden(model, frozen, batch_size=int(cfg["eval_batch_size"]), device=device)
         print(
             f"train {model_name}/{method}: frozen embeddings + {frozen} layers run once over "
             f"{len(dm.train_table) + len(dm.val_table)} prompts in {cache_seconds:.0f} s",
