@@ -5,13 +5,15 @@ A spread measurement, not a choice: nothing is selected by it, so scoring the te
     python benchmarks/seed_spread.py                      # the default export: recorded/pairwise
     python benchmarks/seed_spread.py --model chatgpt --method pointwise --seeds 42 1 2 3
 
-Checkpoints go to <work>/seed<s>/<model>/<method>/; one already there is scored, not retrained
-(an interrupted run resumes). Writes --out (default metrics/choices/seed_spread-<model>-<method>.json).
+Checkpoints go to <work>/seed<s>/<model>/<method>/; one already there with the same train settings
+is scored, not retrained (an interrupted run resumes). Writes --out (default
+metrics/choices/seed_spread-<model>-<method>.json).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import statistics
 import sys
 from pathlib import Path
@@ -24,6 +26,13 @@ from pipeline.contracts import generations_path, prompts_path, write_json  # noq
 from pipeline.params import load_params  # noqa: E402
 from pipeline.ranking.labels import prompt_labels  # noqa: E402
 from pipeline.ranking.metrics import kendall_tau_b  # noqa: E402
+
+
+def stale(ckpt: Path, cfg: dict) -> bool:
+    """A checkpoint left by an earlier run with other train settings is retrained, not scored."""
+    meta = json.loads((ckpt / "pars.json").read_text(encoding="utf-8"))
+    recorded = {**meta.get("training", {}), "max_length": meta.get("max_length"), "encoder": meta.get("encoder")}
+    return any(recorded.get(k) != cfg[k] for k in recorded)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -57,12 +66,13 @@ def main(argv: list[str] | None = None) -> int:
     for seed in args.seeds:
         root = Path(args.work) / f"seed{seed}"
         ckpt = root / args.model / args.method
-        if not (ckpt / "pars.json").is_file():
+        cfg = {**train, "seed": seed}
+        if not (ckpt / "pars.json").is_file() or stale(ckpt, cfg):
             print(f"seed_spread: training {args.model}/{args.method} with seed {seed}", flush=True)
             train_one(
                 args.model,
                 args.method,
-                {**train, "seed": seed},
+                cfg,
                 models_root=root,
                 metrics_dir=root / "metrics",
                 plots_dir=root / "plots",

@@ -582,3 +582,9 @@ def test_seed_spread_trains_each_seed_and_scores_val_and_test(toy_root, tiny_enc
 
     monkeypatch.setattr("pipeline.train.train_one", no_training)
     assert spread.main(argv) == 0
+    # other train settings than the checkpoints were trained with: they are retrained, not reused
+    (tmp_path / "params.yaml").write_text(
+        yaml.safe_dump({"train": {**train, "lr": train["lr"] / 2}, "evaluate": {"eval_models": ["toy"]}})
+    )
+    with pytest.raises(AssertionError, match="trained again"):
+        spread.main(argv)
