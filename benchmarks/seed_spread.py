@@ -13,7 +13,6 @@ metrics/choices/seed_spread-<model>-<method>.json).
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 from pathlib import Path
@@ -24,13 +23,18 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from pipeline.contracts import generations_path, prompts_path, write_json  # noqa: E402
 from pipeline.params import load_params  # noqa: E402
+from pipeline.ranking.checkpoint import CheckpointError, read_meta  # noqa: E402
 from pipeline.ranking.labels import prompt_labels  # noqa: E402
 from pipeline.ranking.metrics import kendall_tau_b  # noqa: E402
 
 
 def stale(ckpt: Path, cfg: dict) -> bool:
-    """A checkpoint left by an earlier run with other train settings is retrained, not scored."""
-    meta = json.loads((ckpt / "pars.json").read_text(encoding="utf-8"))
+    """A checkpoint that is missing, incomplete (an interrupted write) or trained with other train
+    settings is retrained, not scored."""
+    try:
+        meta = read_meta(ckpt)
+    except CheckpointError:
+        return True
     recorded = {**meta.get("training", {}), "max_length": meta.get("max_length"), "encoder": meta.get("encoder")}
     return any(recorded.get(k) != cfg[k] for k in recorded)
 
@@ -67,7 +71,7 @@ def main(argv: list[str] | None = None) -> int:
         root = Path(args.work) / f"seed{seed}"
         ckpt = root / args.model / args.method
         cfg = {**train, "seed": seed}
-        if not (ckpt / "pars.json").is_file() or stale(ckpt, cfg):
+        if stale(ckpt, cfg):
             print(f"seed_spread: training {args.model}/{args.method} with seed {seed}", flush=True)
             train_one(
                 args.model,

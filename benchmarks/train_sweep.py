@@ -22,7 +22,6 @@ keeps finished runs: a rerun skips a run already there with the same settings.
 from __future__ import annotations
 
 import argparse
-import copy
 import json
 import sys
 import tempfile
@@ -36,21 +35,19 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from pipeline.contracts import write_json  # noqa: E402
 from pipeline.params import load_params  # noqa: E402
+from pipeline.profile import deep_merge  # noqa: E402
 
 GPU_LIGHTNING = {"accelerator": "gpu", "devices": 1, "num_nodes": 1, "precision": "32-true", "strategy": "auto"}
 
 
 def merged(base: dict[str, Any], overrides: dict[str, Any], where: str) -> dict[str, Any]:
-    """`base` with `overrides` applied (nested dicts merged); a key not in base is an error."""
-    out = copy.deepcopy(base)
+    """`base` with `overrides` deep-merged as `pars profile` does; a key not in base is an error."""
     for key, value in overrides.items():
         if key not in base:
             raise SystemExit(f"train_sweep: {where}: {key!r} is not a train param")
         if isinstance(value, dict) and isinstance(base[key], dict):
-            out[key] = merged(base[key], value, f"{where}.{key}")
-        else:
-            out[key] = value
-    return out
+            merged(base[key], value, f"{where}.{key}")  # checks the nested keys
+    return deep_merge(base, overrides, replace=set())
 
 
 def plan(grid: dict[str, Any], train: dict[str, Any], gpu: bool, grid_path: str) -> dict[str, dict[str, Any]]:
