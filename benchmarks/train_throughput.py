@@ -11,6 +11,8 @@ whole val split:
 - `frozen<k>+buckets` embeddings + the lower k layers frozen (`--frozen-layers`, default 3): their
                      output is computed once for all train + val prompts (`cache_s`), each step runs
                      only the top layers; length buckets
+- `frozen<k>+buckets+bf16` the same in bfloat16 mixed precision (`train.lightning.precision:
+                     bf16-mixed`: CPU autocast; native on AVX512-BF16 / AMX CPUs), cache included
 - `per_pair`         the paper's batches: `batch_size / 2` rows of train.parquet per step, both
                      prompts encoded (the same number of encodings per step), full fine-tuning
 
@@ -56,11 +58,13 @@ COLUMNS = [
 def configurations(args) -> dict[str, dict]:
     """Name -> settings of every configuration this command line can run (in table order)."""
     buckets, k = args.length_buckets, args.frozen_layers
+    fp32, bf16 = {"precision": "32-true"}, {"precision": "bf16-mixed"}
     return {
-        "full": {"pairwise_mode": "in_batch", "frozen_layers": 0, "length_buckets": 0},
-        "full+buckets": {"pairwise_mode": "in_batch", "frozen_layers": 0, "length_buckets": buckets},
-        f"frozen{k}+buckets": {"pairwise_mode": "in_batch", "frozen_layers": k, "length_buckets": buckets},
-        "per_pair": {"pairwise_mode": "per_pair", "frozen_layers": 0, "length_buckets": 0},
+        "full": {"pairwise_mode": "in_batch", "frozen_layers": 0, "length_buckets": 0, **fp32},
+        "full+buckets": {"pairwise_mode": "in_batch", "frozen_layers": 0, "length_buckets": buckets, **fp32},
+        f"frozen{k}+buckets": {"pairwise_mode": "in_batch", "frozen_layers": k, "length_buckets": buckets, **fp32},
+        f"frozen{k}+buckets+bf16": {"pairwise_mode": "in_batch", "frozen_layers": k, "length_buckets": buckets, **bf16},
+        "per_pair": {"pairwise_mode": "per_pair", "frozen_layers": 0, "length_buckets": 0, **fp32},
     }
 
 
@@ -93,14 +97,14 @@ def run_config(name: str, cfg: dict, args, data, tokenizer) -> dict:
     cache_s = 0.0
     if frozen:  # as pipeline/train.py train_one: freeze, then run the frozen part once over all prompts
         model.freeze_lower(frozen)
-        cache_s = dm.cache_hidden(model, frozen, batch_size=args.eval_batch_size)
+        cache_s = dm.cache_hidden(model, frozen, batch_size=args.eval_batch_size, precision=cfg["precision"])
     model.train()  # from_pretrained returns eval mode; Lightning keeps the mode it finds
     module = RankerModule(model, "pairwise", lr=args.lr, val_pairs=dm.val_pair_idx, frozen_layers=frozen)
     trainer = L.Trainer(
         max_steps=args.steps,
         accelerator="cpu",
         devices=1,
-        precision="32-true",
+        precision=cfg["precision"],
         gradient_clip_val=1.0,
         logger=False,
         enable_checkpointing=False,
@@ -111,7 +115,12 @@ def run_config(name: str, cfg: dict, args, data, tokenizer) -> dict:
     )
     trainer.fit(module, datamodule=dm)
     val_trainer = L.Trainer(
-        accelerator="cpu", devices=1, logger=False, enable_progress_bar=False, enable_model_summary=False
+        accelerator="cpu",
+        devices=1,
+        precision=cfg["precision"],
+        logger=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
     )
     val_trainer.validate(module, datamodule=dm, verbose=False)
 
@@ -174,7 +183,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--configs",
         default=None,
-        help="comma list of configurations to run (default all: full, full+buckets, " "frozen<k>+buckets, per_pair)",
+        help="comma list of configurations to run (default all: full, full+buckets, frozen<k>+buckets, "
+        "frozen<k>+buckets+bf16, per_pair)",
     )
     ap.add_argument("--steps", type=int, default=60, help="optimiser steps per configuration")
     ap.add_argument("--batch-size", type=int, default=32, help="prompts encoded per step, every configuration")

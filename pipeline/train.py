@@ -73,6 +73,16 @@ def make_logger(model: str, method: str, cfg: dict[str, Any], datasets: list[str
     )
 
 
+def _cpu_has_bf16() -> bool:
+    """Whether this CPU computes bfloat16 matmuls natively (oneDNN's check; False if unknown)."""
+    import torch
+
+    try:
+        return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+    except (AttributeError, RuntimeError):
+        return False
+
+
 def train_one(
     model_name: str,
     method: str,
@@ -111,6 +121,12 @@ def train_one(
     from pipeline.ranking.model import LengthRanker, load_tokenizer
 
     torch.set_num_threads(int(cfg["torch_threads"]))
+    if str(lt["precision"]).startswith("bf16") and not torch.cuda.is_available() and not _cpu_has_bf16():
+        print(
+            f"train {model_name}/{method}: warning: train.lightning.precision {lt['precision']} on a CPU "
+            f"without native bfloat16 (AVX512-BF16 / AMX) is emulated and slow; 32-true is faster here",
+            flush=True,
+        )
     L.seed_everything(int(cfg["seed"]), workers=True, verbose=False)
 
     cross = cfg["cross_models"] or {}
@@ -143,7 +159,9 @@ def train_one(
         # cache itself stays in host memory)
         on_gpu = str(lt["accelerator"]) in ("gpu", "cuda", "auto") and torch.cuda.is_available()
         device = f"cuda:{int(os.environ.get('LOCAL_RANK', 0))}" if on_gpu else "cpu"
-        cache_seconds = dm.cache_hidden(model, frozen, batch_size=int(cfg["eval_batch_size"]), device=device)
+        cache_seconds = dm.cache_hidden(
+            model, frozen, batch_size=int(cfg["eval_batch_size"]), device=device, precision=str(lt["precision"])
+        )
         print(
             f"train {model_name}/{method}: frozen embeddings + {frozen} layers run once over "
             f"{len(dm.train_table) + len(dm.val_table)} prompts in {cache_seconds:.0f} s",

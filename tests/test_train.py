@@ -351,6 +351,50 @@ def test_frozen_layers_cache_trains_the_top_and_serves_the_same(toy_root, tiny_e
     assert kendall_tau_b(scores, val["length"]) == pytest.approx(res["val_tau_b"], abs=1e-6)
 
 
+def test_bf16_mixed_trains_on_a_bf16_cache_and_exports_float32(toy_root, tiny_encoder_dir, monkeypatch):
+    """train.lightning.precision bf16-mixed on the CPU: the frozen layers' cache is computed under
+    bfloat16 autocast, the top layers train under it, and the checkpoint stays float32 and still
+    ranks val prompts with serving's full float32 forward. (On the real ChatGPT predictors the two
+    agree to 0.004; a tiny random encoder at lr 5e-3 is further off, so the bound here is loose.)"""
+    monkeypatch.setenv("WANDB_MODE", "disabled")
+    import pandas as pd
+    from safetensors.torch import load_file
+
+    from pipeline.ranking.metrics import kendall_tau_b
+    from pipeline.serving.scorer import Scorer
+
+    lightning = {"accelerator": "cpu", "devices": 1, "num_nodes": 1, "precision": "bf16-mixed", "strategy": "auto"}
+    res = run(toy_root, tiny_encoder_dir, "pairwise", "bf16", frozen_layers=1, lr=5e-3, lightning=lightning)
+    assert res["val_tau_b"] > 0.4, res
+    ckpt = toy_root / "bf16" / "models" / "toy" / "pairwise"
+    assert {w.dtype for w in load_file(str(ckpt / "model.safetensors")).values()} == {torch.float32}
+    labels = pd.read_parquet(toy_root / "data" / "pairs" / "toy" / "labels.parquet")
+    prompts = pd.read_parquet(toy_root / "data" / "prompts" / "prompts.parquet").set_index("prompt_id")
+    val = labels[labels["split"] == "val"].sort_values("prompt_id")
+    scores = Scorer.from_pretrained(ckpt).score(prompts.loc[val["prompt_id"], "prompt"].tolist())
+    assert kendall_tau_b(scores, val["length"]) > 0.4
+
+
+def test_a_bf16_cache_scores_like_float32(tiny_ranker):
+    """The cache kept in bfloat16 (under bf16-mixed) gives the float32 scores to bf16 precision,
+    inside autocast and outside it (cast back to the weights' dtype)."""
+    tiny_ranker.eval()
+    torch.manual_seed(1)
+    ids = torch.randint(1000, 2000, (4, 9))
+    mask = torch.ones_like(ids)
+    mask[1, 5:] = 0
+    with torch.no_grad():
+        full = tiny_ranker(input_ids=ids, attention_mask=mask)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            cache = tiny_ranker.hidden_after(ids, mask, 1).to(torch.bfloat16)
+            inside = tiny_ranker.score_from(cache, mask, 1).float()
+        outside = tiny_ranker.score_from(cache, mask, 1)
+    assert cache.dtype == torch.bfloat16 and outside.dtype == torch.float32
+    scale = full.abs().max().item() + 1e-3
+    assert (inside - full).abs().max().item() < 0.05 * scale
+    assert (outside - full).abs().max().item() < 0.05 * scale
+
+
 def test_cross_model_set_trains_on_the_union_without_mixing_models(tmp_path, tiny_encoder_dir, monkeypatch):
     """Two models answer the same prompts on length scales 10x apart: the cross-model predictor
     sees both models' prompts, compares prompts only within a model, and ranks both."""

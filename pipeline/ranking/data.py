@@ -349,10 +349,19 @@ class RankingDataModule(L.LightningDataModule):
             "n_val_pairs": int(len(self.val_pair_idx)),
         }
 
-    def cache_hidden(self, model, n_layers: int, batch_size: int = 64, device: str | torch.device = "cpu") -> float:
+    def cache_hidden(
+        self,
+        model,
+        n_layers: int,
+        batch_size: int = 64,
+        device: str | torch.device = "cpu",
+        precision: str = "32-true",
+    ) -> float:
         """Run the frozen lower encoder once over every train and val prompt (eval mode, no grad,
         length-sorted batches) and keep its output in host memory; returns the seconds it took.
-        `device` runs it on an accelerator (the model goes back where it was)."""
+        `device` runs it on an accelerator (the model goes back where it was). `precision` is the
+        run's Lightning precision: under bf16 the frozen layers run in bfloat16 autocast, as the
+        trained layers do, and the cache is kept in bfloat16 (half the memory)."""
         import time
 
         from tqdm.auto import tqdm
@@ -362,7 +371,9 @@ class RankingDataModule(L.LightningDataModule):
         t0, was_training = time.perf_counter(), model.training
         home = next(model.parameters()).device
         model.eval().to(device)
-        with torch.inference_mode():
+        bf16 = str(precision).startswith("bf16")
+        autocast = torch.autocast(torch.device(device).type, dtype=torch.bfloat16, enabled=bf16)
+        with torch.inference_mode(), autocast:
             for name, table in (("train", self.train_table), ("val", self.val_table)):
                 order = np.argsort([len(x) for x in table.input_ids], kind="stable")
                 hidden: list[torch.Tensor | None] = [None] * len(table)
@@ -372,6 +383,7 @@ class RankingDataModule(L.LightningDataModule):
                     rows = order[start : start + batch_size]
                     ids, mask = pad_batch([table.input_ids[r] for r in rows], self.pad_id)
                     out = model.hidden_after(ids.to(device), mask.to(device), n_layers).cpu()
+                    out = out.to(torch.bfloat16 if bf16 else torch.float32)
                     for k, r in enumerate(rows):
                         hidden[r] = out[k, : len(table.input_ids[r])].clone()
                 table.hidden = hidden

@@ -87,6 +87,8 @@ class LengthRanker(nn.Module):
     def score_from(self, hidden: torch.Tensor, attention_mask: torch.Tensor, start_layer: int) -> torch.Tensor:
         """Scores from the hidden states after layer `start_layer`: the rest of `forward`.
         score_from(hidden_after(x, m, k), m, k) == forward(x, m) (tested)."""
+        if not torch.is_autocast_enabled(hidden.device.type):
+            hidden = hidden.to(self.head.weight.dtype)  # a bf16 cache scored outside autocast
         hidden = self._run_layers(hidden, attention_mask, start_layer, self.num_layers)
         return self._head(hidden, attention_mask)
 
