@@ -22,6 +22,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "lengths": ("pipeline.lengths", "answer-length summary per (model, dataset) -> metrics + plot"),
     "pairs": ("pipeline.pairs", "delta-filtered prompt pairs -> data/pairs/<model>/"),
     "train": ("pipeline.train", "train a pairwise/pointwise/listwise predictor -> models/<model>/<method>/"),
+    "blend": (
+        "pipeline.blend",
+        "a trained predictor + TF-IDF ridge, blend chosen on val -> models/<model>/<method>+tfidf/",
+    ),
     "evaluate": ("pipeline.evaluate", "Kendall tau_b, references and transfer matrix -> metrics/, plots/"),
     "report": ("pipeline.report", "print the paper-style tau_b table (markdown)"),
     "export": ("pipeline.export", "write the chosen predictor as a serving checkpoint -> models/export/<name>/"),

@@ -61,9 +61,16 @@ def prompt_token_counts(texts: list[str], tokenizer_name: str) -> np.ndarray:
 
 
 def evaluated_predictors(params) -> list[tuple[str, str]]:
-    """(train model, method) of every predictor the evaluate section names, cross-model ones last."""
+    """(train model, method) of every predictor the evaluate section names: per-model ones, then
+    cross-model ones (pairwise only), then blended ones ("<train model>/<method>", the blend stage's)."""
     predictors = [(m, meth) for m in params["train_models"] for meth in params["methods"]]
-    return predictors + [(m, "pairwise") for m in params["cross_models"] or []]  # cross-model: pairwise only
+    predictors += [(m, "pairwise") for m in params["cross_models"] or []]
+    for entry in params.get("blends") or []:
+        model, sep, method = str(entry).partition("/")
+        if not (sep and model and method) or "/" in method:
+            raise ValueError(f"params evaluate.blends: {entry!r} is not '<train model>/<method>'")
+        predictors.append((model, method))
+    return predictors
 
 
 def score_predictors(
@@ -126,24 +133,19 @@ def tfidf_ridge_scores(
     on val (the first of the grid on ties, and when val cannot rank: under two prompts or constant
     predictions, val tau_b then NaN). The train fit at that alpha is the one kept (no refit on
     train + val: val only chooses). Test texts are only transformed: their labels never come in."""
-    from sklearn.feature_extraction.text import TfidfVectorizer
-    from sklearn.linear_model import Ridge
+    from pipeline.ranking.lexical import TfidfRidge
 
     alphas = [float(a) for a in alphas]
     if not alphas:
         raise ValueError("tfidf_ridge_scores: empty alpha grid")
-    vectorizer = TfidfVectorizer(ngram_range=(1, int(ngram_max)), min_df=int(min_df), sublinear_tf=True, lowercase=True)
-    x_train = vectorizer.fit_transform(list(train_texts))
-    y_train = np.log1p(np.asarray(train_lengths, dtype=float))
+    fits = TfidfRidge.fit_grid(train_texts, train_lengths, alphas=alphas, ngram_max=ngram_max, min_df=min_df)
     val_texts = list(val_texts)
-    x_val = vectorizer.transform(val_texts) if val_texts else None
     best_fit, best_alpha, best_tau = None, alphas[0], float("nan")
-    for alpha in alphas:
-        fit = Ridge(alpha=alpha).fit(x_train, y_train)
-        tau = M.kendall_tau_b(fit.predict(x_val), val_lengths) if x_val is not None else float("nan")
+    for alpha, fit in zip(alphas, fits):
+        tau = M.kendall_tau_b(fit.predict(val_texts), val_lengths) if val_texts else float("nan")
         if best_fit is None or (not math.isnan(tau) and (math.isnan(best_tau) or tau > best_tau)):
             best_fit, best_alpha, best_tau = fit, alpha, tau
-    return best_fit.predict(vectorizer.transform(list(test_texts))), best_alpha, best_tau
+    return best_fit.predict(list(test_texts)), best_alpha, best_tau
 
 
 def _tfidf_reference(

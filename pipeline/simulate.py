@@ -45,6 +45,8 @@ def load_requests(
 
     `score_model` names the predictors: one train model for every learned policy, or a mapping
     policy -> train model (e.g. pars from the cross-model export, pointwise from a per-model one).
+    A train model written "<train model>/<method>" takes that method's scores instead of the
+    policy's own (e.g. pars from the blended checkpoint, recorded/pairwise+tfidf).
 
     Returns (samples: prompt_id, sample, s, o), (scores: prompt_id -> one column per policy),
     and notes on what is missing."""
@@ -80,6 +82,8 @@ def load_requests(
         if train_model is None:
             notes.append(f"no score_model for policy {policy}: skipped")
             continue
+        if "/" in str(train_model):  # "<train model>/<method>": another method's scores (e.g. a blend)
+            train_model, method = str(train_model).split("/", 1)
         mine = sc[(sc.train_model == train_model) & (sc.method == method)]
         col = mine.drop_duplicates("prompt_id").set_index("prompt_id")["score"]
         missing = scores.index.difference(col.index)

@@ -498,6 +498,7 @@ def project(tmp_path, tiny_bert_config, tokenizer, monkeypatch):
         methods=["pairwise", "pointwise"],
         eval_models=["m4", "m1"],
         cross_models=[],
+        blends=[],
         delta=0.2,
         bootstrap={"n": 60, "seed": 42, "level": 0.95},
         batch_size=8,

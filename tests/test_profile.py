@@ -40,6 +40,9 @@ def test_production_profile_switches_every_stage(tmp_path):
         ("evaluate", "eval_models"),
     ):
         assert set(merged[section][key]) <= set(models), (section, key)
+    # every cross-model set the blend and evaluate stages name is trained
+    assert set(merged["blend"]["predictors"]) <= set(merged["train"]["cross_models"]) | set(models)
+    assert {b.split("/")[0] for b in merged["evaluate"]["blends"]} <= set(merged["blend"]["predictors"])
     # knobs the profile does not touch keep their default
     assert merged["train"]["methods"] == default["train"]["methods"]
     assert merged["pairs"]["delta"] == default["pairs"]["delta"] == 0.2

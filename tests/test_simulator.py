@@ -350,3 +350,22 @@ def test_engine_fit_short(tmp_path, smollm2_dir):
     assert fit["M_tokens"] == 16 * fit["block_size"]
     assert fit["step_time"]["c0_s"] > 0 and fit["mu_theory"] > 0 and fit["mu_measured"] > 0
     assert len(fit["steps_tokens"]) == fit["steps"] == len(fit["steps_time_s"])
+
+
+def test_score_model_can_name_another_method_of_a_train_model(tmp_path):
+    """`pars: m/pairwise+tfidf` takes the blended checkpoint's scores for the pars policy."""
+    import pandas as pd
+
+    from pipeline.contracts import SCORES, read_table, scores_path, write_table
+    from pipeline.simulate import load_requests
+
+    _synthetic_project(tmp_path, True, np.random.default_rng(5))
+    sc = read_table(scores_path(tmp_path / "data"), SCORES)
+    blend = sc[sc["method"] == "pairwise"].assign(method="pairwise+tfidf", score=lambda f: -f["score"])
+    write_table(pd.concat([sc, blend], ignore_index=True), scores_path(tmp_path / "data"), SCORES)
+    _, plain, _ = load_requests("m", {"pars": "m"}, tmp_path / "data")
+    _, blended, notes = load_requests("m", {"pars": "m/pairwise+tfidf", "pointwise": "m"}, tmp_path / "data")
+    np.testing.assert_allclose(blended["pars"].to_numpy(), -plain["pars"].to_numpy())
+    assert "pointwise" in blended and notes == ["no score_model for policy listwise: skipped"]
+    _, _, notes = load_requests("m", {"pars": "m/nothing"}, tmp_path / "data")
+    assert any("no nothing scores" in n for n in notes)

@@ -365,7 +365,7 @@ def test_bf16_mixed_trains_on_a_bf16_cache_and_exports_float32(toy_root, tiny_en
 
     lightning = {"accelerator": "cpu", "devices": 1, "num_nodes": 1, "precision": "bf16-mixed", "strategy": "auto"}
     res = run(toy_root, tiny_encoder_dir, "pairwise", "bf16", frozen_layers=1, lr=5e-3, lightning=lightning)
-    assert res["val_tau_b"] > 0.4, res
+    assert res["val_tau_b"] > 0.4 and res["precision"] == "bf16-mixed", res
     ckpt = toy_root / "bf16" / "models" / "toy" / "pairwise"
     assert {w.dtype for w in load_file(str(ckpt / "model.safetensors")).values()} == {torch.float32}
     labels = pd.read_parquet(toy_root / "data" / "pairs" / "toy" / "labels.parquet")
@@ -373,6 +373,20 @@ def test_bf16_mixed_trains_on_a_bf16_cache_and_exports_float32(toy_root, tiny_en
     val = labels[labels["split"] == "val"].sort_values("prompt_id")
     scores = Scorer.from_pretrained(ckpt).score(prompts.loc[val["prompt_id"], "prompt"].tolist())
     assert kendall_tau_b(scores, val["length"]) > 0.4
+
+
+def test_auto_precision_takes_bf16_only_where_it_is_native(monkeypatch):
+    """`precision: auto` is bf16-mixed on a CPU with native bfloat16 and 32-true on one without
+    (where bf16 is emulated and many times slower); a Lightning precision is used as given."""
+    import pipeline.train as train_mod
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    for native, expected in ((True, "bf16-mixed"), (False, "32-true")):
+        monkeypatch.setattr(train_mod, "_cpu_has_bf16", lambda native=native: native)
+        assert train_mod.resolve_precision("auto", "cpu") == expected
+        assert train_mod.resolve_precision("auto", "auto") == expected
+        assert train_mod.resolve_precision("bf16-mixed", "cpu") == "bf16-mixed"
+        assert train_mod.resolve_precision("32-true", "cpu") == "32-true"
 
 
 def test_a_bf16_cache_scores_like_float32(tiny_ranker):

@@ -14,7 +14,12 @@ import math
 import pandas as pd
 
 OVERALL = "overall"
-METHOD_NAMES = {"pairwise": "pairwise (PARS)", "pointwise": "pointwise", "listwise": "listwise"}
+METHOD_NAMES = {
+    "pairwise": "pairwise (PARS)",
+    "pointwise": "pointwise",
+    "listwise": "listwise",
+    "pairwise+tfidf": "pairwise + TF-IDF blend",
+}
 
 
 def ranking_rows(ranking: dict) -> pd.DataFrame:

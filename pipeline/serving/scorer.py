@@ -58,6 +58,34 @@ def verify_files(path: Path, meta: dict) -> None:
             )
 
 
+# pars.json key (written by the blend stage): the lexical model blended with the encoder's score
+LEXICAL = "lexical"
+
+
+def load_lexical(path: Path, meta: dict):
+    """(TfidfRidge, encoder_weight, lexical_weight) of a blended checkpoint, its files' hashes checked."""
+    from pipeline.ranking.lexical import TfidfRidge
+
+    spec = meta[LEXICAL]
+    if not isinstance(spec, dict):
+        raise CheckpointError(f"checkpoint {path}: {META} {LEXICAL} is not an object")
+    weights = (spec.get("encoder_weight"), spec.get("lexical_weight"))
+    if not all(isinstance(w, (int, float)) and not isinstance(w, bool) and np.isfinite(w) for w in weights):
+        raise CheckpointError(f"checkpoint {path}: {META} {LEXICAL} needs finite encoder_weight and lexical_weight")
+    ngram_max = spec.get("ngram_max")
+    if isinstance(ngram_max, bool) or not isinstance(ngram_max, int) or ngram_max < 1:
+        raise CheckpointError(f"checkpoint {path}: {META} {LEXICAL} ngram_max {ngram_max!r} is not a positive int")
+    listed = spec.get("files_sha256")
+    if not isinstance(listed, dict) or not listed:
+        raise CheckpointError(f"checkpoint {path}: {META} {LEXICAL} lists no files_sha256")
+    verify_files(path, {FILES_SHA256: listed})
+    try:
+        model = TfidfRidge.load(path, ngram_max=ngram_max)
+    except ValueError as exc:
+        raise CheckpointError(f"checkpoint {path}: {exc}") from exc
+    return model, float(weights[0]), float(weights[1])
+
+
 # "int8": the encoder's Linear layers with int8 weights (per output channel) and activations
 # quantized on the fly, on the CPU; the head stays float. About 3x less scoring CPU, and a
 # somewhat different ranking (val tau_b, both speeds: benchmarks/scorer_int8.py ->
@@ -97,7 +125,16 @@ def quantize_encoder_int8(model):
 class Scorer:
     """Loads a checkpoint written by `save_checkpoint`; `score(texts)` -> higher = longer answer."""
 
-    def __init__(self, model, tokenizer, meta: dict, device: str = "cpu", batch_size: int = 32, quantize: str = "none"):
+    def __init__(
+        self,
+        model,
+        tokenizer,
+        meta: dict,
+        device: str = "cpu",
+        batch_size: int = 32,
+        quantize: str = "none",
+        lexical=None,
+    ):
         check_quantize(quantize, device)
         if quantize == "int8":
             model = quantize_encoder_int8(model)
@@ -110,6 +147,9 @@ class Scorer:
         self.max_length = int(meta["max_length"])
         self.head_fraction = float(meta.get("head_fraction", 1.0))
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+        # a blended checkpoint (the blend stage): encoder_weight * encoder score + lexical_weight *
+        # TF-IDF ridge prediction; None: the encoder's score alone
+        self.lexical = lexical
 
     @classmethod
     def from_pretrained(
@@ -153,7 +193,8 @@ class Scorer:
                 f"checkpoint {path}: max_length {meta['max_length']} exceeds the encoder's "
                 f"max_position_embeddings {positions} (config.json)"
             )
-        return cls(model, tokenizer, meta, device=device, batch_size=batch_size, quantize=quantize)
+        lexical = load_lexical(path, meta) if LEXICAL in meta else None
+        return cls(model, tokenizer, meta, device=device, batch_size=batch_size, quantize=quantize, lexical=lexical)
 
     def score(self, texts: Sequence[str], batch_size: int | None = None, progress: bool = False) -> np.ndarray:
         """Scores in input order, computed under inference mode.
@@ -180,7 +221,16 @@ class Scorer:
         ):
             with torch.inference_mode():
                 scores = self.model(input_ids=input_ids.to(self.device), attention_mask=attention_mask.to(self.device))
-            yield rows, scores.float().cpu().numpy()
+            yield rows, self.combine(scores.float().cpu().numpy(), [texts[r] for r in rows])
+
+    def combine(self, encoder_scores: np.ndarray, texts: Sequence[str]) -> np.ndarray:
+        """The checkpoint's score from its encoder's scores of `texts`: the encoder's alone, or
+        blended with the lexical model's prediction (a blended checkpoint)."""
+        if self.lexical is None:
+            return encoder_scores
+        model, encoder_weight, lexical_weight = self.lexical
+        blended = encoder_weight * encoder_scores.astype(np.float64) + lexical_weight * model.predict(texts)
+        return blended.astype(np.float32)
 
     def encode(self, texts: Sequence[str]) -> list[list[int]]:
         """Token ids as the model sees them: cut to max_length, head + tail, as in training."""
@@ -272,7 +322,8 @@ def score_together(
             with torch.inference_mode():
                 hidden = lead.model.hidden_after(input_ids, attention_mask, n_shared)
                 for m in members:
-                    outs[m][rows] = scorers[m].model.score_from(hidden, attention_mask, n_shared).float().cpu().numpy()
+                    encoder_scores = scorers[m].model.score_from(hidden, attention_mask, n_shared).float().cpu().numpy()
+                    outs[m][rows] = scorers[m].combine(encoder_scores, [texts[r] for r in rows])
     return outs
 
 

@@ -1,0 +1,106 @@
+"""TF-IDF + ridge: a bag-of-words regression of log answer length.
+
+The cheap lexical model a fine-tuned ranker is compared against (evaluate's `tfidf_ridge`
+reference), and the lexical half of a blended serving checkpoint (the `blend` stage). Saved as
+plain files, no pickle: the vocabulary in index order (JSON) and the idf, ridge coefficients and
+intercept (safetensors); loading rebuilds the same scikit-learn vectorizer from them.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+
+VOCAB_FILE = "lexical_vocab.json"
+WEIGHTS_FILE = "lexical.safetensors"
+
+
+class TfidfRidge:
+    """Lowercased word 1..ngram_max-grams (sublinear tf, l2-normalised, terms in >= min_df texts)
+    + ridge on log1p(answer length). `predict(texts)` -> higher = longer answer."""
+
+    def __init__(self, vectorizer, coef: np.ndarray, intercept: float):
+        self.vectorizer = vectorizer
+        self.coef = np.asarray(coef, dtype=np.float64)
+        self.intercept = float(intercept)
+
+    @staticmethod
+    def vectorize(texts: Sequence[str], *, ngram_max: int, min_df: int):
+        """(fitted vectorizer, its train matrix): fitted once, shared by every alpha of a grid."""
+        from sklearn.feature_extraction.text import TfidfVectorizer
+
+        vectorizer = TfidfVectorizer(
+            ngram_range=(1, int(ngram_max)), min_df=int(min_df), sublinear_tf=True, lowercase=True
+        )
+        return vectorizer, vectorizer.fit_transform(list(texts))
+
+    @classmethod
+    def fit_grid(
+        cls, texts: Sequence[str], lengths: Sequence[float], *, alphas, ngram_max: int, min_df: int
+    ) -> list["TfidfRidge"]:
+        """One fit per alpha of the grid on the same vocabulary (the vocabulary and idf see only `texts`)."""
+        from sklearn.linear_model import Ridge
+
+        vectorizer, x = cls.vectorize(texts, ngram_max=ngram_max, min_df=min_df)
+        y = np.log1p(np.asarray(lengths, dtype=float))
+        fits = []
+        for alpha in alphas:
+            ridge = Ridge(alpha=float(alpha)).fit(x, y)
+            fits.append(cls(vectorizer, ridge.coef_, ridge.intercept_))
+        return fits
+
+    def predict(self, texts: Sequence[str]) -> np.ndarray:
+        texts = list(texts)
+        if not texts:
+            return np.empty(0, dtype=np.float64)
+        return np.asarray(self.vectorizer.transform(texts) @ self.coef + self.intercept, dtype=np.float64)
+
+    def save(self, out_dir: str | Path) -> dict:
+        """Write the two files into `out_dir`; returns the settings that `load` needs."""
+        from safetensors.numpy import save_file
+
+        out = Path(out_dir)
+        vocab = self.vectorizer.vocabulary_
+        terms = [None] * len(vocab)
+        for term, index in vocab.items():
+            terms[index] = term
+        (out / VOCAB_FILE).write_text(json.dumps(terms, ensure_ascii=False) + "\n", encoding="utf-8")
+        save_file(
+            {
+                "idf": np.ascontiguousarray(self.vectorizer.idf_, dtype=np.float64),
+                "coef": np.ascontiguousarray(self.coef, dtype=np.float64),
+                "intercept": np.array([self.intercept], dtype=np.float64),
+            },
+            str(out / WEIGHTS_FILE),
+        )
+        return {"ngram_max": int(self.vectorizer.ngram_range[1]), "terms": len(terms)}
+
+    @classmethod
+    def load(cls, path: str | Path, *, ngram_max: int) -> "TfidfRidge":
+        """The model `save` wrote; ValueError naming the file when it is damaged or inconsistent."""
+        from safetensors.numpy import load_file
+        from sklearn.feature_extraction.text import TfidfVectorizer
+
+        path = Path(path)
+        try:
+            terms = json.loads((path / VOCAB_FILE).read_text(encoding="utf-8"))
+            arrays = load_file(str(path / WEIGHTS_FILE))
+        except (OSError, ValueError) as exc:
+            raise ValueError(f"{path}: lexical model files could not be read ({exc})") from exc
+        if not isinstance(terms, list) or not all(isinstance(t, str) for t in terms) or len(set(terms)) != len(terms):
+            raise ValueError(f"{path / VOCAB_FILE}: not a list of distinct terms")
+        if sorted(arrays) != ["coef", "idf", "intercept"]:
+            raise ValueError(f"{path / WEIGHTS_FILE}: expected tensors coef, idf, intercept, got {sorted(arrays)}")
+        if not len(arrays["idf"]) == len(arrays["coef"]) == len(terms) or len(arrays["intercept"]) != 1:
+            raise ValueError(f"{path / WEIGHTS_FILE}: idf/coef sizes do not match the {len(terms)} terms")
+        vectorizer = TfidfVectorizer(
+            ngram_range=(1, int(ngram_max)),
+            sublinear_tf=True,
+            lowercase=True,
+            vocabulary={t: i for i, t in enumerate(terms)},
+        )
+        vectorizer.idf_ = arrays["idf"]
+        return cls(vectorizer, arrays["coef"], float(arrays["intercept"][0]))

@@ -1,0 +1,144 @@
+"""blend: a trained encoder + TF-IDF ridge as one checkpoint, the weight chosen on val; the lexical
+model's files; the Scorer applying the blend (alone and beside other scorers)."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from helpers import params_section, write_dataset, write_params
+
+from pipeline.pairs import main as pairs_main
+from pipeline.ranking.checkpoint import META, CheckpointError
+from pipeline.ranking.lexical import VOCAB_FILE, WEIGHTS_FILE, TfidfRidge
+
+TEXTS = ["write a long essay about rome", "say hi", "explain rome in detail", "hi there", "a long essay please"]
+LENGTHS = [900, 5, 400, 8, 700]
+
+
+def test_tfidf_ridge_saves_without_pickle_and_loads_the_same(tmp_path):
+    fit = TfidfRidge.fit_grid(TEXTS * 3, LENGTHS * 3, alphas=[1.0], ngram_max=2, min_df=2)[0]
+    settings = fit.save(tmp_path)
+    assert settings == {"ngram_max": 2, "terms": len(fit.vectorizer.vocabulary_)}
+    loaded = TfidfRidge.load(tmp_path, ngram_max=2)
+    probe = TEXTS + ["an essay on something new", ""]
+    np.testing.assert_allclose(loaded.predict(probe), fit.predict(probe), rtol=0, atol=1e-12)
+    assert fit.predict(["a long essay"])[0] > fit.predict(["hi"])[0]  # it learned the words
+    assert loaded.predict([]).shape == (0,)
+
+    (tmp_path / VOCAB_FILE).write_text(json.dumps(["a", "a"]))
+    with pytest.raises(ValueError, match=VOCAB_FILE):
+        TfidfRidge.load(tmp_path, ngram_max=2)
+    (tmp_path / VOCAB_FILE).write_text("[")
+    with pytest.raises(ValueError, match="could not be read"):
+        TfidfRidge.load(tmp_path, ngram_max=2)
+
+
+def test_tfidf_ridge_grid_shares_one_vocabulary_and_alpha_shrinks():
+    small, large = TfidfRidge.fit_grid(TEXTS * 3, LENGTHS * 3, alphas=[0.1, 100.0], ngram_max=1, min_df=1)
+    assert small.vectorizer is large.vectorizer
+    assert np.abs(large.coef).sum() < np.abs(small.coef).sum()
+
+
+@pytest.fixture
+def toy_models(tmp_path, tiny_ranker, tokenizer):
+    """Toy data (wording tells the length) with its pairs, and a random-encoder checkpoint
+    models/toy/pairwise trained (nominally) on model toy: the lexical half ranks, the encoder barely."""
+    from pipeline.ranking.checkpoint import save_checkpoint
+
+    write_dataset(tmp_path / "data", n_train=40, n_val=16)
+    params = write_params(tmp_path / "params.yaml")
+    argv = ["--model", "toy", "--params", str(params), "--data", str(tmp_path / "data")]
+    assert pairs_main(argv + ["--metrics", str(tmp_path / "metrics/pairs")]) == 0
+    save_checkpoint(
+        tiny_ranker,
+        tokenizer,
+        tmp_path / "models/toy/pairwise",
+        method="pairwise",
+        max_length=32,
+        encoder="tiny-random-bert",
+        trained_on={"model": "toy", "members": ["toy"]},
+    )
+    return tmp_path
+
+
+def _blend(root, **over):
+    from pipeline.blend import run
+
+    params = params_section("blend", **{"predictors": {"toy": "pairwise"}, **over})
+    params["tfidf"] = {**params["tfidf"], "min_df": 1}
+    return run(
+        "toy",
+        params,
+        data_root=root / "data",
+        models_root=root / "models",
+        metrics_dir=root / "metrics/blend",
+        plots_dir=root / "plots/blend",
+    )
+
+
+def test_blend_chooses_on_val_and_serves_what_it_chose(toy_models):
+    import pandas as pd
+
+    from pipeline.ranking.metrics import kendall_tau_b
+    from pipeline.serving.scorer import Scorer, score_together
+
+    facts = _blend(toy_models)
+    dst = toy_models / "models/toy/pairwise+tfidf"
+    meta = json.loads((dst / META).read_text())
+    assert meta["method"] == "pairwise+tfidf" and meta["lexical"]["w"] == facts["w"]
+    # the lexical model ranks the toy prompts, the random encoder does not: the blend leans lexical
+    assert facts["lexical_val_tau_b"] > 0.6 > facts["encoder_val_tau_b"]
+    assert facts["w"] < 0.5 and facts["val_tau_b"] >= facts["lexical_val_tau_b"]
+    assert [r["encoder_weight"] for r in facts["encoder_weight_grid"]] == params_section("blend")["encoder_weights"]
+    assert (toy_models / "metrics/blend/toy.json").is_file() and (toy_models / "plots/blend/toy.png").is_file()
+
+    prompts = pd.read_parquet(toy_models / "data/prompts/prompts.parquet")
+    test = prompts[prompts["split"] == "test"]["prompt"].tolist()
+    source, blended = Scorer.from_pretrained(toy_models / "models/toy/pairwise"), Scorer.from_pretrained(dst)
+    lexical = TfidfRidge.load(dst, ngram_max=meta["lexical"]["ngram_max"])
+    expected = meta["lexical"]["encoder_weight"] * source.score(test) + meta["lexical"][
+        "lexical_weight"
+    ] * lexical.predict(test)
+    np.testing.assert_allclose(blended.score(test), expected, rtol=1e-4, atol=1e-5)
+    # beside its source, the blend shares the encoder's layers and still adds its lexical part
+    together = score_together([source, blended], test)
+    np.testing.assert_allclose(together[0], source.score(test), rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(together[1], blended.score(test), rtol=1e-4, atol=1e-5)
+    lengths = np.array([300.0 if "essay" in t else 40.0 for t in test])
+    assert kendall_tau_b(blended.score(test), lengths) > 0.6
+
+    # a predictor params do not name is refused; a tampered lexical file stops loading
+    with pytest.raises(KeyError, match="predictors"):
+        _blend(toy_models, predictors={"other": "pairwise"})
+    (dst / WEIGHTS_FILE).write_bytes((dst / WEIGHTS_FILE).read_bytes()[:-8] + b"\0" * 8)
+    with pytest.raises(CheckpointError, match=WEIGHTS_FILE):
+        Scorer.from_pretrained(dst)
+
+
+def test_blend_settings_and_lexical_meta_are_checked(toy_models):
+    from pipeline.serving.scorer import Scorer
+
+    with pytest.raises(ValueError, match="encoder_weights"):
+        _blend(toy_models, encoder_weights=[0.5, 1.5])
+    _blend(toy_models)
+    dst = toy_models / "models/toy/pairwise+tfidf"
+    meta = json.loads((dst / META).read_text())
+    for bad, match in (
+        ({**meta["lexical"], "encoder_weight": float("nan")}, "finite"),
+        ({**meta["lexical"], "ngram_max": 0}, "ngram_max"),
+        ("tfidf", "not an object"),
+    ):
+        (dst / META).write_text(json.dumps({**meta, "lexical": bad}))
+        with pytest.raises(CheckpointError, match=match):
+            Scorer.from_pretrained(dst)
+
+
+def test_evaluate_names_blended_predictors_as_model_and_method():
+    from pipeline.evaluate import evaluated_predictors
+
+    params = {"train_models": ["a"], "methods": ["pairwise"], "cross_models": ["r"], "blends": ["r/pairwise+tfidf"]}
+    assert evaluated_predictors(params) == [("a", "pairwise"), ("r", "pairwise"), ("r", "pairwise+tfidf")]
+    with pytest.raises(ValueError, match="blends"):
+        evaluated_predictors({**params, "blends": ["r"]})
