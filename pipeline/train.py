@@ -92,8 +92,9 @@ def _runs_on_gpu(accelerator: str) -> bool:
 def resolve_precision(precision: str, accelerator: str) -> str:
     """Lightning's precision for `train.lightning.precision`. `auto`: bf16-mixed where bfloat16 is
     native (a GPU that supports it, a CPU with AVX512-BF16 / AMX), else 32-true. On a CPU without
-    it bf16 is emulated: 24x slower per step than 32-true on an AVX2-only EPYC (measured), while a
-    native one trains 2x faster than 32-true at the same val tau_b (metrics/choices/bf16.json)."""
+    it bf16 is emulated: ~20x slower per step than 32-true on an AVX2-only EPYC
+    (benchmarks/precision_probe.py), while a native one trains 2x faster than 32-true at the same
+    val tau_b (metrics/choices/bf16.json)."""
     import torch
 
     if str(precision) != "auto":
