@@ -283,36 +283,10 @@ def substitute() -> None:
 
 
 def _torchvision_usable() -> bool:
-    """vLLM's llava and Qwen2.5-VL processors import torchvision. PyPI's torchvision (put on PYTHONPATH by
-    the driver, from scripts/fetch_vllm_tests.py) is a CUDA build: its C++ ops (_C.so) do not load beside
-    the CPU torch, and torchvision 0.28 then fails at import, registering fake kernels for two of those ops
-    (nms, qnms) without checking they exist. The processors need only its image transforms, which are
-    plain torch: declare the two ops' schemas (no kernel, so calling one raises) and import again."""
-    try:
-        import torchvision.transforms.v2  # noqa: F401
+    """vLLM's llava and Qwen2.5-VL processors import torchvision (see torchvision_fix)."""
+    from torchvision_fix import import_torchvision
 
-        return True
-    except ImportError:
-        return False
-    except RuntimeError as exc:
-        if "torchvision::" not in str(exc):
-            return False
-    import torch
-
-    for name in [m for m in sys.modules if m == "torchvision" or m.startswith("torchvision.")]:
-        del sys.modules[name]  # the half-done first import
-    global _torchvision_ops
-    _torchvision_ops = torch.library.Library("torchvision", "DEF")
-    for op in ("nms", "qnms"):
-        _torchvision_ops.define(f"{op}(Tensor dets, Tensor scores, float iou_threshold) -> Tensor")
-    try:
-        import torchvision.transforms.v2  # noqa: F401, F811
-    except Exception:
-        return False
-    return True
-
-
-_torchvision_ops = None  # the torch.library.Library declaring the ops above (kept alive while it is used)
+    return import_torchvision()
 
 
 # -- pytest hooks ------------------------------------------------------------------------------------
