@@ -141,7 +141,10 @@ def write_plot(facts: dict, name: str, out: Path) -> None:
     ax.axvline(facts["w"], color="gray", ls="--", lw=1)
     ax.set_xlabel("w: weight of the encoder (0 = TF-IDF + ridge alone, 1 = encoder alone)")
     ax.set_ylabel("val Kendall tau_b")
-    ax.set_title(f"blend of {name}: encoder + TF-IDF ridge (alpha {facts['alpha']:g}), chosen w = {facts['w']:g}")
+    ax.set_title(
+        f"blend of {name}: encoder + TF-IDF ridge (alpha {facts['alpha']:g})\nchosen on val: w = {facts['w']:g}",
+        fontsize=10,
+    )
     ax.legend(fontsize=8)
     fig.tight_layout()
     out.parent.mkdir(parents=True, exist_ok=True)
