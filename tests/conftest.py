@@ -37,24 +37,32 @@ def tiny_bert_config(tokenizer):
     )
 
 
-@pytest.fixture
-def tiny_ranker(tiny_bert_config):
+def make_tiny_ranker(config):
     import torch
 
     from pipeline.ranking.model import LengthRanker
 
     torch.manual_seed(0)
-    return LengthRanker.from_config(tiny_bert_config)
+    return LengthRanker.from_config(config)
 
 
-@pytest.fixture
-def tiny_checkpoint(tmp_path, tiny_ranker, tokenizer):
+def save_tiny_checkpoint(path, config, tokenizer):
     """A random checkpoint in the export format (pars.json + weights + config + tokenizer)."""
     from pipeline.ranking.checkpoint import save_checkpoint
 
     return save_checkpoint(
-        tiny_ranker, tokenizer, tmp_path / "ckpt", method="pairwise", max_length=64, encoder="tiny-random-bert"
+        make_tiny_ranker(config), tokenizer, path, method="pairwise", max_length=64, encoder="tiny-random-bert"
     )
+
+
+@pytest.fixture
+def tiny_ranker(tiny_bert_config):
+    return make_tiny_ranker(tiny_bert_config)
+
+
+@pytest.fixture
+def tiny_checkpoint(tmp_path, tiny_bert_config, tokenizer):
+    return save_tiny_checkpoint(tmp_path / "ckpt", tiny_bert_config, tokenizer)
 
 
 @pytest.fixture(scope="session")

@@ -33,20 +33,9 @@ def model_config(tmp_path_factory, tokenizer):
 @pytest.fixture(scope="module")
 def checkpoint(tmp_path_factory, tokenizer, tiny_bert_config):
     """A random checkpoint in the export format, shared by the module (tiny_checkpoint is per test)."""
-    import torch
+    from conftest import save_tiny_checkpoint
 
-    from pipeline.ranking.checkpoint import save_checkpoint
-    from pipeline.ranking.model import LengthRanker
-
-    torch.manual_seed(0)
-    return save_checkpoint(
-        LengthRanker.from_config(tiny_bert_config),
-        tokenizer,
-        tmp_path_factory.mktemp("ckpt") / "ckpt",
-        method="pairwise",
-        max_length=64,
-        encoder="tiny-random-bert",
-    )
+    return save_tiny_checkpoint(tmp_path_factory.mktemp("ckpt") / "ckpt", tiny_bert_config, tokenizer)
 
 
 @pytest.fixture(scope="module")
