@@ -80,25 +80,27 @@ def _skip_unless_ready() -> None:
 
 
 # Each mode runs as one or more chunks, a subprocess each, and the chunks of the selected modes share one
-# worker per core (at most 2), longest first. Alone, the modes take about 10, 10 and 40 minutes on a slow
+# worker per core (at most 2), longest first. Alone, the modes take about 10, 10 and 37 minutes on a slow
 # 2-core CPU: in checkpoint mode vLLM's randomized priority stress test dominates (the PARS scheduler
-# decodes and tokenizes every random prompt of up to 5000 tokens), so that test runs as two chunks, one
-# per load profile.
+# decodes and tokenizes every random prompt, of up to 5000 tokens in its standard profile), so that test
+# runs as three chunks (-k filters on its parameter ids) of at most about 15 minutes each.
 BLAST = "tests/v1/core/test_priority_scheduler_random.py"
 CHUNKS = {  # mode -> {chunk name: pytest arguments}
     "stock": {"all": FILES},
     "checkpoint": {
-        "blast-standard": [BLAST, "-k", "standard"],
-        "blast-preemption": [BLAST, "-k", "not standard"],
+        "blast-standard-caching": [BLAST, "-k", "standard and True"],
+        "blast-standard-no-caching": [BLAST, "-k", "standard and False"],
+        "blast-preemption": [BLAST, "-k", "preemption"],
         "rest": [f for f in FILES if f != BLAST],
     },
     "arrival": {"all": FILES},
 }
 LONGEST_FIRST = [
-    ("checkpoint", "blast-standard"),
-    ("checkpoint", "blast-preemption"),
+    ("checkpoint", "blast-standard-caching"),
+    ("checkpoint", "blast-standard-no-caching"),
     ("stock", "all"),
     ("arrival", "all"),
+    ("checkpoint", "blast-preemption"),
     ("checkpoint", "rest"),
 ]
 
@@ -189,6 +191,8 @@ def test_vllm_scheduler_suite(mode, suite_runs):
                 f"vLLM's tests did not run in mode {mode}, chunk {chunk} (exit {returncode}); last output:\n"
                 + log.read_text()[-4000:]
             )
+        twice = sorted(set(outcomes) & set(report["outcomes"]))
+        assert not twice, f"mode {mode}: chunk {chunk} ran tests another chunk ran: {twice}"
         outcomes.update(report["outcomes"])
         pars_schedulers += report["pars_schedulers"]
         unavailable.update(report["unavailable_models"])
@@ -231,14 +235,28 @@ def test_compare_reports_unexpected_failures_and_passes():
     assert compare(outcomes, expected) == (["d"], ["c"], ["gone"])
 
 
-def test_every_mode_runs_every_file_once():
-    """Each mode's chunks cover its four files: a file runs in one chunk, whole, or in two chunks with
-    complementary -k filters; the schedule lists every chunk exactly once."""
+def test_every_mode_runs_every_test_once():
+    """Each mode's chunks run its four files, each whole in one chunk, or (the stress test) split by -k
+    filters that select each of its 12 parametrizations (vLLM 0.32.0's ids) exactly once; the schedule
+    lists every chunk once."""
+    from itertools import product
+
+    from _pytest.mark.expression import Expression
+
     assert sorted(LONGEST_FIRST) == sorted((mode, chunk) for mode in MODES for chunk in CHUNKS[mode])
+    blast_ids = [
+        f"test_priority_scheduling_blast[{profile}-{spec}-{caching}]"
+        for profile, spec, caching in product(("standard", "preemption"), ("None", "1", "5"), ("True", "False"))
+    ]
     for mode in MODES:
         runs = list(CHUNKS[mode].values())
-        assert sorted({a for args in runs for a in args if a.startswith("tests/")}) == sorted(FILES), mode
         for file in FILES:
-            filters = [args[args.index("-k") + 1] if "-k" in args else None for args in runs if file in args]
-            split = len(filters) == 2 and None not in filters and any(f"not {k}" in filters for k in filters)
-            assert filters == [None] or split, (mode, file, filters)
+            mine = [args for args in runs if file in args]
+            if all("-k" not in args for args in mine):
+                assert len(mine) == 1, (mode, file)
+                continue
+            assert file == BLAST and all("-k" in args for args in mine), (mode, file)
+            filters = [Expression.compile(args[args.index("-k") + 1]) for args in mine]
+            for test_id in blast_ids:  # pytest's -k: case-insensitive substring match
+                hits = sum(f.evaluate(lambda k, name=test_id: k.lower() in name.lower()) for f in filters)
+                assert hits == 1, (mode, test_id, hits)
