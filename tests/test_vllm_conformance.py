@@ -1,8 +1,9 @@
 """Conformance: vLLM 0.32.0's own scheduler tests, unmodified, run against the PARS scheduler.
 
 scripts/fetch_vllm_tests.py (run by scripts/setup.sh) extracts tests/v1/core/ from the pinned vLLM source
-archive into .cache/vllm-tests/0.32.0/. Each mode runs those test files in a subprocess with the plugin
-tests/vllm_conformance/pars_conformance_plugin.py (model shims, the PARS substitution, a JSON report):
+archive into .cache/vllm-tests/0.32.0/. Each mode runs those test files in subprocesses (see CHUNKS)
+with the plugin tests/vllm_conformance/pars_conformance_plugin.py (model shims, the PARS substitution,
+a JSON report):
 
     stock       vLLM's own Scheduler / AsyncScheduler: checks the shims (everything should pass)
     checkpoint  PARSScheduler / PARSAsyncScheduler scoring with a tiny random checkpoint
@@ -80,10 +81,10 @@ def _skip_unless_ready() -> None:
 
 
 # Each mode runs as one or more chunks, a subprocess each, and the chunks of the selected modes share one
-# worker per core (at most 2), longest first. Alone, the modes take about 10, 10 and 37 minutes on a slow
-# 2-core CPU: in checkpoint mode vLLM's randomized priority stress test dominates (the PARS scheduler
-# decodes and tokenizes every random prompt, of up to 5000 tokens in its standard profile), so that test
-# runs as three chunks (-k filters on its parameter ids) of at most about 15 minutes each.
+# worker per core (at most 2), longest first. Alone, stock, arrival and checkpoint take about 10, 10 and 37
+# minutes on a slow 2-core CPU: in checkpoint mode vLLM's randomized priority stress test dominates (the
+# PARS scheduler decodes and tokenizes every random prompt, of up to 5000 tokens in its standard profile),
+# so that test runs as three chunks (-k filters on its parameter ids) of at most about 20 minutes each.
 BLAST = "tests/v1/core/test_priority_scheduler_random.py"
 CHUNKS = {  # mode -> {chunk name: pytest arguments}
     "stock": {"all": FILES},
