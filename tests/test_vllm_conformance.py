@@ -86,23 +86,13 @@ def _skip_unless_ready() -> None:
 # PARS scheduler decodes and tokenizes every random prompt, of up to 5000 tokens in its standard profile),
 # so that test runs as three chunks (-k filters on its parameter ids) of at most about 20 minutes each.
 BLAST = "tests/v1/core/test_priority_scheduler_random.py"
-CHUNKS = {  # mode -> {chunk name: pytest arguments}
-    "stock": {"all": FILES},
-    "checkpoint": {
-        "blast-standard-caching": [BLAST, "-k", "standard and True"],
-        "blast-standard-no-caching": [BLAST, "-k", "standard and False"],
-        "blast-preemption": [BLAST, "-k", "preemption"],
-        "rest": [f for f in FILES if f != BLAST],
-    },
-    "arrival": {"all": FILES},
-}
-LONGEST_FIRST = [
-    ("checkpoint", "blast-standard-caching"),
-    ("checkpoint", "blast-standard-no-caching"),
-    ("stock", "all"),
-    ("arrival", "all"),
-    ("checkpoint", "blast-preemption"),
-    ("checkpoint", "rest"),
+CHUNKS = [  # (mode, chunk name, pytest arguments), longest first
+    ("checkpoint", "blast-standard-caching", [BLAST, "-k", "standard and True"]),
+    ("checkpoint", "blast-standard-no-caching", [BLAST, "-k", "standard and False"]),
+    ("stock", "all", FILES),
+    ("arrival", "all", FILES),
+    ("checkpoint", "blast-preemption", [BLAST, "-k", "preemption"]),
+    ("checkpoint", "rest", [f for f in FILES if f != BLAST]),
 ]
 
 
@@ -156,7 +146,7 @@ def run_chunk(mode: str, args: list[str], out: Path, checkpoint: Path) -> tuple[
 
 @pytest.fixture(scope="module")
 def suite_runs(request, tmp_path_factory, tiny_bert_config, tokenizer):
-    """{(mode, chunk): future of run_chunk} for the modes this session selected, all started at once."""
+    """[(mode, chunk, future of run_chunk)] for the modes this session selected, all started at once."""
     _skip_unless_ready()
     from conftest import save_tiny_checkpoint
 
@@ -168,12 +158,11 @@ def suite_runs(request, tmp_path_factory, tiny_bert_config, tokenizer):
     root = tmp_path_factory.mktemp("conformance")
     checkpoint = save_tiny_checkpoint(root / "ckpt", tiny_bert_config, tokenizer)  # one for all modes
     pool = ThreadPoolExecutor(max_workers=max(1, min(2, os.cpu_count() or 1)))
-    futures = {
-        (mode, chunk): pool.submit(run_chunk, mode, CHUNKS[mode][chunk], root / f"{mode}-{chunk}", checkpoint)
-        for mode, chunk in LONGEST_FIRST
+    yield [
+        (mode, chunk, pool.submit(run_chunk, mode, args, root / f"{mode}-{chunk}", checkpoint))
+        for mode, chunk, args in CHUNKS
         if mode in selected
-    }
-    yield futures
+    ]
     pool.shutdown(wait=True, cancel_futures=True)
 
 
@@ -182,7 +171,7 @@ def suite_runs(request, tmp_path_factory, tiny_bert_config, tokenizer):
 def test_vllm_scheduler_suite(mode, suite_runs):
     expected = load_expected(mode)
     outcomes, pars_schedulers, unavailable, logs = {}, 0, set(), []
-    for (run_mode, chunk), future in suite_runs.items():
+    for run_mode, chunk, future in suite_runs:
         if run_mode != mode:
             continue
         returncode, log, report = future.result()
@@ -238,19 +227,18 @@ def test_compare_reports_unexpected_failures_and_passes():
 
 def test_every_mode_runs_every_test_once():
     """Each mode's chunks run its four files, each whole in one chunk, or (the stress test) split by -k
-    filters that select each of its 12 parametrizations (vLLM 0.32.0's ids) exactly once; the schedule
-    lists every chunk once."""
+    filters that select each of its 12 parametrizations (vLLM 0.32.0's ids) exactly once."""
     from itertools import product
 
     from _pytest.mark.expression import Expression
 
-    assert sorted(LONGEST_FIRST) == sorted((mode, chunk) for mode in MODES for chunk in CHUNKS[mode])
+    assert len({(mode, chunk) for mode, chunk, _ in CHUNKS}) == len(CHUNKS)
     blast_ids = [
         f"test_priority_scheduling_blast[{profile}-{spec}-{caching}]"
         for profile, spec, caching in product(("standard", "preemption"), ("None", "1", "5"), ("True", "False"))
     ]
     for mode in MODES:
-        runs = list(CHUNKS[mode].values())
+        runs = [args for run_mode, _, args in CHUNKS if run_mode == mode]
         for file in FILES:
             mine = [args for args in runs if file in args]
             if all("-k" not in args for args in mine):
