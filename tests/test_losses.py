@@ -20,6 +20,20 @@ def test_pairwise_margin_ranking_by_hand():
     assert pairwise_loss(scores, lengths, pairs, margin=0.0).item() == pytest.approx((1.5 + 0 + 0.5) / 3)
 
 
+def test_pairwise_graded_margin_by_hand():
+    scores = torch.tensor([2.0, 0.5, 1.0])
+    lengths = torch.tensor([math.e - 1, math.e**3 - 1, math.e**0.5 - 1])  # log(1+len) = 1, 3, 0.5
+    pairs = torch.tensor([[0, 1], [0, 2], [1, 2]])
+    # margins |dlog|: 2, 0.5, 2.5
+    # (0,1): y=-1, max(0, (2-0.5) + 2) = 3.5 ; (0,2): y=+1, max(0, -(2-1) + 0.5) = 0
+    # (1,2): y=+1, max(0, -(0.5-1) + 2.5) = 3 ; mean = 6.5/3
+    graded = pairwise_loss(scores, lengths, pairs, margin=0.0, margin_per_log_length=1.0)
+    assert graded.item() == pytest.approx(6.5 / 3.0)
+    # a constant part adds to every margin: 4.5, max(0, -1 + 1.5) = 0.5, 4 ; mean = 3
+    both = pairwise_loss(scores, lengths, pairs, margin=1.0, margin_per_log_length=1.0)
+    assert both.item() == pytest.approx(3.0)
+
+
 def test_pairwise_without_pairs_is_zero_but_differentiable():
     scores = torch.tensor([1.0, 2.0], requires_grad=True)
     loss = pairwise_loss(scores, torch.tensor([1.0, 2.0]), torch.zeros((0, 2), dtype=torch.long))

@@ -49,6 +49,7 @@ class RankerModule(L.LightningModule):
         weight_decay: float = 0.01,
         warmup_fraction: float = 0.1,
         margin: float = 1.0,
+        margin_per_log_length: float = 0.0,
         val_pairs: np.ndarray | None = None,
         frozen_layers: int = 0,
         val_groups: np.ndarray | None = None,
@@ -58,7 +59,11 @@ class RankerModule(L.LightningModule):
             raise ValueError(f"unknown method {method!r}; expected one of {sorted(LOSSES)}")
         self.model = model
         self.method = method
-        self.loss_fn = partial(LOSSES[method], margin=margin) if method == "pairwise" else LOSSES[method]
+        self.loss_fn = (
+            partial(LOSSES[method], margin=margin, margin_per_log_length=margin_per_log_length)
+            if method == "pairwise"
+            else LOSSES[method]
+        )
         self.save_hyperparameters(ignore=["model", "val_pairs", "val_groups"])
         self.val_pairs = np.zeros((0, 2), np.int64) if val_pairs is None else np.asarray(val_pairs, np.int64)
         # batches carry the cached output of the frozen layers ("hidden") when frozen_layers > 0

@@ -18,16 +18,28 @@ METHODS = ("pairwise", "pointwise", "listwise")
 
 
 def pairwise_loss(
-    scores: torch.Tensor, lengths: torch.Tensor, pairs: torch.Tensor, margin: float = 1.0
+    scores: torch.Tensor,
+    lengths: torch.Tensor,
+    pairs: torch.Tensor,
+    margin: float = 1.0,
+    margin_per_log_length: float = 0.0,
 ) -> torch.Tensor:
-    """PARS: mean over pairs of max(0, -y * (s_i - s_j) + margin), y = +1 when i's answer is longer."""
+    """PARS: mean over pairs of max(0, -y * (s_i - s_j) + m_ij), y = +1 when i's answer is longer.
+
+    m_ij = margin + margin_per_log_length * |log(1 + len_i) - log(1 + len_j)|: with the second
+    term, a pair whose lengths differ by 10x must be separated further than one that differs by
+    1.3x (a graded margin); 0 gives the paper's constant margin."""
     if pairs.numel() == 0:
         # A batch without a valid pair contributes nothing, but must keep the graph connected
         # (DDP and Lightning's backward expect a tensor that depends on the parameters).
         return scores.sum() * 0.0
     i, j = pairs[:, 0], pairs[:, 1]
     y = torch.sign(lengths[i] - lengths[j]).to(scores.dtype)
-    return F.margin_ranking_loss(scores[i], scores[j], y, margin=margin)
+    if not margin_per_log_length:
+        return F.margin_ranking_loss(scores[i], scores[j], y, margin=margin)
+    log_len = torch.log1p(lengths.to(scores.dtype))
+    m = margin + margin_per_log_length * (log_len[i] - log_len[j]).abs()
+    return torch.relu(-y * (scores[i] - scores[j]) + m).mean()
 
 
 def pointwise_loss(scores: torch.Tensor, lengths: torch.Tensor, pairs: torch.Tensor | None = None) -> torch.Tensor:
