@@ -35,10 +35,10 @@ def pairwise_loss(
         return scores.sum() * 0.0
     i, j = pairs[:, 0], pairs[:, 1]
     y = torch.sign(lengths[i] - lengths[j]).to(scores.dtype)
-    if not margin_per_log_length:
-        return F.margin_ranking_loss(scores[i], scores[j], y, margin=margin)
-    log_len = torch.log1p(lengths.to(scores.dtype))
-    m = margin + margin_per_log_length * (log_len[i] - log_len[j]).abs()
+    m = margin
+    if margin_per_log_length:
+        log_len = torch.log1p(lengths.to(scores.dtype))
+        m = margin + margin_per_log_length * (log_len[i] - log_len[j]).abs()
     return torch.relu(-y * (scores[i] - scores[j]) + m).mean()
 
 
