@@ -369,3 +369,38 @@ def test_score_model_can_name_another_method_of_a_train_model(tmp_path):
     assert "pointwise" in blended and notes == ["no score_model for policy listwise: skipped"]
     _, _, notes = load_requests("m", {"pars": "m/nothing"}, tmp_path / "data")
     assert any("no nothing scores" in n for n in notes)
+
+
+def test_val_serving_benchmark_serves_the_val_split(tmp_path, monkeypatch, tiny_checkpoint):
+    """benchmarks/val_serving.py: every val prompt (one answer each) in one burst; oracle SJF is the
+    lower bound of every order's mean per-token latency, FCFS the unit of speedup; a missing
+    predictor is one clear line, not a traceback."""
+    import importlib.util
+    import json
+    from pathlib import Path
+
+    import yaml
+    from helpers import write_dataset
+
+    repo = Path(__file__).resolve().parents[1]
+    spec = importlib.util.spec_from_file_location("val_serving", repo / "benchmarks" / "val_serving.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+
+    monkeypatch.chdir(tmp_path)
+    write_dataset(tmp_path / "data", n_train=4, n_val=20, n_test=3, k=3)
+    engine = dict(M=2000, chunk=64, token_budget=256, max_num_seqs=4, step_c0=0.01, starvation_s=None)
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump({"simulate": {"engine": engine}}))
+    assert bench.main(["--model", "toy", "--predictors", str(tiny_checkpoint), "--out", "vs.json"]) == 0
+    out = json.loads((tmp_path / "vs.json").read_text())
+    assert out["requests"] == 20 and out["split"] == "val"
+    rows = out["policies"]
+    assert rows["fcfs"]["speedup_mean_over_fcfs"] == 1.0 and rows["oracle"]["ratio_mean_to_oracle"] == 1.0
+    assert rows["oracle"]["kendall_tau_b"] == pytest.approx(1.0)
+    learned = rows[str(tiny_checkpoint)]
+    assert learned["requests"] == 20 and -1.0 <= learned["kendall_tau_b"] <= 1.0
+    oracle_mean = rows["oracle"]["mean_per_token_latency"]
+    assert all(r["mean_per_token_latency"] >= oracle_mean - 1e-12 for r in rows.values())
+
+    with pytest.raises(SystemExit, match="models/nope/pairwise/pars.json not found"):
+        bench.main(["--model", "toy", "--predictors", "nope/pairwise"])

@@ -1,0 +1,112 @@
+"""What a predictor buys in serving, measured on a model's val split: choose a training setting by
+the serving objective without touching the test split (where `pars simulate` reports final figures).
+
+Every val prompt of the eval model (one of its answers at random) arrives in one burst at the
+simulator, configured as `simulate.engine` in params.yaml; FCFS, oracle SJF and each predictor's
+shortest-predicted-first order are simulated. Printed and written: mean / p90 per-token latency,
+speedup over FCFS, gap to oracle, and tau_b of each predictor on these requests.
+
+    python benchmarks/val_serving.py                                   # ChatGPT val, the export and per-model predictors
+    python benchmarks/val_serving.py --predictors recorded/pairwise,/tmp/exp/x/models/chatgpt/pairwise
+
+A predictor is <train model>/<method> under models/, or a path to a checkpoint directory.
+Writes --out (default metrics/choices/val_serving-<model>.json).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from pipeline.contracts import generations_path, prompts_path  # noqa: E402
+from pipeline.params import load_params  # noqa: E402
+from pipeline.ranking.metrics import kendall_tau_b  # noqa: E402
+
+
+def checkpoint_dir(name: str) -> Path:
+    path = Path(name)
+    return path if path.is_dir() and (path / "pars.json").is_file() else Path("models") / name
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", default="chatgpt", help="eval model whose val answers are served")
+    ap.add_argument(
+        "--predictors",
+        default="recorded/pairwise,chatgpt/pairwise,chatgpt/pointwise,chatgpt/listwise",
+        help="comma-separated <train model>/<method> under models/, or checkpoint directories",
+    )
+    ap.add_argument("--seed", type=int, default=0, help="which answer sample each request gets")
+    ap.add_argument("--out", default=None, help="default metrics/choices/val_serving-<model>.json")
+    args = ap.parse_args(argv)
+
+    from pipeline.queueing.simulator import EngineConfig, burst, simulate
+    from pipeline.serving.scorer import Scorer, score_together
+
+    names = [n.strip() for n in args.predictors.split(",") if n.strip()]
+    dirs = [checkpoint_dir(n) for n in names]
+    for path in [prompts_path(), generations_path(args.model)] + [d / "pars.json" for d in dirs]:
+        if not path.is_file():
+            sys.exit(f"val_serving: {path} not found (run `dvc repro`, or check --model / --predictors)")
+    prompts = pd.read_parquet(prompts_path()).drop_duplicates("prompt_id").set_index("prompt_id")
+    gens = pd.read_parquet(generations_path(args.model))
+    val_ids = prompts.index[prompts.split == "val"]
+    g = gens[gens.prompt_id.isin(val_ids) & (gens.output_tokens > 0) & (gens.prompt_tokens > 0)]
+    # one answer sample per prompt, drawn with the seed (ChatGPT has one per prompt)
+    rng = np.random.default_rng(args.seed)
+    req = g.groupby("prompt_id", sort=True).sample(n=1, random_state=rng).reset_index(drop=True)
+    s, o = req.prompt_tokens.to_numpy(np.int64), req.output_tokens.to_numpy(np.int64)
+    texts = prompts.loc[req.prompt_id, "prompt"].tolist()
+    print(f"val_serving: {len(req)} val prompts of {args.model}; scoring with {', '.join(names)}", flush=True)
+    scorers = [Scorer.from_pretrained(d) for d in dirs]
+    keys = {"fcfs": None, "oracle": o.astype(np.float64)}
+    keys.update(zip(names, (np.asarray(x, dtype=np.float64) for x in score_together(scorers, texts, progress=True))))
+
+    cfg = EngineConfig.from_dict(load_params("simulate")["engine"])
+    arrival = burst(len(req))
+    rows = {}
+    for name, key in keys.items():
+        res = simulate(arrival, s, o, key=arrival.copy() if key is None else key, config=cfg)
+        rows[name] = {**res.summary(), "kendall_tau_b": None if key is None else kendall_tau_b(key, o)}
+    base, orac = rows["fcfs"], rows["oracle"]
+    for row in rows.values():
+        for stat in ("mean", "p90"):
+            k = f"{stat}_per_token_latency"
+            row[f"speedup_{stat}_over_fcfs"] = base[k] / row[k]
+            row[f"ratio_{stat}_to_oracle"] = row[k] / orac[k]
+    print(f"\n{'policy':<40} {'tau_b':>6} {'mean x':>7} {'p90 x':>7} {'x oracle':>8}")
+    for name, r in rows.items():
+        tau = "" if r["kendall_tau_b"] is None else f"{r['kendall_tau_b']:.3f}"
+        print(
+            f"{name:<40} {tau:>6} {r['speedup_mean_over_fcfs']:>7.2f} {r['speedup_p90_over_fcfs']:>7.2f} "
+            f"{r['ratio_mean_to_oracle']:>8.2f}"
+        )
+    out = Path(args.out or f"metrics/choices/val_serving-{args.model}.json")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(
+        json.dumps(
+            {
+                "eval_model": args.model,
+                "split": "val",
+                "requests": int(len(req)),
+                "scenario": "burst of every val prompt at t = 0, simulate.engine settings",
+                "command": "python benchmarks/val_serving.py " + " ".join(argv if argv is not None else sys.argv[1:]),
+                "policies": rows,
+            },
+            indent=2,
+        )
+        + "\n"
+    )
+    print(f"-> {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
