@@ -16,7 +16,6 @@ Writes --out (default metrics/choices/val_serving-<model>.json).
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
@@ -25,7 +24,7 @@ import pandas as pd
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from pipeline.contracts import generations_path, prompts_path  # noqa: E402
+from pipeline.contracts import generations_path, prompts_path, write_json  # noqa: E402
 from pipeline.params import load_params  # noqa: E402
 from pipeline.ranking.metrics import kendall_tau_b  # noqa: E402
 
@@ -49,6 +48,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from pipeline.queueing.simulator import EngineConfig, burst, simulate
     from pipeline.serving.scorer import Scorer, score_together
+    from pipeline.simulate import summarise
 
     names = [n.strip() for n in args.predictors.split(",") if n.strip()]
     dirs = [checkpoint_dir(n) for n in names]
@@ -71,38 +71,29 @@ def main(argv: list[str] | None = None) -> int:
 
     cfg = EngineConfig.from_dict(load_params("simulate")["engine"])
     arrival = burst(len(req))
-    rows = {}
-    for name, key in keys.items():
-        res = simulate(arrival, s, o, key=arrival.copy() if key is None else key, config=cfg)
-        rows[name] = {**res.summary(), "kendall_tau_b": None if key is None else kendall_tau_b(key, o)}
-    base, orac = rows["fcfs"], rows["oracle"]
-    for row in rows.values():
-        for stat in ("mean", "p90"):
-            k = f"{stat}_per_token_latency"
-            row[f"speedup_{stat}_over_fcfs"] = base[k] / row[k]
-            row[f"ratio_{stat}_to_oracle"] = row[k] / orac[k]
+    results = {
+        name: simulate(arrival, s, o, key=arrival.copy() if key is None else key, config=cfg)
+        for name, key in keys.items()
+    }
+    # FCFS in a burst serves in arrival order: that order's tau (as pars simulate reports it)
+    taus = {name: kendall_tau_b(np.arange(o.size) if key is None else key, o) for name, key in keys.items()}
+    rows = summarise(results, taus)
     print(f"\n{'policy':<40} {'tau_b':>6} {'mean x':>7} {'p90 x':>7} {'x oracle':>8}")
     for name, r in rows.items():
-        tau = "" if r["kendall_tau_b"] is None else f"{r['kendall_tau_b']:.3f}"
         print(
-            f"{name:<40} {tau:>6} {r['speedup_mean_over_fcfs']:>7.2f} {r['speedup_p90_over_fcfs']:>7.2f} "
-            f"{r['ratio_mean_to_oracle']:>8.2f}"
+            f"{name:<40} {r['kendall_tau_b']:>6.3f} {r['speedup_mean_over_fcfs']:>7.2f} "
+            f"{r['speedup_p90_over_fcfs']:>7.2f} {1 + r['gap_mean_to_oracle']:>8.2f}"
         )
-    out = Path(args.out or f"metrics/choices/val_serving-{args.model}.json")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(
-        json.dumps(
-            {
-                "eval_model": args.model,
-                "split": "val",
-                "requests": int(len(req)),
-                "scenario": "burst of every val prompt at t = 0, simulate.engine settings",
-                "command": "python benchmarks/val_serving.py " + " ".join(argv if argv is not None else sys.argv[1:]),
-                "policies": rows,
-            },
-            indent=2,
-        )
-        + "\n"
+    out = write_json(
+        {
+            "eval_model": args.model,
+            "split": "val",
+            "requests": int(len(req)),
+            "scenario": "burst of every val prompt at t = 0, simulate.engine settings",
+            "command": "python benchmarks/val_serving.py " + " ".join(argv if argv is not None else sys.argv[1:]),
+            "policies": rows,
+        },
+        args.out or f"metrics/choices/val_serving-{args.model}.json",
     )
     print(f"-> {out}")
     return 0

@@ -395,7 +395,7 @@ def test_val_serving_benchmark_serves_the_val_split(tmp_path, monkeypatch, tiny_
     out = json.loads((tmp_path / "vs.json").read_text())
     assert out["requests"] == 20 and out["split"] == "val"
     rows = out["policies"]
-    assert rows["fcfs"]["speedup_mean_over_fcfs"] == 1.0 and rows["oracle"]["ratio_mean_to_oracle"] == 1.0
+    assert rows["fcfs"]["speedup_mean_over_fcfs"] == 1.0 and rows["oracle"]["gap_mean_to_oracle"] == 0.0
     assert rows["oracle"]["kendall_tau_b"] == pytest.approx(1.0)
     learned = rows[str(tiny_checkpoint)]
     assert learned["requests"] == 20 and -1.0 <= learned["kendall_tau_b"] <= 1.0
