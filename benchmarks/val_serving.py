@@ -4,7 +4,8 @@ the serving objective without touching the test split (where `pars simulate` rep
 Every val prompt of the eval model (one of its answers at random) arrives in one burst at the
 simulator, configured as `simulate.engine` in params.yaml; FCFS, oracle SJF and each predictor's
 shortest-predicted-first order are simulated. Printed and written: mean / p90 per-token latency,
-speedup over FCFS, gap to oracle, and tau_b of each predictor on these requests.
+speedup over FCFS, gap to oracle, tau_b of each order on these requests, and where each order loses
+to oracle (its excess mean per-token latency by true answer length).
 
     python benchmarks/val_serving.py                                   # ChatGPT val, the export and per-model predictors
     python benchmarks/val_serving.py --predictors recorded/pairwise,/tmp/exp/x/models/chatgpt/pairwise
@@ -27,6 +28,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from pipeline.contracts import generations_path, prompts_path, write_json  # noqa: E402
 from pipeline.params import load_params  # noqa: E402
 from pipeline.ranking.metrics import kendall_tau_b  # noqa: E402
+
+# answer-length buckets (tokens) of the excess-over-oracle breakdown: (lo, hi] each
+LENGTH_EDGES = (0, 5, 20, 100, 400, np.inf)
+LENGTH_LABELS = ("1-5", "6-20", "21-100", "101-400", ">400")
 
 
 def checkpoint_dir(name: str) -> Path:
@@ -78,6 +83,16 @@ def main(argv: list[str] | None = None) -> int:
     # FCFS in a burst serves in arrival order: that order's tau (as pars simulate reports it)
     taus = {name: kendall_tau_b(np.arange(o.size) if key is None else key, o) for name, key in keys.items()}
     rows = summarise(results, taus)
+    # where each order loses to oracle SJF: its excess mean per-token latency split by true answer
+    # length (the buckets sum to the policy's mean minus oracle's); short answers served late dominate
+    bucket = np.digitize(o, LENGTH_EDGES[1:-1], right=True)
+    base = results["oracle"].per_token
+    for name, res in results.items():
+        excess = (res.per_token - base) / o.size
+        rows[name]["excess_over_oracle_by_answer_tokens"] = {
+            label: {"requests": int((bucket == i).sum()), "excess_s_per_token": float(excess[bucket == i].sum())}
+            for i, label in enumerate(LENGTH_LABELS)
+        }
     print(f"\n{'policy':<40} {'tau_b':>6} {'mean x':>7} {'p90 x':>7} {'x oracle':>8}")
     for name, r in rows.items():
         print(

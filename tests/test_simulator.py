@@ -401,6 +401,12 @@ def test_val_serving_benchmark_serves_the_val_split(tmp_path, monkeypatch, tiny_
     assert learned["requests"] == 20 and -1.0 <= learned["kendall_tau_b"] <= 1.0
     oracle_mean = rows["oracle"]["mean_per_token_latency"]
     assert all(r["mean_per_token_latency"] >= oracle_mean - 1e-12 for r in rows.values())
+    for r in rows.values():  # the length buckets split the excess over oracle exactly
+        by_length = r["excess_over_oracle_by_answer_tokens"].values()
+        assert sum(b["requests"] for b in by_length) == 20
+        assert sum(b["excess_s_per_token"] for b in by_length) == pytest.approx(
+            r["mean_per_token_latency"] - oracle_mean
+        )
 
     with pytest.raises(SystemExit, match="models/nope/pairwise/pars.json not found"):
         bench.main(["--model", "toy", "--predictors", "nope/pairwise"])
