@@ -84,7 +84,8 @@ def main(argv: list[str] | None = None) -> int:
     taus = {name: kendall_tau_b(np.arange(o.size) if key is None else key, o) for name, key in keys.items()}
     rows = summarise(results, taus)
     # where each order loses to oracle SJF: its excess mean per-token latency split by true answer
-    # length (the buckets sum to the policy's mean minus oracle's); short answers served late dominate
+    # length (the buckets sum to the policy's mean minus oracle's); a short answer served late weighs
+    # most per request (its wait is divided by few tokens)
     bucket = np.digitize(o, LENGTH_EDGES[1:-1], right=True)
     base = results["oracle"].per_token
     for name, res in results.items():

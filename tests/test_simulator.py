@@ -372,9 +372,9 @@ def test_score_model_can_name_another_method_of_a_train_model(tmp_path):
 
 
 def test_val_serving_benchmark_serves_the_val_split(tmp_path, monkeypatch, tiny_checkpoint):
-    """benchmarks/val_serving.py: every val prompt (one answer each) in one burst; oracle SJF is the
-    lower bound of every order's mean per-token latency, FCFS the unit of speedup; a missing
-    predictor is one clear line, not a traceback."""
+    """benchmarks/val_serving.py: every val prompt (one answer each) in one burst; no order beats
+    oracle SJF's mean per-token latency on this toy burst, FCFS is the unit of speedup, the length
+    buckets split the gap to oracle exactly; a missing predictor is one clear line, not a traceback."""
     import importlib.util
     import json
     from pathlib import Path
