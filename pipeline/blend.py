@@ -162,9 +162,8 @@ def run(
     plots_dir: str | Path = "plots/blend",
 ) -> dict:
     from pipeline.contracts import predictor_dir, write_json
-    from pipeline.ranking.checkpoint import META, copy_checkpoint, read_meta, sha256_file
-    from pipeline.ranking.lexical import VOCAB_FILE, WEIGHTS_FILE
-    from pipeline.serving.scorer import LEXICAL, Scorer
+    from pipeline.ranking.checkpoint import LEXICAL, attach_lexical, copy_checkpoint, read_meta
+    from pipeline.serving.scorer import Scorer
 
     t0 = time.perf_counter()
     predictors = params["predictors"] or {}
@@ -174,7 +173,7 @@ def run(
     src = predictor_dir(model, method, models_root)
     meta = read_meta(src)
     if LEXICAL in meta:
-        raise ValueError(f"blend: {src} is already a blended checkpoint")
+        raise ValueError(f"blend: {src} already adds a lexical model to its score (a blend, or train's lexical_prior)")
     trained_on = meta.get("trained_on") or {}
     members = list(trained_on.get("members") or [trained_on.get("model") or model])
     splits = member_splits(members, data_root)
@@ -187,20 +186,17 @@ def run(
 
     dst = predictor_dir(model, blended_method(method), models_root)
     copy_checkpoint(src, dst, method=blended_method(method))  # weights copied and re-hashed
-    settings = lexical.save(dst)
-    new_meta = read_meta(dst)
-    new_meta[LEXICAL] = {
-        **settings,
-        "alpha": facts["alpha"],
-        "encoder_weight": facts["encoder_weight"],
-        "lexical_weight": facts["lexical_weight"],
-        "w": facts["w"],
-        "chosen_on": "val split: mean over trained_on.members of val tau_b",
-        "val_tau_b": facts["val_tau_b"],
-        "encoder_val_tau_b": facts["encoder_val_tau_b"],
-        "files_sha256": {name: sha256_file(dst / name) for name in (VOCAB_FILE, WEIGHTS_FILE)},
-    }
-    write_json(new_meta, dst / META)
+    attach_lexical(
+        dst,
+        lexical,
+        encoder_weight=facts["encoder_weight"],
+        lexical_weight=facts["lexical_weight"],
+        alpha=facts["alpha"],
+        w=facts["w"],
+        chosen_on="val split: mean over trained_on.members of val tau_b",
+        val_tau_b=facts["val_tau_b"],
+        encoder_val_tau_b=facts["encoder_val_tau_b"],
+    )
     # the stage's own acceptance test: the serving loader takes the result and reproduces the val blend
     check = Scorer.from_pretrained(dst).score(splits[members[0]]["val"]["prompt"].tolist()[:64])
     expected = facts["encoder_weight"] * encoder_val[members[0]][:64] + facts["lexical_weight"] * lexical.predict(

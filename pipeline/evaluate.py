@@ -477,6 +477,18 @@ def log_wandb(ranking: dict, params: dict) -> None:
         run.finish()
 
 
+def lexical_prior_predictors(predictors, models_root) -> list[str]:
+    """Names (<model>/<method>) of the predictors trained on top of a TF-IDF + ridge prior
+    (train.lexical_prior), which their scores include: the report says so."""
+    from pipeline.ranking.checkpoint import LEXICAL, read_meta
+
+    return [
+        f"{m}/{meth}"
+        for m, meth in predictors
+        if "trained_with" in (read_meta(predictor_dir(m, meth, models_root), verify_hash=False).get(LEXICAL) or {})
+    ]
+
+
 def run(
     params: dict,
     *,
@@ -519,6 +531,7 @@ def run(
         prompts, generations, scores, ptoks, delta=delta, n_boot=n_boot, seed=boot_seed, level=level, tfidf_ridge=tfidf
     )
     ranking["settings"]["baseline_tokenizer"] = tokenizer
+    ranking["settings"]["lexical_prior"] = lexical_prior_predictors(predictors, models_root)
     transfer = transfer_matrix(ranking)
     write_json(_no_nan(ranking), metrics_dir / "ranking.json")
     write_json(_no_nan(transfer), metrics_dir / "transfer.json")

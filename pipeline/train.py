@@ -137,7 +137,7 @@ def train_one(
     import lightning as L
     import torch
 
-    from pipeline.ranking.checkpoint import save_checkpoint
+    from pipeline.ranking.checkpoint import attach_lexical, save_checkpoint
     from pipeline.ranking.data import RankingData, RankingDataModule
     from pipeline.ranking.lightning import BestWeights, RankerModule, prepare_for_training
     from pipeline.ranking.model import LengthRanker, load_tokenizer
@@ -173,8 +173,22 @@ def train_one(
         head_fraction=head_fraction,
         length_buckets=int(cfg["length_buckets"]),
     )
+    prior_cfg, lexical = cfg["lexical_prior"], None
+    if prior_cfg:
+        t_prior = time.perf_counter()
+        lexical = dm.fit_lexical_prior(
+            alpha=float(prior_cfg["alpha"]),
+            ngram_max=int(prior_cfg["ngram_max"]),
+            min_df=int(prior_cfg["min_df"]),
+            folds=int(prior_cfg["folds"]),
+        )
+        print(
+            f"train {model_name}/{method}: lexical prior (TF-IDF + ridge, {int(prior_cfg['folds'])}-fold on "
+            f"{len(dm.train_table)} train prompts) in {time.perf_counter() - t_prior:.0f} s",
+            flush=True,
+        )
     model = LengthRanker.from_pretrained_encoder(cfg["encoder"], dropout=float(cfg["dropout"]), pooling=cfg["pooling"])
-    prepare_for_training(model, method, dm.train_table.lengths)
+    prepare_for_training(model, method, dm.train_table.lengths, dm.train_table.prior)
     cache_seconds = 0.0
     if frozen:
         model.freeze_lower(frozen)
@@ -273,6 +287,16 @@ def train_one(
                 }
             },
         )
+        if lexical is not None:
+            # serving adds the same prior (the Scorer reads pars.json `lexical`)
+            attach_lexical(
+                out,
+                lexical,
+                encoder_weight=1.0,
+                lexical_weight=1.0,
+                alpha=float(prior_cfg["alpha"]),
+                trained_with="train.lexical_prior: the encoder learned the residual of this regression",
+            )
         result = {
             "model": model_name,
             "method": method,

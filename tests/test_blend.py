@@ -41,6 +41,26 @@ def test_tfidf_ridge_grid_shares_one_vocabulary_and_alpha_shrinks():
     assert np.abs(large.coef).sum() < np.abs(small.coef).sum()
 
 
+def test_cross_fitted_predictions_come_from_fits_without_their_fold():
+    """Each out-of-fold prediction is the ridge fitted on the other folds (the same vocabulary), and
+    the full fit is the one returned: a text whose words only it has is memorised by the full fit
+    but not predicted by its out-of-fold one."""
+    from sklearn.linear_model import Ridge
+    from sklearn.model_selection import KFold
+
+    texts = TEXTS * 4 + ["zebra zebra unique", "zebra zebra unique"]
+    lengths = LENGTHS * 4 + [5000, 5000]
+    full, oof = TfidfRidge.cross_fitted(texts, lengths, alpha=0.5, ngram_max=1, min_df=1, folds=3, seed=7)
+    x, y = full.vectorizer.transform(texts), np.log1p(np.asarray(lengths, float))
+    for fit_rows, held_out in KFold(3, shuffle=True, random_state=7).split(x):
+        ridge = Ridge(alpha=0.5).fit(x[fit_rows], y[fit_rows])
+        np.testing.assert_allclose(oof[held_out], x[held_out] @ ridge.coef_ + ridge.intercept_, atol=1e-12)
+    np.testing.assert_allclose(full.predict(texts), Ridge(alpha=0.5).fit(x, y).predict(x), atol=1e-12)
+    assert full.predict(["zebra"])[0] > full.predict(["hi"])[0]
+    with pytest.raises(ValueError, match="folds"):
+        TfidfRidge.cross_fitted(TEXTS, LENGTHS, alpha=1.0, ngram_max=1, min_df=1, folds=1, seed=0)
+
+
 @pytest.fixture
 def toy_models(tmp_path, tiny_ranker, tokenizer):
     """Toy data (wording tells the length) with its pairs, and a random-encoder checkpoint

@@ -415,6 +415,11 @@ def test_report_shows_tfidf_row_marks_and_method_differences():
     assert "‡: does not beat the TF-IDF + ridge reference" in md
     assert "| *TF-IDF + ridge*" in rows  # in the transfer table too
     assert "Pairwise minus each other method" in md and "| kw → kw |" in md and "− pointwise" in md
+    assert "lexical prior" not in md  # said only of the predictors that carry one
+    r["settings"]["lexical_prior"] = ["kw/pairwise"]
+    assert "1 of the predictors (`kw/pairwise`) score with a lexical prior" in render_markdown(r)
+    r["settings"]["lexical_prior"] = [f"{m}/{meth}" for m, by in r["predictors"].items() for meth in by]
+    assert "Every predictor scores with a lexical prior" in render_markdown(r)
     # an eval model without the reference: n/a, and no ‡ for it
     few = evaluate(
         prompts,

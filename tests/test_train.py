@@ -78,6 +78,7 @@ def train_params(encoder_dir, **over):
         "cross_models": {},
         "max_train_prompts": None,
         "pairwise_mode": "in_batch",
+        "lexical_prior": None,
     }
     return params_section("train", **{**plain, **params_for(encoder_dir, **over)})
 
@@ -157,6 +158,49 @@ def test_best_epoch_is_exported_and_scores_match(toy_root, tiny_encoder_dir, mon
     assert kendall_tau_b(scores, val["length"]) == pytest.approx(res["val_tau_b"], abs=1e-6)
     history = pd.read_csv(toy_root / "best" / "plots" / "toy-pairwise.csv")
     assert res["val_tau_b"] == pytest.approx(history["val_tau_b"].max())
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_lexical_prior_is_trained_under_and_served_with_the_encoder(toy_root, tiny_encoder_dir, monkeypatch, method):
+    """train.lexical_prior: the checkpoint carries the TF-IDF ridge fitted on the train prompts; the
+    Scorer adds it to the encoder's score, which reproduces the recorded val tau_b (validation saw
+    the same sum), and the encoder alone scores differently."""
+    monkeypatch.setenv("WANDB_MODE", "disabled")
+    import pandas as pd
+
+    from pipeline.ranking.checkpoint import LEXICAL, read_meta
+    from pipeline.ranking.lexical import TfidfRidge
+    from pipeline.ranking.metrics import kendall_tau_b
+    from pipeline.serving.scorer import Scorer
+
+    prior = {"ngram_max": 1, "min_df": 1, "alpha": 1.0, "folds": 4}
+    res = run(toy_root, tiny_encoder_dir, method, f"prior-{method}", epochs=2, lexical_prior=prior)
+    ckpt = toy_root / f"prior-{method}" / "models" / "toy" / method
+    meta = read_meta(ckpt)
+    assert meta[LEXICAL]["encoder_weight"] == meta[LEXICAL]["lexical_weight"] == 1.0 and meta[LEXICAL]["alpha"] == 1.0
+    from pipeline.evaluate import lexical_prior_predictors  # what the report names
+
+    assert lexical_prior_predictors([("toy", method)], toy_root / f"prior-{method}" / "models") == [f"toy/{method}"]
+    labels = pd.read_parquet(toy_root / "data" / "pairs" / "toy" / "labels.parquet")
+    prompts = pd.read_parquet(toy_root / "data" / "prompts" / "prompts.parquet").set_index("prompt_id")
+    val = labels[labels["split"] == "val"].sort_values("prompt_id")
+    texts = prompts.loc[val["prompt_id"], "prompt"].tolist()
+    scorer = Scorer.from_pretrained(ckpt)
+    scores = scorer.score(texts)
+    assert kendall_tau_b(scores, val["length"]) == pytest.approx(res["val_tau_b"], abs=1e-6)
+    lexical = TfidfRidge.load(ckpt, ngram_max=1)
+    train = labels[labels["split"] == "train"].sort_values("prompt_id")
+    refit = TfidfRidge.cross_fitted(
+        prompts.loc[train["prompt_id"], "prompt"].tolist(),
+        train["length"].to_numpy(float),
+        alpha=1.0,
+        ngram_max=1,
+        min_df=1,
+        folds=4,
+        seed=42,
+    )[0]
+    np.testing.assert_allclose(lexical.predict(texts), refit.predict(texts), atol=1e-9)  # fitted on train only
+    assert np.std(scores - lexical.predict(texts)) > 1e-4  # the encoder adds its own part
 
 
 def test_in_batch_sees_more_pairs_than_per_pair(toy_root, tiny_encoder_dir, monkeypatch):

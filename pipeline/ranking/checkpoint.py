@@ -5,6 +5,8 @@ config.json         the encoder's Hugging Face config
 tokenizer files     whatever the tokenizer's save_pretrained writes
 pars.json           format version, method, score direction, max length, head fraction, encoder,
                     training data, test tau_b, sha256 of model.safetensors
+lexical files       (optional) a TF-IDF + ridge model whose prediction is added to the encoder's
+                    score: pars.json `lexical` says with which weights (see `attach_lexical`)
 """
 
 from __future__ import annotations
@@ -18,6 +20,9 @@ FORMAT_VERSION = 1
 WEIGHTS = "model.safetensors"
 META = "pars.json"
 CONFIG = "config.json"
+# pars.json key: the lexical model added to the encoder's score (train's lexical prior, or the
+# blend stage); serving computes encoder_weight * encoder score + lexical_weight * lexical prediction
+LEXICAL = "lexical"
 
 
 class CheckpointError(RuntimeError):
@@ -123,3 +128,22 @@ def copy_checkpoint(src: str | Path, dst: str | Path, **meta_updates: Any) -> Pa
     shutil.rmtree(dst, ignore_errors=True)
     tmp.rename(dst)
     return dst
+
+
+def attach_lexical(out_dir: str | Path, lexical, *, encoder_weight: float, lexical_weight: float, **facts: Any) -> dict:
+    """Save `lexical` (a TfidfRidge) into the checkpoint at `out_dir` and record in its pars.json
+    how serving combines it with the encoder, with the files' hashes; returns that record."""
+    from pipeline.ranking.lexical import VOCAB_FILE, WEIGHTS_FILE
+
+    out = Path(out_dir)
+    meta = read_meta(out)
+    record = {
+        **lexical.save(out),
+        **facts,
+        "encoder_weight": float(encoder_weight),
+        "lexical_weight": float(lexical_weight),
+        "files_sha256": {name: sha256_file(out / name) for name in (VOCAB_FILE, WEIGHTS_FILE)},
+    }
+    meta[LEXICAL] = record
+    (out / META).write_text(json.dumps(meta, indent=2) + "\n", encoding="utf-8")
+    return record

@@ -49,6 +49,7 @@ class PromptTable:
     truncated: np.ndarray  # bool
     groups: np.ndarray | None = None  # int group (model) per row in a cross-model set, else None
     hidden: list[torch.Tensor] | None = None  # cached frozen-encoder output per row, (tokens, d)
+    prior: np.ndarray | None = None  # lexical prior per row, added to the encoder's score (train's lexical_prior)
 
     def __len__(self) -> int:
         return len(self.ids)
@@ -233,6 +234,8 @@ class PromptCollate:
             "pairs": torch.as_tensor(pairs),
             "index": torch.as_tensor(rows_arr),
         }
+        if self.table.prior is not None:
+            batch["prior"] = torch.as_tensor(self.table.prior[rows_arr], dtype=torch.float32)
         if self.table.hidden is not None:
             batch["hidden"], batch["attention_mask"] = _pad_hidden([self.table.hidden[r] for r in rows])
         else:
@@ -254,13 +257,16 @@ class PairCollate:
         ids, mask = pad_batch([self.table.input_ids[r] for r in members], self.pad_id)
         p = len(rows)
         pairs = np.stack([np.arange(p), np.arange(p) + p], axis=1)
-        return {
+        batch = {
             "input_ids": ids,
             "attention_mask": mask,
             "lengths": torch.as_tensor(self.table.lengths[members]),
             "pairs": torch.as_tensor(pairs, dtype=torch.long),
             "index": torch.as_tensor(members),
         }
+        if self.table.prior is not None:
+            batch["prior"] = torch.as_tensor(self.table.prior[members], dtype=torch.float32)
+        return batch
 
 
 def pair_indices(pairs: pd.DataFrame, table: PromptTable, where: str) -> np.ndarray:
@@ -348,6 +354,28 @@ class RankingDataModule(L.LightningDataModule):
             "n_val_prompts": len(self.val_table),
             "n_val_pairs": int(len(self.val_pair_idx)),
         }
+
+    def fit_lexical_prior(self, *, alpha: float, ngram_max: int, min_df: int, folds: int):
+        """Fit TF-IDF + ridge on the train prompts and set each table's `prior`: out-of-fold
+        predictions on train, the full fit's on val (so val sees what serving will). Returns the
+        full fit, which the checkpoint carries. A cross-model set gets one regression over the
+        union, as the blend stage fits (its pairs never compare two models, so each model's
+        offset does not matter)."""
+        from pipeline.ranking.lexical import TfidfRidge
+
+        texts = self.data.texts
+        lexical, oof = TfidfRidge.cross_fitted(
+            [texts[p] for p in self.train_table.ids],
+            self.train_table.lengths,
+            alpha=alpha,
+            ngram_max=ngram_max,
+            min_df=min_df,
+            folds=folds,
+            seed=self.seed,
+        )
+        self.train_table.prior = oof
+        self.val_table.prior = lexical.predict([texts[p] for p in self.val_table.ids])
+        return lexical
 
     def cache_hidden(
         self,

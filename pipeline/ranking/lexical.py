@@ -52,6 +52,40 @@ class TfidfRidge:
             fits.append(cls(vectorizer, ridge.coef_, ridge.intercept_))
         return fits
 
+    @classmethod
+    def cross_fitted(
+        cls,
+        texts: Sequence[str],
+        lengths: Sequence[float],
+        *,
+        alpha: float,
+        ngram_max: int,
+        min_df: int,
+        folds: int,
+        seed: int,
+    ) -> tuple["TfidfRidge", np.ndarray]:
+        """(the fit on every text, out-of-fold predictions for the same texts).
+
+        Each text's out-of-fold prediction comes from a ridge fitted without its fold, so on
+        training texts it is as good as the full fit is on unseen ones: a model trained on top of
+        it (train's `lexical_prior`) learns how far to trust it from honest values. The vocabulary
+        is fitted once on every text: a term seen only in the held-out fold has no training row,
+        so its coefficient stays 0 and nothing of that fold's labels leaks."""
+        from sklearn.linear_model import Ridge
+        from sklearn.model_selection import KFold
+
+        texts = list(texts)
+        if int(folds) < 2 or len(texts) < int(folds):
+            raise ValueError(f"lexical prior: folds must be 2 to {len(texts)} (the texts), got {int(folds)}")
+        vectorizer, x = cls.vectorize(texts, ngram_max=ngram_max, min_df=min_df)
+        y = np.log1p(np.asarray(lengths, dtype=float))
+        oof = np.empty(len(texts), dtype=np.float64)
+        for fit_rows, held_out in KFold(int(folds), shuffle=True, random_state=int(seed)).split(x):
+            ridge = Ridge(alpha=float(alpha)).fit(x[fit_rows], y[fit_rows])
+            oof[held_out] = x[held_out] @ ridge.coef_ + ridge.intercept_
+        ridge = Ridge(alpha=float(alpha)).fit(x, y)
+        return cls(vectorizer, ridge.coef_, ridge.intercept_), oof
+
     def predict(self, texts: Sequence[str]) -> np.ndarray:
         texts = list(texts)
         if not texts:

@@ -22,19 +22,23 @@ from pipeline.ranking.losses import LOSSES
 from pipeline.ranking.metrics import kendall_tau_b, pair_accuracy
 
 
-def prepare_for_training(model, method: str, train_lengths) -> None:
+def prepare_for_training(model, method: str, train_lengths, train_prior=None) -> None:
     """Freeze the encoder's pooler: the score reads the [CLS] hidden state, so the pooler gets no
     gradient, and DDP refuses parameters that take no part in the loss. (It stays in the state dict,
     so checkpoints keep the encoder's usual layout.)
 
-    Pointwise regresses onto log(1 + length) (about 5-7): start the head's bias at the mean target,
-    so the few hundred steps at lr 2e-5 learn the ranking instead of just the offset."""
+    Pointwise regresses onto log(1 + length) (about 5-7): start the head's bias at the mean target
+    (less the lexical prior, when the score adds one), so the steps learn the ranking instead of
+    just the offset."""
     pooler = getattr(model.encoder, "pooler", None)
     if isinstance(pooler, torch.nn.Module):
         pooler.requires_grad_(False)
     if method == "pointwise" and len(train_lengths):
         with torch.no_grad():
-            model.head.bias.fill_(float(np.mean(np.log1p(np.asarray(train_lengths, np.float64)))))
+            target = np.log1p(np.asarray(train_lengths, np.float64))
+            if train_prior is not None:
+                target = target - np.asarray(train_prior, np.float64)
+            model.head.bias.fill_(float(np.mean(target)))
 
 
 class RankerModule(L.LightningModule):
@@ -91,9 +95,15 @@ class RankerModule(L.LightningModule):
         self._t0 = time.perf_counter()
 
     def batch_scores(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        """The encoder's scores, plus the batch's lexical prior when it carries one: the encoder
+        then learns what the prior misses (serving adds the same prior: `attach_lexical`)."""
         if "hidden" in batch:
-            return self.model.score_from(batch["hidden"], batch["attention_mask"], self.frozen_layers).float()
-        return self(batch["input_ids"], batch["attention_mask"]).float()
+            scores = self.model.score_from(batch["hidden"], batch["attention_mask"], self.frozen_layers).float()
+        else:
+            scores = self(batch["input_ids"], batch["attention_mask"]).float()
+        if "prior" in batch:
+            scores = scores + batch["prior"].to(scores.device, scores.dtype)
+        return scores
 
     def training_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> torch.Tensor:
         scores = self.batch_scores(batch)

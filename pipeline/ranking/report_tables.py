@@ -162,6 +162,18 @@ def render_markdown(ranking: dict, estimated_ceilings: list[dict] | None = None)
             f"{e['noise_ceiling']['n_prompts']} prompts (`{e['command']}`)."
         )
     settings = ranking.get("settings", {})
+    with_prior = settings.get("lexical_prior") or []
+    if with_prior:
+        n_predictors = sum(len(by_method) for by_method in ranking["predictors"].values())
+        which = (
+            "Every predictor scores"
+            if len(with_prior) == n_predictors
+            else f"{len(with_prior)} of the predictors ({', '.join(f'`{p}`' for p in with_prior)}) score"
+        )
+        notes.append(
+            f"{which} with a lexical prior: a TF-IDF + ridge regression fitted on its own train prompts is "
+            "added to the encoder's score, in training (out-of-fold) and in serving (`train.lexical_prior`)."
+        )
     notes.append(
         f"Prompt length counted with the `{settings.get('baseline_tokenizer', 'minilm-l6')}` tokenizer; "
         f"pair accuracy on pairs with relative length gap ≥ δ={settings.get('delta')}."

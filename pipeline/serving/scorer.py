@@ -8,7 +8,7 @@ from typing import Iterator, Sequence
 
 import numpy as np
 
-from pipeline.ranking.checkpoint import META, WEIGHTS, CheckpointError, read_meta, sha256_file
+from pipeline.ranking.checkpoint import LEXICAL, META, WEIGHTS, CheckpointError, read_meta, sha256_file
 
 # save_pretrained of a fast BERT tokenizer writes tokenizer.json; a slow one writes vocab.txt
 TOKENIZER_FILES = ("tokenizer.json", "vocab.txt")
@@ -56,10 +56,6 @@ def verify_files(path: Path, meta: dict) -> None:
                 f"checkpoint {path}: {name} sha256 {actual[:12]}… does not match {META} "
                 f"({expected[:12]}…); the file was changed after export"
             )
-
-
-# pars.json key (written by the blend stage): the lexical model blended with the encoder's score
-LEXICAL = "lexical"
 
 
 def load_lexical(path: Path, meta: dict):
