@@ -15,6 +15,7 @@ import os
 import shutil
 import subprocess
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -83,6 +84,28 @@ def _cpu_has_bf16() -> bool:
         return False
 
 
+def lexical_prior_settings(raw: Any) -> dict[str, Any] | None:
+    """train.lexical_prior as numbers, or None when it is off (null); ValueError naming the key
+    for anything else, before the slow work."""
+    if raw is None:
+        return None
+    if not isinstance(raw, Mapping):
+        raise ValueError(
+            f"params train.lexical_prior: expected null or {{ngram_max, min_df, alpha, folds}}, got {raw!r}"
+        )
+    out: dict[str, Any] = {}
+    for key, least in (("ngram_max", 1), ("min_df", 1), ("folds", 2)):
+        value = raw[key]
+        if isinstance(value, bool) or not isinstance(value, int) or value < least:
+            raise ValueError(f"params train.lexical_prior.{key}: expected an integer >= {least}, got {value!r}")
+        out[key] = value
+    alpha = raw["alpha"]
+    if isinstance(alpha, bool) or not isinstance(alpha, (int, float)) or not 0 < alpha < float("inf"):
+        raise ValueError(f"params train.lexical_prior.alpha: expected a number > 0, got {alpha!r}")
+    out["alpha"] = float(alpha)
+    return out
+
+
 def _runs_on_gpu(accelerator: str) -> bool:
     import torch
 
@@ -125,6 +148,7 @@ def train_one(
             f"(it runs this command once per device)"
         )
     precision = resolve_precision(lt["precision"], lt["accelerator"])
+    prior_cfg = lexical_prior_settings(cfg["lexical_prior"])
     trainer_args = {
         "max_epochs": int(cfg["epochs"]),
         "accelerator": lt["accelerator"],
@@ -173,17 +197,12 @@ def train_one(
         head_fraction=head_fraction,
         length_buckets=int(cfg["length_buckets"]),
     )
-    prior_cfg, lexical = cfg["lexical_prior"], None
+    lexical = None
     if prior_cfg:
         t_prior = time.perf_counter()
-        lexical = dm.fit_lexical_prior(
-            alpha=float(prior_cfg["alpha"]),
-            ngram_max=int(prior_cfg["ngram_max"]),
-            min_df=int(prior_cfg["min_df"]),
-            folds=int(prior_cfg["folds"]),
-        )
+        lexical = dm.fit_lexical_prior(**prior_cfg)
         print(
-            f"train {model_name}/{method}: lexical prior (TF-IDF + ridge, {int(prior_cfg['folds'])}-fold on "
+            f"train {model_name}/{method}: lexical prior (TF-IDF + ridge, {prior_cfg['folds']}-fold on "
             f"{len(dm.train_table)} train prompts) in {time.perf_counter() - t_prior:.0f} s",
             flush=True,
         )
@@ -294,7 +313,7 @@ def train_one(
                 lexical,
                 encoder_weight=1.0,
                 lexical_weight=1.0,
-                alpha=float(prior_cfg["alpha"]),
+                alpha=prior_cfg["alpha"],
                 trained_with="train.lexical_prior: the encoder learned the residual of this regression",
             )
         result = {

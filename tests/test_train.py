@@ -262,6 +262,15 @@ def test_missing_pairs_and_bad_settings_are_clear(toy_root, tiny_encoder_dir, mo
         )
     with pytest.raises(ValueError, match="pairwise_mode"):
         run(toy_root, tiny_encoder_dir, "pairwise", "bad", pairwise_mode="sometimes")
+    prior = {"ngram_max": 2, "min_df": 1, "alpha": 1.0, "folds": 4}
+    for bad, where in (
+        (True, r"train\.lexical_prior: expected null"),
+        ({**prior, "folds": 1}, r"train\.lexical_prior\.folds"),
+        ({**prior, "alpha": "abc"}, r"train\.lexical_prior\.alpha"),
+        ({**prior, "ngram_max": 1.5}, r"train\.lexical_prior\.ngram_max"),
+    ):
+        with pytest.raises(ValueError, match=where):
+            run(toy_root, tiny_encoder_dir, "pairwise", "bad", lexical_prior=bad)
 
 
 def test_max_train_prompts_caps_the_training_set(toy_root, tiny_encoder_dir, monkeypatch):
