@@ -24,7 +24,9 @@ def main() -> None:
     parser.add_argument("--k", type=int, default=4)
     parser.add_argument("--max-tokens", type=int, default=256)
     parser.add_argument("--max-num-seqs", type=int, default=64)
-    parser.add_argument("--dtype", default="float32")
+    parser.add_argument(
+        "--dtype", default="float32", help="vLLM dtype, or native (bfloat16 where the CPU computes it natively)"
+    )
     parser.add_argument("--json", default=None)
     args = parser.parse_args()
     os.environ.setdefault("OMP_NUM_THREADS", str(os.cpu_count()))

@@ -59,8 +59,9 @@ def main(argv: list[str] | None = None) -> int:
     import torch
     from transformers import AutoModel
 
+    from pipeline.hardware import cpu_has_native_bf16
     from pipeline.ranking.model import resolve_encoder
-    from pipeline.train import _cpu_has_bf16, resolve_precision
+    from pipeline.train import resolve_precision
 
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
@@ -71,7 +72,7 @@ def main(argv: list[str] | None = None) -> int:
     bf16 = step_seconds(layers, x, True, args.steps)
     result = {
         "cpu": cpu_name(),
-        "native_bf16": _cpu_has_bf16(),
+        "native_bf16": cpu_has_native_bf16(),
         "auto_resolves_to": resolve_precision("auto", "cpu"),
         "threads": args.threads,
         "step": "MiniLM-L6 layers 4-6, batch 32 x 128 tokens, forward + backward",

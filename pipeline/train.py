@@ -22,6 +22,7 @@ from typing import Any
 import pandas as pd
 
 from pipeline.contracts import write_json
+from pipeline.hardware import cpu_has_native_bf16
 from pipeline.params import load_params
 from pipeline.ranking.losses import METHODS
 
@@ -74,16 +75,6 @@ def make_logger(model: str, method: str, cfg: dict[str, Any], datasets: list[str
     )
 
 
-def _cpu_has_bf16() -> bool:
-    """Whether this CPU computes bfloat16 matmuls natively (oneDNN's check; False if unknown)."""
-    import torch
-
-    try:
-        return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
-    except (AttributeError, RuntimeError):
-        return False
-
-
 def lexical_prior_settings(raw: Any) -> dict[str, Any] | None:
     """train.lexical_prior as numbers, or None when it is off (null); ValueError naming the key
     for anything else, before the slow work."""
@@ -124,7 +115,7 @@ def resolve_precision(precision: str, accelerator: str) -> str:
         return str(precision)
     if _runs_on_gpu(accelerator):
         return "bf16-mixed" if torch.cuda.is_bf16_supported() else "32-true"
-    return "bf16-mixed" if _cpu_has_bf16() else "32-true"
+    return "bf16-mixed" if cpu_has_native_bf16() else "32-true"
 
 
 def train_one(
@@ -168,7 +159,7 @@ def train_one(
 
     torch.set_num_threads(int(cfg["torch_threads"]))
     on_gpu = _runs_on_gpu(lt["accelerator"])
-    if precision.startswith("bf16") and not on_gpu and not _cpu_has_bf16():
+    if precision.startswith("bf16") and not on_gpu and not cpu_has_native_bf16():
         print(
             f"train {model_name}/{method}: warning: train.lightning.precision {precision} on a CPU "
             f"without native bfloat16 (AVX512-BF16 / AMX) is emulated and slow; 32-true (or auto) is faster here",

@@ -368,3 +368,21 @@ def test_vllm_identity_adds_repetition_penalty_only_when_set():
     for bad in (0, float("nan"), "strong", True):
         with pytest.raises(ValueError, match="repetition_penalty must be a number > 0"):
             VllmBackend({**base, "repetition_penalty": bad}).identity()
+
+
+def test_vllm_native_dtype_is_bf16_only_where_native_and_keys_the_cache(monkeypatch):
+    """`dtype: native` is bfloat16 on a CPU with native bf16 and float32 on one without; the dtype
+    the answers were made in is part of the cache key (float32 stays out: older caches keep theirs)."""
+    import pipeline.backends.vllm_backend as vb
+    import pipeline.hardware as hardware
+
+    monkeypatch.setattr(vb, "_on_cpu", lambda: True)
+    base = {"model": "m", "k": 4, "max_tokens": 256}
+    float32 = vb.VllmBackend({**base, "dtype": "float32"}).identity()
+    assert "dtype" not in float32
+    for native, expected in ((True, "bfloat16"), (False, "float32")):
+        monkeypatch.setattr(hardware, "cpu_has_native_bf16", lambda native=native: native)
+        backend = vb.VllmBackend({**base, "dtype": "native"})
+        assert backend.dtype == expected
+        assert (cache_key(backend.identity(), "p") == cache_key(float32, "p")) is (expected == "float32")
+    assert vb.VllmBackend({**base, "dtype": "bfloat16"}).identity()["dtype"] == "bfloat16"

@@ -435,7 +435,7 @@ def test_auto_precision_takes_bf16_only_where_it_is_native(monkeypatch):
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     for native, expected in ((True, "bf16-mixed"), (False, "32-true")):
-        monkeypatch.setattr(train_mod, "_cpu_has_bf16", lambda native=native: native)
+        monkeypatch.setattr(train_mod, "cpu_has_native_bf16", lambda native=native: native)
         assert train_mod.resolve_precision("auto", "cpu") == expected
         assert train_mod.resolve_precision("auto", "auto") == expected
         assert train_mod.resolve_precision("bf16-mixed", "cpu") == "bf16-mixed"
