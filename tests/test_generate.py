@@ -371,18 +371,33 @@ def test_vllm_identity_adds_repetition_penalty_only_when_set():
 
 
 def test_vllm_native_dtype_is_bf16_only_where_native_and_keys_the_cache(monkeypatch):
-    """`dtype: native` is bfloat16 on a CPU with native bf16 and float32 on one without; the dtype
-    the answers were made in is part of the cache key (float32 stays out: older caches keep theirs)."""
+    """`dtype: native` is bfloat16 on a CPU with native bf16 and float32 on one without; a dtype
+    `native` picked (other than float32) is part of the cache key, a dtype the params name is not
+    (caches made before the knob keep their keys)."""
     import pipeline.backends.vllm_backend as vb
     import pipeline.hardware as hardware
 
     monkeypatch.setattr(vb, "_on_cpu", lambda: True)
     base = {"model": "m", "k": 4, "max_tokens": 256}
-    float32 = vb.VllmBackend({**base, "dtype": "float32"}).identity()
-    assert "dtype" not in float32
+    unset = vb.VllmBackend(base).identity()
+    for dtype in ("float32", "bfloat16", "auto"):
+        assert vb.VllmBackend({**base, "dtype": dtype}).identity() == unset
     for native, expected in ((True, "bfloat16"), (False, "float32")):
         monkeypatch.setattr(hardware, "cpu_has_native_bf16", lambda native=native: native)
         backend = vb.VllmBackend({**base, "dtype": "native"})
         assert backend.dtype == expected
-        assert (cache_key(backend.identity(), "p") == cache_key(float32, "p")) is (expected == "float32")
-    assert vb.VllmBackend({**base, "dtype": "bfloat16"}).identity()["dtype"] == "bfloat16"
+        assert (cache_key(backend.identity(), "p") == cache_key(unset, "p")) is (expected == "float32")
+    with pytest.raises(ValueError, match="not engine_args.dtype"):
+        vb.VllmBackend({**base, "engine_args": {"dtype": "half"}})
+
+
+def test_vllm_native_dtype_on_a_gpu_needs_compute_capability_8(monkeypatch):
+    """On a GPU `native` is bfloat16 from compute capability 8.0 (vLLM refuses it below) and float16 under."""
+    from vllm.platforms import current_platform
+
+    from pipeline.backends.vllm_backend import resolve_dtype
+
+    for capable, expected in ((True, "bfloat16"), (False, "float16")):
+        monkeypatch.setattr(current_platform, "has_device_capability", lambda cap, capable=capable: capable)
+        assert resolve_dtype("native", cpu=False) == expected
+    assert resolve_dtype("half", cpu=False) == "half"

@@ -25,17 +25,20 @@ def _on_cpu() -> bool:
 def resolve_dtype(dtype: str, cpu: bool) -> str:
     """vLLM's dtype for `generate.models.<m>.dtype`. `native`: bfloat16 where the device computes it
     natively (a CPU with AVX512-BF16 / AMX: 1.49x the tokens/s of float32 on SmolLM2,
-    metrics/choices/generation_dtype-avx512bf16.json; a GPU that supports it), else float32 on a CPU
-    (emulated bfloat16 is far slower) and float16 on a GPU. Anything else is passed to vLLM as given."""
+    metrics/choices/generation_dtype-avx512bf16.json; a GPU of compute capability >= 8.0), else
+    float32 on a CPU (emulated bfloat16 is far slower) and float16 on an older GPU (vLLM refuses
+    bfloat16 there). Anything else is passed to vLLM as given."""
     if str(dtype) != "native":
         return str(dtype)
     if cpu:
         from pipeline.hardware import cpu_has_native_bf16
 
         return "bfloat16" if cpu_has_native_bf16() else "float32"
-    import torch
+    # vLLM's check reads the capability without starting CUDA in this process (torch's
+    # is_bf16_supported would, and counts emulation as support)
+    from vllm.platforms import current_platform
 
-    return "bfloat16" if torch.cuda.is_bf16_supported() else "float16"
+    return "bfloat16" if current_platform.has_device_capability(80) else "float16"
 
 
 class VllmBackend(Backend):
@@ -47,6 +50,8 @@ class VllmBackend(Backend):
             raise ValueError("vllm backend: params need `model` (a local dir or a hub id)")
         self.k = int(self.spec.get("k", 4))
         self.cpu = _on_cpu()
+        if "dtype" in self.spec.get("engine_args", {}):
+            raise ValueError("vllm backend: set the model's `dtype`, not engine_args.dtype")
         self.dtype = resolve_dtype(self.spec.get("dtype", "auto"), self.cpu)
         self._llm = None
         self.skipped: dict[str, str] = {}
@@ -71,9 +76,10 @@ class VllmBackend(Backend):
             raise ValueError(f"vllm backend: repetition_penalty must be a number > 0, got {raw!r}")
         if penalty != 1.0:  # only when set, so caches made before the knob existed stay valid
             ident["repetition_penalty"] = penalty
-        # the answers' numerics: a resumed run never mixes dtypes (`native` resolves per machine).
-        # float32 stays out of the key, so the float32 caches made before it was in keep theirs
-        if self.dtype != "float32":
+        # A dtype that `native` picked on this machine, other than float32, is in the key: a run on
+        # another machine (or a float32 cache) never passes its answers off as these. A dtype the
+        # params name is theirs, outside the key as before, so existing caches keep their keys.
+        if self.spec.get("dtype") == "native" and self.dtype != "float32":
             ident["dtype"] = self.dtype
         return ident
 
