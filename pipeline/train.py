@@ -84,6 +84,9 @@ def lexical_prior_settings(raw: Any) -> dict[str, Any] | None:
         raise ValueError(
             f"params train.lexical_prior: expected null or {{ngram_max, min_df, alpha, folds}}, got {raw!r}"
         )
+    missing = sorted({"ngram_max", "min_df", "alpha", "folds"} - set(raw))
+    if missing:
+        raise ValueError(f"params train.lexical_prior: missing {', '.join(missing)}")
     out: dict[str, Any] = {}
     for key, least in (("ngram_max", 1), ("min_df", 1), ("folds", 2)):
         value = raw[key]

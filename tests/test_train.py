@@ -268,6 +268,7 @@ def test_missing_pairs_and_bad_settings_are_clear(toy_root, tiny_encoder_dir, mo
         ({**prior, "folds": 1}, r"train\.lexical_prior\.folds"),
         ({**prior, "alpha": "abc"}, r"train\.lexical_prior\.alpha"),
         ({**prior, "ngram_max": 1.5}, r"train\.lexical_prior\.ngram_max"),
+        ({"alpha": 1.0}, r"train\.lexical_prior: missing folds, min_df, ngram_max"),
     ):
         with pytest.raises(ValueError, match=where):
             run(toy_root, tiny_encoder_dir, "pairwise", "bad", lexical_prior=bad)
