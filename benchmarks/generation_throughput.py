@@ -27,6 +27,12 @@ def main() -> None:
     parser.add_argument(
         "--dtype", default="float32", help="vLLM dtype, or native (bfloat16 where the CPU computes it natively)"
     )
+    parser.add_argument(
+        "--enforce-eager",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="vLLM enforce_eager (default: the backend's, eager on a CPU)",
+    )
     parser.add_argument("--json", default=None)
     args = parser.parse_args()
     os.environ.setdefault("OMP_NUM_THREADS", str(os.cpu_count()))
@@ -57,6 +63,7 @@ def main() -> None:
             "dtype": args.dtype,
             "max_num_seqs": args.max_num_seqs,
             "max_model_len": 2048,
+            **({} if args.enforce_eager is None else {"enforce_eager": args.enforce_eager}),
         }
     )
     t0 = time.perf_counter()
@@ -76,6 +83,8 @@ def main() -> None:
         "prompts": len(results),
         "k": args.k,
         "max_tokens": args.max_tokens,
+        "dtype": backend.dtype,
+        "enforce_eager": args.enforce_eager,
         "engine_startup_s": round(startup, 1),
         "wall_s": round(wall, 1),
         "output_tokens": tokens,

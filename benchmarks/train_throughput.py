@@ -13,6 +13,8 @@ whole val split:
                      only the top layers; length buckets
 - `frozen<k>+buckets+bf16` the same in bfloat16 mixed precision (`train.lightning.precision:
                      bf16-mixed`: CPU autocast; native on AVX512-BF16 / AMX CPUs), cache included
+- `frozen<k>+buckets+bf16+all_positions` the same with the last layer run at every position: the
+                     training code before [CLS] pooling computed that layer at the first position alone
 - `per_pair`         the paper's batches: `batch_size / 2` rows of train.parquet per step, both
                      prompts encoded (the same number of encodings per step), full fine-tuning
 
@@ -64,6 +66,14 @@ def configurations(args) -> dict[str, dict]:
         "full+buckets": {"pairwise_mode": "in_batch", "frozen_layers": 0, "length_buckets": buckets, **fp32},
         f"frozen{k}+buckets": {"pairwise_mode": "in_batch", "frozen_layers": k, "length_buckets": buckets, **fp32},
         f"frozen{k}+buckets+bf16": {"pairwise_mode": "in_batch", "frozen_layers": k, "length_buckets": buckets, **bf16},
+        # the same with the last layer computed at every position (as before the [CLS]-only last layer)
+        f"frozen{k}+buckets+bf16+all_positions": {
+            "pairwise_mode": "in_batch",
+            "frozen_layers": k,
+            "length_buckets": buckets,
+            "last_layer_all_positions": True,
+            **bf16,
+        },
         "per_pair": {"pairwise_mode": "per_pair", "frozen_layers": 0, "length_buckets": 0, **fp32},
     }
 
@@ -93,6 +103,7 @@ def run_config(name: str, cfg: dict, args, data, tokenizer) -> dict:
         length_buckets=cfg["length_buckets"],
     )
     model = LengthRanker.from_pretrained_encoder(args.encoder)
+    model.last_layer_all_positions = bool(cfg.get("last_layer_all_positions", False))
     prepare_for_training(model, "pairwise", [])
     cache_s = 0.0
     if frozen:  # as pipeline/train.py train_one: freeze, then run the frozen part once over all prompts

@@ -314,7 +314,8 @@ def test_split_forward_equals_full_forward(tiny_ranker, pooling):
     mask[1, 6:] = 0  # padding must be masked the same way in both paths
     mask[2, 3:] = 0
     with torch.no_grad():
-        full = tiny_ranker(input_ids=ids, attention_mask=mask)
+        full = tiny_ranker.full_forward(input_ids=ids, attention_mask=mask)  # the encoder's own forward
+        assert torch.allclose(tiny_ranker(input_ids=ids, attention_mask=mask), full, atol=1e-5)
         for k in range(tiny_ranker.num_layers + 1):
             split = tiny_ranker.score_from(tiny_ranker.hidden_after(ids, mask, k), mask, k)
             assert torch.allclose(split, full, atol=1e-5), k
@@ -323,6 +324,30 @@ def test_split_forward_equals_full_forward(tiny_ranker, pooling):
             assert torch.allclose(alone, full[2:], atol=1e-5)
     with pytest.raises(ValueError, match="frozen_layers must be in 0..2"):
         tiny_ranker.freeze_lower(3)
+
+
+def test_first_position_shortcut_trains_like_the_full_layer(tiny_ranker):
+    """[CLS] pooling computes the last layer at the first position alone: the gradients reaching
+    every trained weight are those of the encoder's own forward (dropout off, so both are exact)."""
+    for module in tiny_ranker.modules():
+        if isinstance(module, torch.nn.Dropout):
+            module.p = 0.0
+    tiny_ranker.train()
+    torch.manual_seed(2)
+    ids = torch.randint(1000, 2000, (4, 11))
+    mask = torch.ones_like(ids)
+    mask[1, 5:] = 0
+    grads = []
+    for forward in (tiny_ranker.full_forward, tiny_ranker.forward):
+        tiny_ranker.zero_grad()
+        (forward(input_ids=ids, attention_mask=mask) * torch.arange(1.0, 5.0)).sum().backward()
+        grads.append({n: p.grad.clone() for n, p in tiny_ranker.named_parameters() if p.grad is not None})
+    full, short = grads
+    # the pooler and the last layer's query/feed-forward at other positions get no gradient either way
+    assert set(short) <= set(full) and any("layer.1.output" in n for n in short)
+    for name, grad in short.items():
+        assert torch.allclose(grad, full[name], atol=1e-5), name
+    assert all(not full[n].abs().sum() for n in set(full) - set(short))
 
 
 def test_pooling_is_checked_and_travels_with_the_checkpoint(tiny_bert_config, tokenizer, tmp_path):
