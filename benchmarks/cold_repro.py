@@ -38,6 +38,11 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repo", default=".", help="the checkout to clone (its HEAD) and whose .venv to use")
     parser.add_argument("--workdir", default=None, help="the folder for the temp dir of the clone (removed after)")
+    parser.add_argument(
+        "--keep",
+        default=None,
+        help="clone into this new folder and keep it (its DVC cache can restore the same stages elsewhere)",
+    )
     parser.add_argument("--json", default=None)
     args = parser.parse_args()
     repo = Path(args.repo).resolve()
@@ -45,8 +50,10 @@ def main() -> None:
     if not (venv / "bin" / "dvc").exists():
         raise SystemExit(f"--repo {repo}: no .venv/bin/dvc (run scripts/setup.sh first)")
     commit = subprocess.run(["git", "-C", str(repo), "rev-parse", "HEAD"], capture_output=True, text=True, check=True)
+    if args.keep and Path(args.keep).exists():
+        raise SystemExit(f"--keep {args.keep}: already exists")
     with tempfile.TemporaryDirectory(dir=args.workdir) as tmp:
-        clone = Path(tmp) / "clone"
+        clone = Path(args.keep).resolve() if args.keep else Path(tmp) / "clone"
         if subprocess.run(["git", "clone", "-q", str(repo), str(clone)]).returncode:
             raise SystemExit(f"git clone of {repo} into {clone} failed")
         (clone / ".venv").symlink_to(venv)
