@@ -117,7 +117,8 @@ def resolve_precision(precision: str, accelerator: str) -> str:
     if str(precision) != "auto":
         return str(precision)
     if _runs_on_gpu(accelerator):
-        return "bf16-mixed" if torch.cuda.is_bf16_supported() else "32-true"
+        # emulated bf16 (pre-Ampere GPUs) counts as support by default: it is far slower than fp32
+        return "bf16-mixed" if torch.cuda.is_bf16_supported(including_emulation=False) else "32-true"
     return "bf16-mixed" if cpu_has_native_bf16() else "32-true"
 
 

@@ -348,6 +348,10 @@ def test_first_position_shortcut_trains_like_the_full_layer(tiny_ranker):
     for name, grad in short.items():
         assert torch.allclose(grad, full[name], atol=1e-5), name
     assert all(not full[n].abs().sum() for n in set(full) - set(short))
+    # a last layer not laid out as BERT's is run whole, as the encoder's own forward does
+    from pipeline.ranking.model import _bert_layer
+
+    assert _bert_layer(tiny_ranker._layers()[-1]) and not _bert_layer(torch.nn.Linear(2, 2))
 
 
 def test_pooling_is_checked_and_travels_with_the_checkpoint(tiny_bert_config, tokenizer, tmp_path):
@@ -466,6 +470,16 @@ def test_auto_precision_takes_bf16_only_where_it_is_native(monkeypatch):
         assert train_mod.resolve_precision("auto", "auto") == expected
         assert train_mod.resolve_precision("bf16-mixed", "cpu") == "bf16-mixed"
         assert train_mod.resolve_precision("32-true", "cpu") == "32-true"
+    # a GPU: native bf16 (compute capability >= 8.0) picks bf16-mixed; bf16 that torch only
+    # emulates (a pre-Ampere GPU, which is_bf16_supported counts by default) picks 32-true
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    for native, expected in ((True, "bf16-mixed"), (False, "32-true")):
+        monkeypatch.setattr(
+            torch.cuda,
+            "is_bf16_supported",
+            lambda including_emulation=True, native=native: native or including_emulation,
+        )
+        assert train_mod.resolve_precision("auto", "gpu") == expected
 
 
 def test_a_bf16_cache_scores_like_float32(tiny_ranker):

@@ -104,7 +104,12 @@ class LengthRanker(nn.Module):
         if not torch.is_autocast_enabled(hidden.device.type):
             hidden = hidden.to(self.head.weight.dtype)  # a bf16 cache scored outside autocast
         stop = self.num_layers
-        if self.pooling == "cls" and not self.last_layer_all_positions and start_layer < stop:
+        if (
+            self.pooling == "cls"
+            and not self.last_layer_all_positions
+            and start_layer < stop
+            and _bert_layer(self._layers()[stop - 1])
+        ):
             # only the first position's output is read: the last layer computes that one alone
             hidden = self._run_layers(hidden, attention_mask, start_layer, stop - 1)
             hidden = _first_position_layer(self._layers()[stop - 1], hidden, attention_mask)
@@ -119,6 +124,14 @@ class LengthRanker(nn.Module):
             out = layer(hidden, attention_mask=additive)
             hidden = out[0] if isinstance(out, tuple) else out
         return hidden
+
+
+def _bert_layer(layer: nn.Module) -> bool:
+    """A layer laid out as BERT's (RoBERTa and ELECTRA copy it): one the first-position shortcut knows."""
+    inner = getattr(getattr(layer, "attention", None), "self", None)
+    return all(hasattr(inner, a) for a in ("query", "key", "value", "num_attention_heads", "scaling")) and all(
+        hasattr(layer, a) for a in ("intermediate", "output")
+    )
 
 
 def _first_position_layer(layer: nn.Module, hidden: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
