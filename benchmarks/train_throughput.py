@@ -15,6 +15,9 @@ whole val split:
                      bf16-mixed`: CPU autocast; native on AVX512-BF16 / AMX CPUs), cache included
 - `frozen<k>+buckets+bf16+all_positions` the same with the last layer run at every position: the
                      training code before [CLS] pooling computed that layer at the first position alone
+- `frozen<k>+buckets+bf16+torch_dropout` the default with torch's own dropout masks instead of the
+                     cheap CPU ones (pipeline.ranking.dropout; every other configuration uses those,
+                     as pipeline/train.py does)
 - `per_pair`         the paper's batches: `batch_size / 2` rows of train.parquet per step, both
                      prompts encoded (the same number of encodings per step), full fine-tuning
 
@@ -38,6 +41,7 @@ import json
 import os
 import sys
 import time
+from contextlib import nullcontext
 
 os.environ.setdefault("WANDB_MODE", "disabled")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -74,6 +78,13 @@ def configurations(args) -> dict[str, dict]:
             "last_layer_all_positions": True,
             **bf16,
         },
+        f"frozen{k}+buckets+bf16+torch_dropout": {
+            "pairwise_mode": "in_batch",
+            "frozen_layers": k,
+            "length_buckets": buckets,
+            "torch_dropout": True,
+            **bf16,
+        },
         "per_pair": {"pairwise_mode": "per_pair", "frozen_layers": 0, "length_buckets": 0, **fp32},
     }
 
@@ -83,6 +94,7 @@ def run_config(name: str, cfg: dict, args, data, tokenizer) -> dict:
     import lightning as L
 
     from pipeline.ranking.data import RankingDataModule
+    from pipeline.ranking.dropout import fast_dropout
     from pipeline.ranking.lightning import RankerModule, prepare_for_training
     from pipeline.ranking.model import LengthRanker
 
@@ -124,7 +136,8 @@ def run_config(name: str, cfg: dict, args, data, tokenizer) -> dict:
         enable_model_summary=False,
         enable_progress_bar=not args.quiet,
     )
-    trainer.fit(module, datamodule=dm)
+    with nullcontext() if cfg.get("torch_dropout") else fast_dropout(model):
+        trainer.fit(module, datamodule=dm)
     val_trainer = L.Trainer(
         accelerator="cpu",
         devices=1,
@@ -195,7 +208,7 @@ def main(argv: list[str] | None = None) -> int:
         "--configs",
         default=None,
         help="comma list of configurations to run (default all: full, full+buckets, frozen<k>+buckets, "
-        "frozen<k>+buckets+bf16, per_pair)",
+        "frozen<k>+buckets+bf16 and its +all_positions and +torch_dropout variants, per_pair)",
     )
     ap.add_argument("--steps", type=int, default=60, help="optimiser steps per configuration")
     ap.add_argument("--batch-size", type=int, default=32, help="prompts encoded per step, every configuration")

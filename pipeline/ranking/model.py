@@ -10,10 +10,10 @@ from pathlib import Path
 from typing import Sequence
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from pipeline.encoders import resolve_encoder
+from pipeline.ranking.dropout import scaled_dot_product_attention
 
 POOLINGS = ("cls", "mean")
 
@@ -147,13 +147,13 @@ def _first_position_layer(layer: nn.Module, hidden: torch.Tensor, attention_mask
     query = inner.query(first).view(batch, 1, heads, size).transpose(1, 2)
     key = inner.key(hidden).view(batch, width, heads, size).transpose(1, 2)
     value = inner.value(hidden).view(batch, width, heads, size).transpose(1, 2)
-    context = F.scaled_dot_product_attention(
+    context = scaled_dot_product_attention(
         query,
         key,
         value,
-        attn_mask=attention_mask[:, None, None, :].bool(),  # True where attended
-        dropout_p=inner.dropout.p if inner.training else 0.0,
-        scale=inner.scaling,
+        attention_mask[:, None, None, :].bool(),  # True where attended
+        inner.dropout.p if inner.training else 0.0,
+        inner.scaling,
     )
     attended = attention.output(context.transpose(1, 2).reshape(batch, 1, heads * size), first)
     return layer.output(layer.intermediate(attended), attended)
