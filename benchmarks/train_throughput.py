@@ -18,6 +18,8 @@ whole val split:
 - `frozen<k>+buckets+bf16+torch_dropout` the default with torch's own dropout masks instead of the
                      cheap CPU ones (pipeline.ranking.dropout; every other configuration uses those,
                      as pipeline/train.py does)
+- `frozen<k>+buckets+bf16+adamw_loop` the default with torch's per-parameter AdamW loop instead of
+                     its fused AdamW (pipeline.ranking.lightning: fused wherever no GradScaler runs)
 - `per_pair`         the paper's batches: `batch_size / 2` rows of train.parquet per step, both
                      prompts encoded (the same number of encodings per step), full fine-tuning
 
@@ -29,6 +31,7 @@ relative to `full`.
 
     python benchmarks/train_throughput.py --model chatgpt --steps 60
     python benchmarks/train_throughput.py --configs full,frozen3+buckets --json /tmp/train_bench.json
+    python benchmarks/train_throughput.py --configs frozen3+buckets+bf16,frozen3+buckets+bf16+adamw_loop --repeats 4
 
 Needs data/pairs/<model>/ (`dvc repro pairs@<model>`). Run it on idle cores: the numbers are
 wall-clock rates.
@@ -85,6 +88,13 @@ def configurations(args) -> dict[str, dict]:
             "torch_dropout": True,
             **bf16,
         },
+        f"frozen{k}+buckets+bf16+adamw_loop": {
+            "pairwise_mode": "in_batch",
+            "frozen_layers": k,
+            "length_buckets": buckets,
+            "adamw_loop": True,
+            **bf16,
+        },
         "per_pair": {"pairwise_mode": "per_pair", "frozen_layers": 0, "length_buckets": 0, **fp32},
     }
 
@@ -123,6 +133,8 @@ def run_config(name: str, cfg: dict, args, data, tokenizer) -> dict:
         cache_s = dm.cache_hidden(model, frozen, batch_size=args.eval_batch_size, precision=cfg["precision"])
     model.train()  # from_pretrained returns eval mode; Lightning keeps the mode it finds
     module = RankerModule(model, "pairwise", lr=args.lr, val_pairs=dm.val_pair_idx, frozen_layers=frozen)
+    if cfg.get("adamw_loop"):
+        module._fused_adamw = lambda params: False
     trainer = L.Trainer(
         max_steps=args.steps,
         accelerator="cpu",
@@ -172,6 +184,26 @@ def run_config(name: str, cfg: dict, args, data, tokenizer) -> dict:
     }
 
 
+def pooled(runs: list[dict]) -> dict:
+    """One configuration's repeats as one row: rates over the summed train seconds, the median cache
+    pass, each run's prompts/s kept (`prompts_per_s_runs`); the rest from the first run (the same
+    seed trains the same way each time)."""
+    import statistics
+
+    row = dict(runs[0])
+    secs = sum(r["train_s"] for r in runs)
+    if len(runs) > 1 and secs:
+        row["train_s"] = round(secs, 1)
+        row["prompts_per_s"] = round(sum(r["prompts_encoded"] for r in runs) / secs, 2)
+        row["pairs_per_s"] = round(sum(r["pairs"] for r in runs) / secs, 2)
+        row["cache_s"] = round(statistics.median(r["cache_s"] for r in runs), 1)
+        row["epoch_s_est"] = round(row["cache_s"] + row["epoch_prompts"] / row["prompts_per_s"], 1)
+        row["prompts_encoded"] = sum(r["prompts_encoded"] for r in runs)
+        row["pairs"] = sum(r["pairs"] for r in runs)
+    row["prompts_per_s_runs"] = [r["prompts_per_s"] for r in runs]
+    return row
+
+
 def warm_up(args, tokenizer) -> None:
     """One untimed forward/backward, so the first configuration measured does not pay torch's
     first-call costs."""
@@ -208,7 +240,7 @@ def main(argv: list[str] | None = None) -> int:
         "--configs",
         default=None,
         help="comma list of configurations to run (default all: full, full+buckets, frozen<k>+buckets, "
-        "frozen<k>+buckets+bf16 and its +all_positions and +torch_dropout variants, per_pair)",
+        "frozen<k>+buckets+bf16 and its +all_positions, +torch_dropout and +adamw_loop variants, per_pair)",
     )
     ap.add_argument("--steps", type=int, default=60, help="optimiser steps per configuration")
     ap.add_argument("--batch-size", type=int, default=32, help="prompts encoded per step, every configuration")
@@ -224,6 +256,12 @@ def main(argv: list[str] | None = None) -> int:
         default=3000,
         help="seeded subset of train prompts (bounds the cache pass); 0 = all",
     )
+    ap.add_argument(
+        "--repeats",
+        type=int,
+        default=1,
+        help="run the configurations this many times, alternating their order; rates pool the repeats",
+    )
     ap.add_argument("--seed", type=int, default=42)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--json", default=None, help="also write the results here")
@@ -235,6 +273,8 @@ def main(argv: list[str] | None = None) -> int:
     unknown = [n for n in names if n not in available]
     if unknown:
         ap.error(f"unknown configuration(s) {unknown}; choose from {list(available)}")
+    if args.repeats < 1 or len(set(names)) != len(names):
+        ap.error("--repeats must be >= 1 and --configs must name each configuration once")
 
     import torch
 
@@ -246,17 +286,21 @@ def main(argv: list[str] | None = None) -> int:
     tokenizer = load_tokenizer(args.encoder)
     warm_up(args, tokenizer)
     t0 = time.perf_counter()
-    rows = []
-    for i, name in enumerate(names, 1):
-        print(f"[{i}/{len(names)}] {name}: start {available[name]}", flush=True)
+    runs: dict[str, list[dict]] = {name: [] for name in names}
+    # repeats alternate the order (A B, then B A, ...): this machine's speed drifts by 10-20% within
+    # minutes, which a single pass in one order reads as a difference between configurations
+    schedule = [name for r in range(args.repeats) for name in (names if r % 2 == 0 else names[::-1])]
+    for i, name in enumerate(schedule, 1):
+        print(f"[{i}/{len(schedule)}] {name}: start {available[name]}", flush=True)
         t = time.perf_counter()
         row = run_config(name, available[name], args, data, tokenizer)
-        rows.append(row)
+        runs[name].append(row)
         print(
-            f"[{i}/{len(names)}] {name}: done in {time.perf_counter() - t:.0f} s, {row['prompts_per_s']} prompts/s, "
+            f"[{i}/{len(schedule)}] {name}: done in {time.perf_counter() - t:.0f} s, {row['prompts_per_s']} prompts/s, "
             f"cache {row['cache_s']} s, val tau_b {row['val_tau_b']}",
             flush=True,
         )
+    rows = [pooled(runs[name]) for name in names]
 
     first = rows[0]
     print(

@@ -1,11 +1,14 @@
-"""train@{model}-{method}: fit a length ranker with Lightning -> models/<model>/<method>/.
+"""train@{model}: fit length rankers with Lightning, one per method -> models/<model>/<method>/.
 
 Reads data/pairs/<model>/ (labels, train/val pairs, the δ used) and data/prompts/ (texts), and
-the `train` params section. Writes the best epoch by val Kendall tau_b as a serving checkpoint
+the `train` params section. The methods train one after the other in one process: what they have
+in common (labels, token ids, the lexical prior, the frozen lower layers' output) is computed once,
+and each method starts from the seed, so it trains exactly as it would alone (tested). For each
+method it writes the best epoch by val Kendall tau_b as a serving checkpoint
 (pipeline.ranking.checkpoint.save_checkpoint), metrics/train/<model>-<method>.json (DVC metrics)
 and plots/train/<model>-<method>.csv (per-epoch curve). Runs are tracked in W&B through
-Lightning's WandbLogger: offline by default (./wandb, `wandb sync` later), online when
-WANDB_MODE=online or WANDB_API_KEY is set; WANDB_MODE=disabled turns it off.
+Lightning's WandbLogger, one run per method: offline by default (./wandb, `wandb sync` later),
+online when WANDB_MODE=online or WANDB_API_KEY is set; WANDB_MODE=disabled turns it off.
 """
 
 from __future__ import annotations
@@ -133,7 +136,35 @@ def train_one(
     plots_dir: str | Path = "plots/train",
 ) -> dict[str, Any]:
     """Train one (generation model, method) predictor; returns the metrics written."""
+    results = train_methods(
+        model_name,
+        [method],
+        params,
+        data_root=data_root,
+        models_root=models_root,
+        metrics_dir=metrics_dir,
+        plots_dir=plots_dir,
+    )
+    return results[0] if results else {}
+
+
+def train_methods(
+    model_name: str,
+    methods: list[str],
+    params: dict[str, Any],
+    *,
+    data_root: str | Path = "data",
+    models_root: str | Path = "models",
+    metrics_dir: str | Path = "metrics/train",
+    plots_dir: str | Path = "plots/train",
+) -> list[dict[str, Any]]:
+    """Train each method on one model's (or cross-model set's) data; returns the metrics written,
+    one dict per method (none on a DDP rank other than 0). Labels, token ids, the lexical prior and
+    the frozen layers' cache are computed once for all of them (on ChatGPT's 24k prompts about a
+    minute and a half per method saved)."""
     t_start = time.perf_counter()
+    if not methods or any(m not in METHODS for m in methods) or len(set(methods)) != len(methods):
+        raise ValueError(f"methods must be distinct names from {METHODS}, got {methods!r}")
     cfg = params  # params.yaml's train section: every key comes from there, none from code
     lt = cfg["lightning"]  # read before the slow work, so a missing key fails at once
     if str(lt["strategy"]).startswith(("ddp_spawn", "ddp_fork", "ddp_notebook")):
@@ -166,7 +197,7 @@ def train_one(
     on_gpu = _runs_on_gpu(lt["accelerator"])
     if precision.startswith("bf16") and not on_gpu and not cpu_has_native_bf16():
         print(
-            f"train {model_name}/{method}: warning: train.lightning.precision {precision} on a CPU "
+            f"train {model_name}: warning: train.lightning.precision {precision} on a CPU "
             f"without native bfloat16 (AVX512-BF16 / AMX) is emulated and slow; 32-true (or auto) is faster here",
             flush=True,
         )
@@ -179,10 +210,10 @@ def train_one(
         data = RankingData.load(model_name, data_root)
     tokenizer = load_tokenizer(cfg["encoder"])
     head_fraction, frozen = float(cfg["head_fraction"]), int(cfg["frozen_layers"])
-    dm = RankingDataModule(
+    shared = RankingDataModule(  # every method's loaders read these tables (token ids, prior, cache)
         data,
         tokenizer,
-        method,
+        methods[0],
         max_length=int(cfg["max_length"]),
         batch_size=int(cfg["batch_size"]),
         eval_batch_size=int(cfg["eval_batch_size"]),
@@ -193,173 +224,199 @@ def train_one(
         head_fraction=head_fraction,
         length_buckets=int(cfg["length_buckets"]),
     )
-    lexical = None
-    if prior_cfg:
-        t_prior = time.perf_counter()
-        lexical = dm.fit_lexical_prior(**prior_cfg)
-        print(
-            f"train {model_name}/{method}: lexical prior (TF-IDF + ridge, {prior_cfg['folds']}-fold on "
-            f"{len(dm.train_table)} train prompts) in {time.perf_counter() - t_prior:.0f} s",
-            flush=True,
+    # every method's loaders now: a method the data cannot train is refused before the slow work
+    loaders = {method: shared.with_method(method) for method in methods}
+    # loaders over the same tables share one lexical-prior fit and one pass of the frozen layers
+    # (per-pair batches bring tables of their own)
+    lexical_of: dict[int, Any] = {}
+    cache_seconds_of: dict[int, float] = {}
+    results: list[dict[str, Any]] = []
+    for method in methods:
+        t_method = time.perf_counter()
+        dm = loaders[method]
+        tables = id(dm.train_table)
+        if prior_cfg and tables not in lexical_of:
+            t_prior = time.perf_counter()
+            lexical_of[tables] = dm.fit_lexical_prior(**prior_cfg)
+            print(
+                f"train {model_name}: lexical prior (TF-IDF + ridge, {prior_cfg['folds']}-fold on "
+                f"{len(dm.train_table)} train prompts) in {time.perf_counter() - t_prior:.0f} s",
+                flush=True,
+            )
+        lexical = lexical_of.get(tables)
+        # each method from the seed: it trains exactly as it would alone (tested)
+        L.seed_everything(int(cfg["seed"]), workers=True, verbose=False)
+        model = LengthRanker.from_pretrained_encoder(
+            cfg["encoder"], dropout=float(cfg["dropout"]), pooling=cfg["pooling"]
         )
-    model = LengthRanker.from_pretrained_encoder(cfg["encoder"], dropout=float(cfg["dropout"]), pooling=cfg["pooling"])
-    prepare_for_training(model, method, dm.train_table.lengths, dm.train_table.prior)
-    cache_seconds = 0.0
-    if frozen:
-        model.freeze_lower(frozen)
-        # on a GPU run the frozen layers run there too, on this process's GPU under ddp (the
-        # cache itself stays in host memory)
-        device = f"cuda:{int(os.environ.get('LOCAL_RANK', 0))}" if on_gpu else "cpu"
-        cache_seconds = dm.cache_hidden(
-            model, frozen, batch_size=int(cfg["eval_batch_size"]), device=device, precision=precision
-        )
-        print(
-            f"train {model_name}/{method}: frozen embeddings + {frozen} layers run once over "
-            f"{len(dm.train_table) + len(dm.val_table)} prompts in {cache_seconds:.0f} s",
-            flush=True,
-        )
-    model.train()  # from_pretrained returns eval mode (dropout off) and Lightning keeps the mode it finds
-    module = RankerModule(
-        model,
-        method,
-        lr=float(cfg["lr"]),
-        weight_decay=float(cfg["weight_decay"]),
-        warmup_fraction=float(cfg["warmup_fraction"]),
-        margin=float(cfg["margin"]),
-        margin_per_log_length=float(cfg["margin_per_log_length"]),
-        val_pairs=dm.val_pair_idx,
-        frozen_layers=frozen,
-        val_groups=dm.val_table.groups if len(data.members) > 1 else None,
-    )
-
-    logger = make_logger(model_name, method, cfg, data.datasets, dm.describe() | {"delta": data.delta})
-    best = BestWeights()
-    callbacks = [best]
-    if cfg["patience"]:
-        from lightning.pytorch.callbacks import EarlyStopping
-
-        # an undefined tau_b (NaN: constant scores, e.g. a fresh head) counts as no improvement;
-        # Lightning's default (check_finite) would end the run at the first one
-        callbacks.append(
-            EarlyStopping(monitor="val/tau_b", mode="max", patience=int(cfg["patience"]), check_finite=False)
-        )
-    trainer = L.Trainer(
-        **trainer_args,
-        logger=logger if logger is not None else False,
-        callbacks=callbacks,
-        enable_checkpointing=False,  # BestWeights keeps the best epoch; export below
-        num_sanity_val_steps=0,
-        log_every_n_steps=5,
-        enable_model_summary=False,
-    )
-    with fast_dropout(model):  # torch's CPU dropout masks were a third of a step's time
-        trainer.fit(module, datamodule=dm)
-
-    result: dict[str, Any] = {}
-    if trainer.is_global_zero:
-        best.restore(model)
-        out = Path(models_root) / model_name / method
-        if out.exists():  # the stage rewrites its output whole
-            shutil.rmtree(out)
-        train_wall = module.train_seconds
-        trained_on = {
-            "model": model_name,
-            "datasets": data.datasets,
-            "n_train_prompts": dm.n_train_prompts,
-            "val_tau_b": best.best_val["val_tau_b"],
-            "val_pair_acc": best.best_val["val_pair_acc"],
-            "best_epoch": best.best_epoch,
-            "epochs": int(cfg["epochs"]),
-            "delta": data.delta,
-            "pairwise_mode": cfg["pairwise_mode"] if method == "pairwise" else None,
-            "n_val_prompts": len(dm.val_table),
-            "members": list(data.members),
-        }
-        save_checkpoint(
+        prepare_for_training(model, method, dm.train_table.lengths, dm.train_table.prior)
+        if frozen:
+            model.freeze_lower(frozen)
+            if tables not in cache_seconds_of:
+                # on a GPU run the frozen layers run there too, on this process's GPU under ddp (the
+                # cache itself stays in host memory)
+                device = f"cuda:{int(os.environ.get('LOCAL_RANK', 0))}" if on_gpu else "cpu"
+                cache_seconds_of[tables] = dm.cache_hidden(
+                    model, frozen, batch_size=int(cfg["eval_batch_size"]), device=device, precision=precision
+                )
+                print(
+                    f"train {model_name}: frozen embeddings + {frozen} layers run once over "
+                    f"{len(dm.train_table) + len(dm.val_table)} prompts in {cache_seconds_of[tables]:.0f} s",
+                    flush=True,
+                )
+        model.train()  # from_pretrained returns eval mode (dropout off) and Lightning keeps the mode it finds
+        module = RankerModule(
             model,
-            tokenizer,
-            out,
-            method=method,
-            max_length=int(cfg["max_length"]),
-            encoder=str(cfg["encoder"]),
-            trained_on=trained_on,
-            head_fraction=head_fraction,
-            extra={
-                "training": {
-                    k: cfg[k]
-                    for k in (
-                        "lr",
-                        "weight_decay",
-                        "warmup_fraction",
-                        "batch_size",
-                        "grad_clip",
-                        "margin",
-                        "margin_per_log_length",
-                        "seed",
-                        "dropout",
-                        "frozen_layers",
-                        "length_buckets",
-                    )
-                }
-            },
+            method,
+            lr=float(cfg["lr"]),
+            weight_decay=float(cfg["weight_decay"]),
+            warmup_fraction=float(cfg["warmup_fraction"]),
+            margin=float(cfg["margin"]),
+            margin_per_log_length=float(cfg["margin_per_log_length"]),
+            val_pairs=dm.val_pair_idx,
+            frozen_layers=frozen,
+            val_groups=dm.val_table.groups if len(data.members) > 1 else None,
         )
-        if lexical is not None:
-            # serving adds the same prior (the Scorer reads pars.json `lexical`)
-            attach_lexical(
+
+        logger = make_logger(model_name, method, cfg, data.datasets, dm.describe() | {"delta": data.delta})
+        best = BestWeights()
+        callbacks = [best]
+        if cfg["patience"]:
+            from lightning.pytorch.callbacks import EarlyStopping
+
+            # an undefined tau_b (NaN: constant scores, e.g. a fresh head) counts as no improvement;
+            # Lightning's default (check_finite) would end the run at the first one
+            callbacks.append(
+                EarlyStopping(monitor="val/tau_b", mode="max", patience=int(cfg["patience"]), check_finite=False)
+            )
+        trainer = L.Trainer(
+            **trainer_args,
+            logger=logger if logger is not None else False,
+            callbacks=callbacks,
+            enable_checkpointing=False,  # BestWeights keeps the best epoch; export below
+            num_sanity_val_steps=0,
+            log_every_n_steps=5,
+            enable_model_summary=False,
+        )
+        with fast_dropout(model):  # torch's CPU dropout masks were a third of a step's time
+            trainer.fit(module, datamodule=dm)
+
+        result: dict[str, Any] = {}
+        if trainer.is_global_zero:
+            best.restore(model)
+            out = Path(models_root) / model_name / method
+            if out.exists():  # the stage rewrites its output whole
+                shutil.rmtree(out)
+            train_wall = module.train_seconds
+            trained_on = {
+                "model": model_name,
+                "datasets": data.datasets,
+                "n_train_prompts": dm.n_train_prompts,
+                "val_tau_b": best.best_val["val_tau_b"],
+                "val_pair_acc": best.best_val["val_pair_acc"],
+                "best_epoch": best.best_epoch,
+                "epochs": int(cfg["epochs"]),
+                "delta": data.delta,
+                "pairwise_mode": cfg["pairwise_mode"] if method == "pairwise" else None,
+                "n_val_prompts": len(dm.val_table),
+                "members": list(data.members),
+            }
+            save_checkpoint(
+                model,
+                tokenizer,
                 out,
-                lexical,
-                encoder_weight=1.0,
-                lexical_weight=1.0,
-                alpha=prior_cfg["alpha"],
-                trained_with="train.lexical_prior: the encoder learned the residual of this regression",
+                method=method,
+                max_length=int(cfg["max_length"]),
+                encoder=str(cfg["encoder"]),
+                trained_on=trained_on,
+                head_fraction=head_fraction,
+                extra={
+                    "training": {
+                        k: cfg[k]
+                        for k in (
+                            "lr",
+                            "weight_decay",
+                            "warmup_fraction",
+                            "batch_size",
+                            "grad_clip",
+                            "margin",
+                            "margin_per_log_length",
+                            "seed",
+                            "dropout",
+                            "frozen_layers",
+                            "length_buckets",
+                        )
+                    }
+                },
             )
-        result = {
-            "model": model_name,
-            "method": method,
-            "val_tau_b": best.best_val["val_tau_b"],
-            "val_pair_acc": best.best_val["val_pair_acc"],
-            "best_epoch": best.best_epoch,
-            "epochs_run": len(best.history),
-            **dm.describe(),
-            "pairs_seen": module.pairs_seen,
-            "prompts_encoded": module.prompts_encoded,
-            "train_seconds": round(train_wall, 2),
-            "frozen_cache_seconds": round(cache_seconds, 2),
-            "frozen_layers": frozen,
-            "head_fraction": head_fraction,
-            "members": list(data.members),
-            "prompts_per_s": round(module.prompts_encoded / train_wall, 3) if train_wall else None,
-            "pairs_per_s": round(module.pairs_seen / train_wall, 3) if train_wall and method == "pairwise" else None,
-            "stage_wall_s": round(time.perf_counter() - t_start, 2),
-            "encoder": str(cfg["encoder"]),
-            "max_length": int(cfg["max_length"]),
-            "batch_size": int(cfg["batch_size"]),
-            "pairwise_mode": cfg["pairwise_mode"] if method == "pairwise" else None,
-            "precision": precision,
-        }
-        write_json(result, Path(metrics_dir) / f"{model_name}-{method}.json")
-        plot = Path(plots_dir) / f"{model_name}-{method}.csv"
-        plot.parent.mkdir(parents=True, exist_ok=True)
-        pd.DataFrame(best.history).to_csv(plot, index=False)
+            if lexical is not None:
+                # serving adds the same prior (the Scorer reads pars.json `lexical`)
+                attach_lexical(
+                    out,
+                    lexical,
+                    encoder_weight=1.0,
+                    lexical_weight=1.0,
+                    alpha=prior_cfg["alpha"],
+                    trained_with="train.lexical_prior: the encoder learned the residual of this regression",
+                )
+            result = {
+                "model": model_name,
+                "method": method,
+                "val_tau_b": best.best_val["val_tau_b"],
+                "val_pair_acc": best.best_val["val_pair_acc"],
+                "best_epoch": best.best_epoch,
+                "epochs_run": len(best.history),
+                **dm.describe(),
+                "pairs_seen": module.pairs_seen,
+                "prompts_encoded": module.prompts_encoded,
+                "train_seconds": round(train_wall, 2),
+                # the frozen layers' pass: once per stage, shared by the methods that report it
+                "frozen_cache_seconds": round(cache_seconds_of.get(tables, 0.0), 2),
+                "frozen_layers": frozen,
+                "head_fraction": head_fraction,
+                "members": list(data.members),
+                "prompts_per_s": round(module.prompts_encoded / train_wall, 3) if train_wall else None,
+                "pairs_per_s": round(module.pairs_seen / train_wall, 3)
+                if train_wall and method == "pairwise"
+                else None,
+                # this method's fit and export, and the stage so far (setup shared by every method included)
+                "method_wall_s": round(time.perf_counter() - t_method, 2),
+                "stage_wall_s": round(time.perf_counter() - t_start, 2),
+                "encoder": str(cfg["encoder"]),
+                "max_length": int(cfg["max_length"]),
+                "batch_size": int(cfg["batch_size"]),
+                "pairwise_mode": cfg["pairwise_mode"] if method == "pairwise" else None,
+                "precision": precision,
+            }
+            write_json(result, Path(metrics_dir) / f"{model_name}-{method}.json")
+            plot = Path(plots_dir) / f"{model_name}-{method}.csv"
+            plot.parent.mkdir(parents=True, exist_ok=True)
+            pd.DataFrame(best.history).to_csv(plot, index=False)
+            if logger is not None:
+                run = logger.experiment
+                run.summary.update(
+                    {
+                        "best/val_tau_b": result["val_tau_b"],
+                        "best/epoch": best.best_epoch,
+                        "train/prompts_per_s": result["prompts_per_s"],
+                        "train/pairs_per_s": result["pairs_per_s"],
+                    }
+                )
+            results.append(result)
         if logger is not None:
-            run = logger.experiment
-            run.summary.update(
-                {
-                    "best/val_tau_b": result["val_tau_b"],
-                    "best/epoch": best.best_epoch,
-                    "train/prompts_per_s": result["prompts_per_s"],
-                    "train/pairs_per_s": result["pairs_per_s"],
-                }
-            )
-    if logger is not None:
-        logger.experiment.finish()  # flush the (offline) run directory before the process exits
-    return result
+            logger.experiment.finish()  # flush the (offline) run directory before the next run or exit
+    return results
 
 
 def main(argv: list[str]) -> int:
     ap = argparse.ArgumentParser(prog="pars train", description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", required=True, help="generation model whose pairs to train on")
-    ap.add_argument("--method", required=True, choices=METHODS)
+    ap.add_argument(
+        "--method",
+        action="append",
+        choices=METHODS,
+        help="a method to train (repeat for several; default: every method, as the train@<model> stage does)",
+    )
     ap.add_argument("--params", default=None, help="params file (default params.yaml)")
     ap.add_argument("--data", default="data")
     ap.add_argument("--models", default="models", help="models root (writes <root>/<model>/<method>/)")
@@ -367,19 +424,20 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--plots", default="plots/train")
     args = ap.parse_args(argv)
     params = load_params("train", args.params)
-    res = train_one(
+    results = train_methods(
         args.model,
-        args.method,
+        args.method or list(METHODS),
         params,
         data_root=args.data,
         models_root=args.models,
         metrics_dir=args.metrics,
         plots_dir=args.plots,
     )
-    if res:
+    for res in results:
         print(
-            f"train {args.model}/{args.method}: val tau_b {res['val_tau_b']:.3f} (epoch {res['best_epoch']}), "
+            f"train {args.model}/{res['method']}: val tau_b {res['val_tau_b']:.3f} (epoch {res['best_epoch']}), "
             f"pair acc {res['val_pair_acc']:.3f}, {res['prompts_per_s']} prompts/s, "
-            f"stage {res['stage_wall_s']:.0f} s -> {Path(args.models) / args.model / args.method}"
+            f"{res['method_wall_s']:.0f} s (stage so far {res['stage_wall_s']:.0f} s) -> "
+            f"{Path(args.models) / args.model / res['method']}"
         )
     return 0

@@ -44,5 +44,5 @@ def test_production_profile_switches_every_stage(tmp_path):
     assert set(merged["blend"]["predictors"]) <= set(merged["train"]["cross_models"]) | set(models)
     assert {b.split("/")[0] for b in merged["evaluate"]["blends"]} <= set(merged["blend"]["predictors"])
     # knobs the profile does not touch keep their default
-    assert merged["train"]["methods"] == default["train"]["methods"]
+    assert merged["train"]["seed"] == default["train"]["seed"]
     assert merged["pairs"]["delta"] == default["pairs"]["delta"] == 0.2

@@ -739,3 +739,108 @@ def test_seed_spread_trains_each_seed_and_scores_val_and_test(toy_root, tiny_enc
     )
     with pytest.raises(AssertionError, match="trained again"):
         spread.main(argv)
+
+
+@pytest.mark.parametrize("precision", ["32-true", "bf16-mixed"])
+def test_fused_adamw_steps_and_clips_like_the_per_parameter_loop(tiny_bert_config, precision, monkeypatch):
+    """Without a GradScaler the optimizer is torch's fused AdamW; Lightning refuses to clip for it,
+    so the module clips itself: a tight clip must bind, and the weights after a few steps are those
+    of the per-parameter AdamW with Lightning's own clipping."""
+    import lightning as L
+    from conftest import make_tiny_ranker
+
+    from pipeline.ranking.lightning import RankerModule
+
+    torch.manual_seed(3)
+    ids = torch.randint(1000, 2000, (8, 10))
+    batch = {
+        "input_ids": ids,
+        "attention_mask": torch.ones_like(ids),
+        "lengths": torch.arange(10.0, 90.0, 10.0),
+        "pairs": torch.tensor([[i, j] for i in range(8) for j in range(i + 1, 8)]),
+    }
+    loader = torch.utils.data.DataLoader([batch] * 3, batch_size=None)
+    clip = RankerModule.configure_gradient_clipping
+
+    def fit(fused: bool):
+        monkeypatch.setattr(RankerModule, "_fused_adamw", lambda self, params: fused)
+        torch.manual_seed(0)
+        model = make_tiny_ranker(tiny_bert_config)
+        for module in model.modules():  # no dropout: both runs compute the same gradients
+            if isinstance(module, torch.nn.Dropout):
+                module.p = 0.0
+        ranker = RankerModule(model, "pairwise", lr=1e-2)
+        norms = []
+
+        def clip_and_record(self, optimizer, *args, **kwargs):
+            clip(self, optimizer, *args, **kwargs)
+            grads = [p.grad for p in self.model.parameters() if p.grad is not None]
+            norms.append(float(torch.linalg.vector_norm(torch.stack([g.norm() for g in grads]))))
+
+        monkeypatch.setattr(RankerModule, "configure_gradient_clipping", clip_and_record)
+        trainer = L.Trainer(
+            max_steps=3,
+            accelerator="cpu",
+            precision=precision,
+            gradient_clip_val=1e-3,
+            logger=False,
+            enable_checkpointing=False,
+            enable_progress_bar=False,
+            enable_model_summary=False,
+            limit_val_batches=0,
+        )
+        trainer.fit(ranker, train_dataloaders=loader)
+        assert bool(trainer.optimizers[0].defaults.get("fused")) == fused
+        return model.state_dict(), norms
+
+    fused_state, fused_norms = fit(True)
+    loop_state, loop_norms = fit(False)
+    assert len(fused_norms) == 3 and max(fused_norms) <= 1e-3 * (1 + 1e-4)
+    assert fused_norms == pytest.approx(loop_norms, rel=1e-3)
+    for name, value in fused_state.items():
+        assert torch.allclose(value, loop_state[name], atol=1e-6), name
+    assert not torch.allclose(fused_state["head.weight"], make_tiny_ranker(tiny_bert_config).head.weight)
+
+
+def test_methods_trained_together_train_as_they_would_alone(toy_root, tiny_encoder_dir, monkeypatch):
+    """train@<model> trains every method in one process from one setup (token ids, lexical prior,
+    frozen layers' cache): each method's checkpoint and val figures are those of its own run."""
+    monkeypatch.setenv("WANDB_MODE", "disabled")
+    from safetensors.torch import load_file
+
+    from pipeline.train import train_methods
+
+    prior = {"ngram_max": 1, "min_df": 1, "alpha": 1.0, "folds": 4}
+    over = {"frozen_layers": 1, "length_buckets": 2, "epochs": 2, "lexical_prior": prior}
+
+    def fit(tag, methods):
+        return train_methods(
+            "toy",
+            methods,
+            train_params(tiny_encoder_dir, **over),
+            data_root=toy_root / "data",
+            models_root=toy_root / tag / "models",
+            metrics_dir=toy_root / tag / "metrics",
+            plots_dir=toy_root / tag / "plots",
+        )
+
+    together = fit("together", ["pairwise", "pointwise"])
+    alone = fit("alone", ["pointwise"])
+    assert [r["method"] for r in together] == ["pairwise", "pointwise"]
+    assert together[1]["val_tau_b"] == alone[0]["val_tau_b"]
+    assert together[1]["frozen_cache_seconds"] == together[0]["frozen_cache_seconds"] > 0
+    weights = [
+        load_file(str(toy_root / tag / "models" / "toy" / "pointwise" / "model.safetensors"))
+        for tag in ("together", "alone")
+    ]
+    assert weights[0].keys() == weights[1].keys()
+    for name in weights[0]:
+        assert torch.equal(weights[0][name], weights[1][name]), name
+    pairwise = load_file(str(toy_root / "together" / "models" / "toy" / "pairwise" / "model.safetensors"))
+    assert not torch.equal(pairwise["head.weight"], weights[0]["head.weight"])
+    from pipeline.ranking.checkpoint import LEXICAL, read_meta
+
+    records = [read_meta(toy_root / tag / "models" / "toy" / "pointwise")[LEXICAL] for tag in ("together", "alone")]
+    assert records[0]["files_sha256"] == records[1]["files_sha256"]  # one prior fit, the same as alone
+    with pytest.raises(ValueError, match="distinct names"):
+        fit("bad", ["pairwise", "pairwise"])

@@ -20,6 +20,7 @@ and in-batch pairs never compare two groups.
 
 from __future__ import annotations
 
+import copy
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -307,6 +308,7 @@ class RankingDataModule(L.LightningDataModule):
         self.pairwise_mode, self.num_workers = pairwise_mode, num_workers
         self.per_pair = method == "pairwise" and pairwise_mode == "per_pair"
         self.seed, self.length_buckets = seed, int(length_buckets)
+        self.max_train_prompts, self.head_fraction = max_train_prompts, head_fraction
         if len(data.members) > 1 and method == "listwise":
             raise ValueError(
                 f"{data.model}: listwise ranks a batch as one list, which mixes models' length "
@@ -340,6 +342,37 @@ class RankingDataModule(L.LightningDataModule):
         if self.per_pair and len(self.train_pair_idx) == 0:
             raise ValueError(f"model {data.model}: no train pairs to train on")
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+
+    def with_method(self, method: str) -> "RankingDataModule":
+        """The loaders of another method over the same tables (token ids, lexical prior and frozen
+        layers' cache shared, not copied): one stage trains every method from one setup. Per-pair
+        pairwise batches draw another train subset under max_train_prompts, so they are built anew."""
+        if method not in METHODS:
+            raise ValueError(f"unknown method {method!r}; expected one of {METHODS}")
+        if len(self.data.members) > 1 and method == "listwise":
+            raise ValueError(
+                f"{self.data.model}: listwise ranks a batch as one list, which mixes models' length "
+                f"scales in a cross-model set; train it with pairwise or pointwise"
+            )
+        if (method == "pairwise" and self.pairwise_mode == "per_pair") != self.per_pair:
+            return RankingDataModule(
+                self.data,
+                self.tokenizer,
+                method,
+                max_length=self.max_length,
+                batch_size=self.batch_size,
+                eval_batch_size=self.eval_batch_size,
+                pairwise_mode=self.pairwise_mode,
+                max_train_prompts=self.max_train_prompts,
+                seed=self.seed,
+                num_workers=self.num_workers,
+                head_fraction=self.head_fraction,
+                length_buckets=self.length_buckets,
+            )
+        other = copy.copy(self)
+        L.LightningDataModule.__init__(other)  # no trainer or hook state carried over
+        other.method = method
+        return other
 
     @property
     def n_train_prompts(self) -> int:
