@@ -279,6 +279,16 @@ def pair_indices(pairs: pd.DataFrame, table: PromptTable, where: str) -> np.ndar
         raise ValueError(f"{where}: prompt {exc.args[0]!r} has no label in labels.parquet") from exc
 
 
+def _check_trainable(data: RankingData, method: str) -> None:
+    if method not in METHODS:
+        raise ValueError(f"unknown method {method!r}; expected one of {METHODS}")
+    if len(data.members) > 1 and method == "listwise":
+        raise ValueError(
+            f"{data.model}: listwise ranks a batch as one list, which mixes models' length "
+            f"scales in a cross-model set; train it with pairwise or pointwise"
+        )
+
+
 class RankingDataModule(L.LightningDataModule):
     """Train/val loaders for one (model, method). `pairwise_mode` picks in-batch or per-pair batches."""
 
@@ -299,8 +309,7 @@ class RankingDataModule(L.LightningDataModule):
         length_buckets: int = 0,
     ):
         super().__init__()
-        if method not in METHODS:
-            raise ValueError(f"unknown method {method!r}; expected one of {METHODS}")
+        _check_trainable(data, method)
         if pairwise_mode not in PAIRWISE_MODES:
             raise ValueError(f"train.pairwise_mode must be one of {PAIRWISE_MODES}, got {pairwise_mode!r}")
         self.data, self.tokenizer, self.method = data, tokenizer, method
@@ -308,12 +317,18 @@ class RankingDataModule(L.LightningDataModule):
         self.pairwise_mode, self.num_workers = pairwise_mode, num_workers
         self.per_pair = method == "pairwise" and pairwise_mode == "per_pair"
         self.seed, self.length_buckets = seed, int(length_buckets)
-        self.max_train_prompts, self.head_fraction = max_train_prompts, head_fraction
-        if len(data.members) > 1 and method == "listwise":
-            raise ValueError(
-                f"{data.model}: listwise ranks a batch as one list, which mixes models' length "
-                f"scales in a cross-model set; train it with pairwise or pointwise"
-            )
+        # the settings as given: `with_method` builds another method's loaders from them
+        self._settings = {
+            "max_length": max_length,
+            "batch_size": batch_size,
+            "eval_batch_size": eval_batch_size,
+            "pairwise_mode": pairwise_mode,
+            "max_train_prompts": max_train_prompts,
+            "seed": seed,
+            "num_workers": num_workers,
+            "head_fraction": head_fraction,
+            "length_buckets": length_buckets,
+        }
 
         labels = data.labels
         train_labels = labels[labels["split"] == "train"].sort_values("prompt_id")
@@ -347,28 +362,9 @@ class RankingDataModule(L.LightningDataModule):
         """The loaders of another method over the same tables (token ids, lexical prior and frozen
         layers' cache shared, not copied): one stage trains every method from one setup. Per-pair
         pairwise batches draw another train subset under max_train_prompts, so they are built anew."""
-        if method not in METHODS:
-            raise ValueError(f"unknown method {method!r}; expected one of {METHODS}")
-        if len(self.data.members) > 1 and method == "listwise":
-            raise ValueError(
-                f"{self.data.model}: listwise ranks a batch as one list, which mixes models' length "
-                f"scales in a cross-model set; train it with pairwise or pointwise"
-            )
+        _check_trainable(self.data, method)
         if (method == "pairwise" and self.pairwise_mode == "per_pair") != self.per_pair:
-            return RankingDataModule(
-                self.data,
-                self.tokenizer,
-                method,
-                max_length=self.max_length,
-                batch_size=self.batch_size,
-                eval_batch_size=self.eval_batch_size,
-                pairwise_mode=self.pairwise_mode,
-                max_train_prompts=self.max_train_prompts,
-                seed=self.seed,
-                num_workers=self.num_workers,
-                head_fraction=self.head_fraction,
-                length_buckets=self.length_buckets,
-            )
+            return RankingDataModule(self.data, self.tokenizer, method, **self._settings)
         other = copy.copy(self)
         L.LightningDataModule.__init__(other)  # no trainer or hook state carried over
         other.method = method
