@@ -797,8 +797,10 @@ def test_fused_adamw_steps_and_clips_like_the_per_parameter_loop(tiny_bert_confi
     loop_state, loop_norms = fit(False)
     assert len(fused_norms) == 3 and max(fused_norms) <= 1e-3 * (1 + 1e-4)
     assert fused_norms == pytest.approx(loop_norms, rel=1e-3)
+    # rounding only: the two kernels sum in different orders (1.4e-6 at most seen on an AVX2 CPU in
+    # bf16-mixed), against updates of ~1e-2 a step at this lr
     for name, value in fused_state.items():
-        assert torch.allclose(value, loop_state[name], atol=1e-6), name
+        assert torch.allclose(value, loop_state[name], atol=1e-5), name
     assert not torch.allclose(fused_state["head.weight"], make_tiny_ranker(tiny_bert_config).head.weight)
 
 
