@@ -115,8 +115,17 @@ def _progress(total: int, model: str):
 
 
 def run(
-    model: str, spec: dict[str, Any], prompts: pd.DataFrame, out_dir: Path, recorded_tokenizer: str | None = None
+    model: str,
+    spec: dict[str, Any],
+    prompts: pd.DataFrame,
+    out_dir: Path,
+    recorded_tokenizer: str | None = None,
+    run_stats_path: Path | None = None,
 ) -> dict[str, Any]:
+    """Answer the selected prompts that are not cached yet and rewrite the outputs; returns meta.json's
+    content plus `this_run` (this run's counts and speed), which is written to `run_stats_path`
+    instead of meta.json so that the stage's outputs depend on its inputs alone (a re-run that
+    changes nothing leaves their DVC hashes, and so the stages downstream, as they were)."""
     backend_name = spec.get("backend")
     if not backend_name:
         raise ValueError(f"generate.models.{model} has no `backend` (vllm, openai or recorded)")
@@ -171,20 +180,24 @@ def run(
         "samples": len(df),
         "skipped_prompts": len(skipped),
         "skipped": dict(list(skipped.items())[:50]),
-        "this_run": {
-            "prompts_generated": len(todo) - len([p for p in todo if p.prompt_id in skipped]),
-            "output_tokens": new_tokens,
-            "wall_s": round(wall, 1),
-            "tokens_per_s": round(new_tokens / wall, 1) if wall > 0 and new_tokens else None,
-        },
-        "python": platform.python_version(),
     }
     write_json(meta, out_dir / "meta.json")
+    this_run = {
+        "generation_model": model,
+        "prompts_generated": len(todo) - len([p for p in todo if p.prompt_id in skipped]),
+        "prompts_cached": len(selected) - len(todo),
+        "output_tokens": new_tokens,
+        "wall_s": round(wall, 1),
+        "tokens_per_s": round(new_tokens / wall, 1) if wall > 0 and new_tokens else None,
+        "python": platform.python_version(),
+    }
+    if run_stats_path is not None:
+        write_json(this_run, run_stats_path)
     print(
         f"generate {model}: {meta['prompts']} prompts, {len(df)} samples -> {out_dir}"
         + (f"; {len(skipped)} prompts skipped (see meta.json)" if skipped else "")
     )
-    return meta
+    return meta | {"this_run": this_run}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -192,6 +205,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--model", required=True, help="a key of generate.models in params.yaml")
     parser.add_argument("--prompts", default=str(prompts_path()))
     parser.add_argument("--out-root", default="data/generations")
+    parser.add_argument("--metrics-root", default="metrics/generate", help="where this run's counts and speed go")
     args = parser.parse_args(argv)
     params = load_params("generate")
     models = params.get("models") or {}
@@ -204,5 +218,6 @@ def main(argv: list[str] | None = None) -> int:
         prompts,
         Path(args.out_root) / args.model,
         recorded_tokenizer=params.get("recorded_tokenizer"),
+        run_stats_path=Path(args.metrics_root) / f"{args.model}.json",
     )
     return 0

@@ -97,16 +97,23 @@ def test_recorded_backend_imports_answers(tmp_path):
     # counted with the documented tokenizer: a 4-word answer is a handful of tokens, not characters
     assert gens["output_tokens"].median() < gens["text"].str.len().median()
     assert meta["tokenizer"] == "minilm-l6" and meta["samples"] == 12
-    # a second run has nothing to do and rewrites the same table
+    # a second run has nothing to do and rewrites the same outputs, byte for byte (DVC hashes them:
+    # a run's time or counts inside them would re-run every stage downstream); those go to the run's stats
+    out = tmp_path / "gpt-4-turbo"
+    first = {f.name: f.read_bytes() for f in sorted(out.iterdir())}
     meta2 = run(
         "gpt-4-turbo",
         {"backend": "recorded", "source": "alpaca_eval:gpt-4-1106-preview"},
         prompts,
-        tmp_path / "gpt-4-turbo",
+        out,
         recorded_tokenizer="minilm-l6",
+        run_stats_path=tmp_path / "stats.json",
     )
     assert meta2["this_run"]["prompts_generated"] == 0
-    pd.testing.assert_frame_equal(gens, pd.read_parquet(tmp_path / "gpt-4-turbo" / "generations.parquet"))
+    assert {f.name: f.read_bytes() for f in sorted(out.iterdir())} == first
+    stats = json.loads((tmp_path / "stats.json").read_text())
+    assert stats["prompts_generated"] == 0 and stats["prompts_cached"] == 12 and stats["output_tokens"] == 0
+    assert meta["this_run"]["prompts_generated"] == 12 and meta["this_run"]["output_tokens"] > 0
 
 
 def test_recorded_backend_reads_one_models_answers_from_several_datasets(tmp_path, monkeypatch):
