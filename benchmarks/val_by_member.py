@@ -4,6 +4,7 @@ hurts. Val only: the test split is for evaluate's final figures.
 
     python benchmarks/val_by_member.py /tmp/exp/a3/models/recorded/pairwise
     python benchmarks/val_by_member.py CKPT --set recorded --data /tmp/clone/data --out /tmp/val.json
+    python benchmarks/val_by_member.py CKPT --max-length 256 --head-fraction 0.5   # another view at inference
 """
 
 from __future__ import annotations
@@ -31,7 +32,24 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--data", default="data", help="data root holding its members' pairs and the prompts")
     ap.add_argument("--params", default=None, help="params file (default params.yaml)")
     ap.add_argument("--out", default=None, help="also write the figures to this JSON file")
+    ap.add_argument(
+        "--max-length", type=int, default=None, help="score with this many prompt tokens (default: the checkpoint's)"
+    )
+    ap.add_argument(
+        "--head-fraction",
+        type=float,
+        default=None,
+        help="share kept from a long prompt's start (default: the checkpoint's)",
+    )
     args = ap.parse_args(argv)
+    if args.max_length is not None and not 2 <= args.max_length <= 512:
+        print(
+            f"val_by_member: --max-length {args.max_length}: expected 2..512 (the encoder's positions)", file=sys.stderr
+        )
+        return 2
+    if args.head_fraction is not None and not 0.0 <= args.head_fraction <= 1.0:
+        print(f"val_by_member: --head-fraction {args.head_fraction}: expected a number in [0, 1]", file=sys.stderr)
+        return 2
 
     members = (load_params("train", args.params)["cross_models"] or {}).get(args.set)
     if not members:
@@ -43,6 +61,10 @@ def main(argv: list[str] | None = None) -> int:
     except (CheckpointError, OSError, ValueError) as exc:  # a missing or damaged checkpoint or data root
         print(f"val_by_member: {exc}", file=sys.stderr)
         return 2
+    if args.max_length is not None:
+        scorer.max_length = args.max_length
+    if args.head_fraction is not None:
+        scorer.head_fraction = args.head_fraction
     val = data.labels[data.labels["split"] == "val"]
     scores = scorer.score([data.texts[p] for p in val["prompt_id"]])
     by_member = {}
@@ -55,6 +77,8 @@ def main(argv: list[str] | None = None) -> int:
     result = {
         "checkpoint": str(args.checkpoint),
         "set": args.set,
+        "max_length": scorer.max_length,
+        "head_fraction": scorer.head_fraction,
         "members": by_member,
         "mean_val_tau_b": round(statistics.fmean(m["val_tau_b"] for m in by_member.values()), 4),
     }
