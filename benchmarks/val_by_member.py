@@ -42,11 +42,6 @@ def main(argv: list[str] | None = None) -> int:
         help="share kept from a long prompt's start (default: the checkpoint's)",
     )
     args = ap.parse_args(argv)
-    if args.max_length is not None and not 2 <= args.max_length <= 512:
-        print(
-            f"val_by_member: --max-length {args.max_length}: expected 2..512 (the encoder's positions)", file=sys.stderr
-        )
-        return 2
     if args.head_fraction is not None and not 0.0 <= args.head_fraction <= 1.0:
         print(f"val_by_member: --head-fraction {args.head_fraction}: expected a number in [0, 1]", file=sys.stderr)
         return 2
@@ -62,6 +57,14 @@ def main(argv: list[str] | None = None) -> int:
         print(f"val_by_member: {exc}", file=sys.stderr)
         return 2
     if args.max_length is not None:
+        # the bound Scorer.from_pretrained puts on a checkpoint's own max_length
+        positions = scorer.model.encoder.config.max_position_embeddings
+        if not 2 <= args.max_length <= positions:
+            print(
+                f"val_by_member: --max-length {args.max_length}: expected 2..{positions} (the encoder's positions)",
+                file=sys.stderr,
+            )
+            return 2
         scorer.max_length = args.max_length
     if args.head_fraction is not None:
         scorer.head_fraction = args.head_fraction

@@ -205,7 +205,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--model", required=True, help="a key of generate.models in params.yaml")
     parser.add_argument("--prompts", default=str(prompts_path()))
     parser.add_argument("--out-root", default="data/generations")
-    parser.add_argument("--metrics-root", default="metrics/generate", help="where this run's counts and speed go")
+    parser.add_argument(
+        "--metrics", default="metrics/generate", help="where <model>.json (this run's counts and speed) goes"
+    )
     args = parser.parse_args(argv)
     params = load_params("generate")
     models = params.get("models") or {}
@@ -218,6 +220,6 @@ def main(argv: list[str] | None = None) -> int:
         prompts,
         Path(args.out_root) / args.model,
         recorded_tokenizer=params.get("recorded_tokenizer"),
-        run_stats_path=Path(args.metrics_root) / f"{args.model}.json",
+        run_stats_path=Path(args.metrics) / f"{args.model}.json",
     )
     return 0
