@@ -1,0 +1,206 @@
+"""Frozen decoder hidden states as answer-length features: is the packaged SmolLM2-135M-Instruct a
+better source of length signal than the fine-tuned MiniLM, and does it add to it? Val only.
+
+Fu et al., "Efficient LLM Scheduling by Learning to Rank" (arXiv 2408.15792) rank with a small
+decoder (OPT-125M). This measures the cheapest form of that here: the packaged SmolLM2 reads each
+ShareGPT first turn (head + tail cut to `--max-length` tokens, inside its chat template with the
+generation prompt, so the last position is "about to answer"), and the last-position and mean
+hidden states of `--layers` feed a standardised ridge regression of log(1 + ChatGPT's answer
+tokens), fitted on the train split. Reported on the val split:
+
+- `decoder_ridge`: the ridge alone (alpha chosen on val: an upper estimate),
+- `checkpoint`: the given checkpoint's own scores (default: the serving export),
+- `combined`: w * z(checkpoint) + (1 - w) * z(ridge), alpha and w chosen on one half of val and
+  scored on the other half, both ways (2-fold cross-fit: no figure is scored where it was chosen),
+- `prompts_per_s`: the decoder's embedding rate on these cores (the cost a pipeline stage pays).
+
+    python benchmarks/decoder_features.py --json metrics/choices/decoder_features-chatgpt.json
+    python benchmarks/decoder_features.py --max-length 64 --layers 15,20 --n-train 3000
+
+Needs `dvc repro materialize pairs@chatgpt` (models/base/smollm2, data/pairs/chatgpt). Heavy:
+about 13 prompts/s at 128 tokens on 2 cores with native bfloat16; run it on idle cores.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from pipeline.contracts import labels_path, prompts_path, write_json  # noqa: E402
+from pipeline.hardware import cpu_has_native_bf16  # noqa: E402
+from pipeline.ranking.metrics import kendall_tau_b  # noqa: E402
+
+
+def cut_ids(ids: list[int], max_length: int) -> list[int]:
+    """Head + tail, half each: long ShareGPT prompts often ask their question after pasted text."""
+    if len(ids) <= max_length:
+        return ids
+    head = max_length // 2
+    return ids[:head] + ids[len(ids) - (max_length - head) :]
+
+
+def embed(texts: list[str], model_dir: str, max_length: int, layers: list[int], batch_size: int, dtype) -> np.ndarray:
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    model = AutoModelForCausalLM.from_pretrained(model_dir, torch_dtype=dtype).model.eval()
+    # hidden_states[k] is layer k's output; layers above the deepest one read are never run
+    # (keeping one more so that the deepest read is not the final-norm output)
+    model.layers = model.layers[: max(layers) + 1]
+    encoded = []
+    for text in texts:
+        cut = tok.decode(cut_ids(tok(text, add_special_tokens=False)["input_ids"], max_length))
+        chat = tok.apply_chat_template([{"role": "user", "content": cut}], add_generation_prompt=True, tokenize=False)
+        encoded.append(tok(chat, add_special_tokens=False)["input_ids"])
+    order = np.argsort([len(e) for e in encoded], kind="stable")  # similar lengths share a batch
+    width = model.config.hidden_size
+    feats = np.zeros((len(texts), 2 * len(layers) * width), np.float32)
+    pad = tok.pad_token_id if tok.pad_token_id is not None else 0
+    with torch.inference_mode():
+        for start in range(0, len(order), batch_size):
+            rows = order[start : start + batch_size]
+            span = max(len(encoded[i]) for i in rows)
+            ids = torch.full((len(rows), span), pad)
+            mask = torch.zeros((len(rows), span), dtype=torch.long)
+            for j, i in enumerate(rows):  # left padding: the last position is the prompt's last token
+                ids[j, span - len(encoded[i]) :] = torch.tensor(encoded[i])
+                mask[j, span - len(encoded[i]) :] = 1
+            hidden = model(input_ids=ids, attention_mask=mask, output_hidden_states=True).hidden_states
+            weight = mask.unsqueeze(-1).float()
+            parts = []
+            for k in layers:
+                h = hidden[k].float()
+                parts += [h[:, -1], (h * weight).sum(1) / weight.sum(1)]
+            feats[rows] = torch.cat(parts, 1).numpy()
+            if (start // batch_size) % 50 == 0:
+                print(f"  embedded {start + len(rows)}/{len(order)}", file=sys.stderr, flush=True)
+    return feats
+
+
+def ridge_predictions(x_train, y_train, x_eval, alphas) -> dict[float, np.ndarray]:
+    from sklearn.linear_model import Ridge
+    from sklearn.preprocessing import StandardScaler
+
+    scaler = StandardScaler().fit(x_train)
+    xt, xe = scaler.transform(x_train), scaler.transform(x_eval)
+    return {a: Ridge(alpha=a).fit(xt, y_train).predict(xe) for a in alphas}
+
+
+def zscore(x: np.ndarray) -> np.ndarray:
+    return (x - x.mean()) / (x.std() or 1.0)
+
+
+def cross_fit_combination(ckpt, ridge_by_alpha, y, weights, seed: int = 0) -> dict:
+    """Choose (alpha, w) on one random half of val, score on the other; both ways."""
+    half = np.random.default_rng(seed).random(y.size) < 0.5
+    taus, picks = [], []
+    for choose in (half, ~half):
+        score = ~choose
+        best = max(
+            ((a, w) for a in ridge_by_alpha for w in weights),
+            key=lambda aw: kendall_tau_b(
+                aw[1] * zscore(ckpt[choose]) + (1 - aw[1]) * zscore(ridge_by_alpha[aw[0]][choose]), y[choose]
+            ),
+        )
+        a, w = best
+        taus.append(kendall_tau_b(w * zscore(ckpt[score]) + (1 - w) * zscore(ridge_by_alpha[a][score]), y[score]))
+        picks.append({"alpha": a, "checkpoint_weight": w})
+    return {"val_tau_b": round(float(np.mean(taus)), 4), "halves": [round(float(t), 4) for t in taus], "chosen": picks}
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--data", default="data")
+    ap.add_argument("--decoder", default="models/base/smollm2", help="a Hugging Face causal LM directory")
+    ap.add_argument("--checkpoint", default="models/export/pars-recorded", help="pars checkpoint to combine with")
+    ap.add_argument("--n-train", type=int, default=None, help="seeded subset of train first turns (default: all)")
+    ap.add_argument("--max-length", type=int, default=128)
+    ap.add_argument("--layers", default="15,20,25", help="comma-separated decoder layers read")
+    ap.add_argument("--batch-size", type=int, default=16)
+    ap.add_argument("--alphas", default="1000,3000,10000,30000")
+    ap.add_argument("--dtype", choices=["auto", "bf16", "fp32"], default="auto")
+    ap.add_argument("--json", default=None, help="also write the figures to this JSON file")
+    args = ap.parse_args(argv)
+    try:
+        layers = sorted({int(k) for k in args.layers.split(",")})
+        alphas = [float(a) for a in args.alphas.split(",")]
+    except ValueError:
+        print(
+            f"decoder_features: --layers {args.layers!r} / --alphas {args.alphas!r}: expected numbers", file=sys.stderr
+        )
+        return 2
+    if min(layers) < 1 or args.max_length < 8 or args.batch_size < 1:
+        print("decoder_features: --layers >= 1, --max-length >= 8, --batch-size >= 1", file=sys.stderr)
+        return 2
+    for path in (prompts_path(args.data), labels_path("chatgpt", args.data), Path(args.decoder) / "config.json"):
+        if not Path(path).exists():
+            print(f"decoder_features: {path} is missing (dvc repro materialize pairs@chatgpt)", file=sys.stderr)
+            return 2
+
+    import torch
+
+    torch.set_num_threads(2)
+    bf16 = args.dtype == "bf16" or (args.dtype == "auto" and cpu_has_native_bf16())
+    prompts = pd.read_parquet(prompts_path(args.data))
+    labels = pd.read_parquet(labels_path("chatgpt", args.data))
+    first_turns = prompts[prompts["dataset"] == "sharegpt"][["prompt_id", "prompt"]]
+    rows = first_turns.merge(labels[["prompt_id", "split", "length"]], on="prompt_id")
+    train = rows[rows["split"] == "train"]
+    if args.n_train is not None and args.n_train < len(train):
+        train = train.sample(n=args.n_train, random_state=0)
+    val = rows[rows["split"] == "val"]
+    texts = train["prompt"].tolist() + val["prompt"].tolist()
+    print(f"decoder_features: {len(train)} train + {len(val)} val first turns", file=sys.stderr)
+
+    t0 = time.perf_counter()
+    feats = embed(
+        texts, args.decoder, args.max_length, layers, args.batch_size, torch.bfloat16 if bf16 else torch.float32
+    )
+    embed_s = time.perf_counter() - t0
+    y_train = np.log1p(train["length"].to_numpy(float))
+    y_val = val["length"].to_numpy(float)
+    ridge = ridge_predictions(feats[: len(train)], y_train, feats[len(train) :], alphas)
+    ridge_taus = {a: kendall_tau_b(p, y_val) for a, p in ridge.items()}
+
+    from pipeline.serving.scorer import Scorer
+
+    ckpt = np.asarray(Scorer.from_pretrained(args.checkpoint).score(val["prompt"].tolist()), dtype=float)
+    result = {
+        "what": "SmolLM2-135M-Instruct hidden states + ridge as ChatGPT answer-length features, val split only",
+        "how": "python benchmarks/decoder_features.py " + " ".join(argv if argv is not None else sys.argv[1:]),
+        "decoder": args.decoder,
+        "max_length": args.max_length,
+        "layers": layers,
+        "dtype": "bfloat16" if bf16 else "float32",
+        "train_prompts": len(train),
+        "val_prompts": len(val),
+        "prompts_per_s": round(len(texts) / embed_s, 2),
+        "embed_s": round(embed_s, 1),
+        "decoder_ridge": {
+            "val_tau_b_by_alpha": {str(a): round(float(t), 4) for a, t in ridge_taus.items()},
+            "val_tau_b_best": round(float(max(ridge_taus.values())), 4),
+        },
+        "checkpoint": {"path": args.checkpoint, "val_tau_b": round(float(kendall_tau_b(ckpt, y_val)), 4)},
+        "combined": cross_fit_combination(ckpt, ridge, y_val, [round(0.1 * i, 1) for i in range(11)]),
+    }
+    print(
+        f"| decoder ridge (best alpha) | {result['decoder_ridge']['val_tau_b_best']} |\n"
+        f"| checkpoint | {result['checkpoint']['val_tau_b']} |\n"
+        f"| combined (cross-fit on val halves) | {result['combined']['val_tau_b']} |\n"
+        f"| embedding | {result['prompts_per_s']} prompts/s ({len(texts)} prompts, {embed_s:.0f} s) |"
+    )
+    if args.json:
+        write_json(result, args.json)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
