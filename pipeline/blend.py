@@ -1,18 +1,26 @@
-"""blend: a trained encoder's score plus a TF-IDF + ridge regression, as one serving checkpoint.
+"""blend: a trained predictor's score plus a second regression of answer length, as one serving checkpoint.
 
-On the val splits the encoder and the lexical regression rank differently enough that a weighted
-sum of the two beats either (benchmarks/val_ensembles.py). This stage builds that sum for one
-trained predictor (params `blend.predictors`: train model -> method):
+On the val splits the encoder and a regression on other features rank differently enough that a
+weighted sum of the two beats either (benchmarks/val_ensembles.py, benchmarks/decoder_features.py).
+This stage builds that sum for one trained predictor (params `blend.predictors`: train model ->
+method), with the regression named by `blend.features`:
 
-1. TF-IDF + ridge on log1p(answer length), fitted on the train-split prompts of the models the
-   predictor was trained on (its pars.json `trained_on.members`; labels from data/pairs);
+- tfidf: TF-IDF + ridge on log1p(answer length) (for predictors trained without train.lexical_prior);
+- decoder: a ridge on a frozen causal LM's hidden states (`pipeline.ranking.decoder`; e.g. the packaged
+  SmolLM2-135M-Instruct): a different model's view of the prompt, added on top of whatever the
+  predictor's score already holds (its lexical prior included).
+
+1. the regression is fitted on the train-split prompts of the models the predictor was trained on
+   (its pars.json `trained_on.members`; labels from data/pairs; the decoder's on at most
+   `decoder.max_train_prompts` of them, a seeded draw: its features cost a forward pass each);
 2. its alpha, then the blend weight w, chosen on their val-split prompts: the grid point with the
    highest mean over those models of val tau_b (each model counts once, as in train_cross);
-3. score = w * encoder / sd(encoder) + (1 - w) * lexical / sd(lexical), the sds over the val prompts.
+3. score = w * predictor / sd(predictor) + (1 - w) * regression / sd(regression), the sds over the
+   val prompts.
 
-The test split is never read. Writes models/<model>/<method>+tfidf/ (the source checkpoint, its
-weights unchanged, plus the lexical files and pars.json `lexical`; `Scorer` applies the blend),
-metrics/blend/<model>.json and plots/blend/<model>.png.
+The test split is never read. Writes models/<model>/<method>+<features>/ (the source checkpoint, its
+weights unchanged, plus the regression's files and pars.json `lexical` or `decoder`; `Scorer` applies
+the blend), metrics/blend/<model>.json and plots/blend/<model>.png.
 """
 
 from __future__ import annotations
@@ -27,11 +35,12 @@ import pandas as pd
 
 from pipeline.params import load_params
 
-SUFFIX = "+tfidf"  # models/<model>/<method>+tfidf: the blended checkpoint of models/<model>/<method>
+FEATURES = ("tfidf", "decoder")  # blend.features: what the second regression reads
 
 
-def blended_method(method: str) -> str:
-    return method + SUFFIX
+def blended_method(method: str, features: str = "tfidf") -> str:
+    """models/<model>/<method>+<features>: the blended checkpoint of models/<model>/<method>."""
+    return f"{method}+{features}"
 
 
 def member_splits(members: list[str], data_root: str | Path) -> dict[str, dict[str, pd.DataFrame]]:
@@ -92,41 +101,131 @@ def fit_blend(
         alpha_rows.append({"alpha": alpha, "val_tau_b": mean, "per_model": per, "scores": lexical_val})
     best = max(alpha_rows, key=lambda r: (r["val_tau_b"], -alphas.index(r["alpha"])))
     lexical, lexical_val = fits[alpha_rows.index(best)], best["scores"]
-
-    sd_encoder = float(np.std(np.concatenate([encoder_val[m] for m in members])))
-    sd_lexical = float(np.std(np.concatenate([lexical_val[m] for m in members])))
-    if not (sd_encoder > 0 and sd_lexical > 0 and math.isfinite(sd_encoder) and math.isfinite(sd_lexical)):
-        raise ValueError(
-            f"blend: constant val scores (sd encoder {sd_encoder}, lexical {sd_lexical}); nothing to blend"
-        )
-    grid = []
-    for w in weights:
-        blended = {m: w * encoder_val[m] / sd_encoder + (1 - w) * lexical_val[m] / sd_lexical for m in members}
-        mean, per = mean_val_tau(blended, splits)
-        grid.append({"encoder_weight": w, "val_tau_b": mean, "per_model": per})
-    chosen = max(grid, key=lambda r: (r["val_tau_b"], r["encoder_weight"]))  # ties: more encoder
-    w = chosen["encoder_weight"]
     facts = {
         "members": members,
         "n_train_prompts": {m: int(len(splits[m]["train"])) for m in members},
         "n_val_prompts": {m: int(len(splits[m]["val"])) for m in members},
         "alpha": best["alpha"],
         "alpha_grid": [{k: r[k] for k in ("alpha", "val_tau_b", "per_model")} for r in alpha_rows],
-        "sd_encoder": sd_encoder,
-        "sd_lexical": sd_lexical,
-        "encoder_weight_grid": grid,
-        "w": w,
-        "encoder_weight": w / sd_encoder,
-        "lexical_weight": (1 - w) / sd_lexical,
-        "val_tau_b": chosen["val_tau_b"],
-        "val_tau_b_per_model": chosen["per_model"],
-        "encoder_val_tau_b": mean_val_tau(encoder_val, splits)[0],
-        "lexical_val_tau_b": best["val_tau_b"],
     }
+    choice = choose_weight(members, splits, encoder_val, lexical_val, weights)
+    facts.update(
+        {
+            "sd_encoder": choice["sd_encoder"],
+            "sd_lexical": choice["sd_added"],
+            "encoder_weight_grid": choice["grid"],
+            "w": choice["w"],
+            "encoder_weight": choice["encoder_weight"],
+            "lexical_weight": choice["added_weight"],
+            "val_tau_b": choice["val_tau_b"],
+            "val_tau_b_per_model": choice["per_model"],
+            "encoder_val_tau_b": mean_val_tau(encoder_val, splits)[0],
+            "lexical_val_tau_b": best["val_tau_b"],
+        }
+    )
     return lexical, facts
 
 
-def write_plot(facts: dict, name: str, out: Path) -> None:
+def choose_weight(
+    members: list[str], splits: dict, encoder_val: dict[str, np.ndarray], added_val: dict[str, np.ndarray], weights
+) -> dict:
+    """The grid weight w of w * encoder/sd + (1 - w) * added/sd with the best mean val tau_b."""
+    sd_encoder = float(np.std(np.concatenate([encoder_val[m] for m in members])))
+    sd_added = float(np.std(np.concatenate([added_val[m] for m in members])))
+    if not (sd_encoder > 0 and sd_added > 0 and math.isfinite(sd_encoder) and math.isfinite(sd_added)):
+        raise ValueError(
+            f"blend: constant val scores (sd encoder {sd_encoder}, regression {sd_added}); nothing to blend"
+        )
+    grid = []
+    for w in weights:
+        blended = {m: w * encoder_val[m] / sd_encoder + (1 - w) * added_val[m] / sd_added for m in members}
+        mean, per = mean_val_tau(blended, splits)
+        grid.append({"encoder_weight": w, "val_tau_b": mean, "per_model": per})
+    chosen = max(grid, key=lambda r: (r["val_tau_b"], r["encoder_weight"]))  # ties: more encoder
+    w = chosen["encoder_weight"]
+    return {
+        "sd_encoder": sd_encoder,
+        "sd_added": sd_added,
+        "grid": grid,
+        "w": w,
+        "encoder_weight": w / sd_encoder,
+        "added_weight": (1 - w) / sd_added,
+        "val_tau_b": chosen["val_tau_b"],
+        "per_model": chosen["per_model"],
+    }
+
+
+def decoder_settings(raw) -> dict:
+    """blend.decoder as checked values (ValueError naming the key)."""
+    if not isinstance(raw, dict):
+        raise ValueError(f"params blend.decoder: expected a mapping, got {raw!r}")
+    missing = [k for k in ("path", "layers", "max_length", "alphas", "max_train_prompts", "batch_size") if k not in raw]
+    if missing:
+        raise ValueError(f"params blend.decoder: missing {', '.join(missing)}")
+    layers, alphas = raw["layers"], raw["alphas"]
+    if not isinstance(layers, list) or not layers or not all(isinstance(k, int) and k >= 1 for k in layers):
+        raise ValueError(f"params blend.decoder.layers {layers!r}: expected a list of layer numbers >= 1")
+    if not isinstance(alphas, list) or not alphas or not all(isinstance(a, (int, float)) and a > 0 for a in alphas):
+        raise ValueError(f"params blend.decoder.alphas {alphas!r}: expected a list of numbers > 0")
+    for key, least in (("max_length", 8), ("batch_size", 1), ("max_train_prompts", 2)):
+        value = raw[key]
+        if isinstance(value, bool) or not isinstance(value, int) or value < least:
+            raise ValueError(f"params blend.decoder.{key} {value!r}: expected an integer >= {least}")
+    return {**raw, "alphas": [float(a) for a in alphas]}
+
+
+def fit_decoder_blend(
+    members: list[str], splits: dict, encoder_val: dict[str, np.ndarray], settings: dict, seed: int = 0
+) -> tuple[object, dict]:
+    """(DecoderPrior, facts): the decoder ridge's alpha, then w, chosen on val as the module says."""
+    from pipeline.ranking.decoder import DecoderFeatures, DecoderPrior, DecoderRidge
+
+    cfg = decoder_settings(settings["decoder"])
+    weights = [float(w) for w in settings["encoder_weights"]]
+    if not weights or not all(0.0 <= w <= 1.0 for w in weights):
+        raise ValueError("params blend: encoder_weights must be a non-empty grid in [0, 1]")
+    train = pd.concat([splits[m]["train"] for m in members], ignore_index=True)
+    if len(train) > cfg["max_train_prompts"]:
+        train = train.sample(n=cfg["max_train_prompts"], random_state=seed).reset_index(drop=True)
+    features = DecoderFeatures.load(cfg["path"], cfg["layers"], cfg["max_length"])
+    t0 = time.perf_counter()
+    print(f"blend: decoder features of {len(train)} train prompts ({cfg['path']})", flush=True)
+    x_train = features.embed(train["prompt"].tolist(), cfg["batch_size"], progress=True)
+    x_val = {m: features.embed(splits[m]["val"]["prompt"].tolist(), cfg["batch_size"]) for m in members}
+    embed_s = time.perf_counter() - t0
+    fits = DecoderRidge.fit_grid(x_train, train["length"].to_numpy(), cfg["alphas"])
+    alpha_rows = []
+    for alpha, fit in zip(cfg["alphas"], fits):
+        mean, per = mean_val_tau({m: fit.predict(x_val[m]) for m in members}, splits)
+        alpha_rows.append({"alpha": alpha, "val_tau_b": mean, "per_model": per})
+    best = max(alpha_rows, key=lambda r: (r["val_tau_b"], -cfg["alphas"].index(r["alpha"])))
+    ridge = fits[alpha_rows.index(best)]
+    choice = choose_weight(members, splits, encoder_val, {m: ridge.predict(x_val[m]) for m in members}, weights)
+    n_embedded = len(train) + sum(len(splits[m]["val"]) for m in members)
+    facts = {
+        "members": members,
+        "n_train_prompts": {m: int(len(splits[m]["train"])) for m in members},
+        "n_decoder_train_prompts": int(len(train)),
+        "n_val_prompts": {m: int(len(splits[m]["val"])) for m in members},
+        "decoder": {k: cfg[k] for k in ("path", "layers", "max_length")},
+        "decoder_prompts_per_s": round(n_embedded / embed_s, 2) if embed_s > 0 else None,
+        "alpha": best["alpha"],
+        "alpha_grid": alpha_rows,
+        "sd_encoder": choice["sd_encoder"],
+        "sd_decoder": choice["sd_added"],
+        "encoder_weight_grid": choice["grid"],
+        "w": choice["w"],
+        "score_weight": choice["encoder_weight"],
+        "decoder_weight": choice["added_weight"],
+        "val_tau_b": choice["val_tau_b"],
+        "val_tau_b_per_model": choice["per_model"],
+        "encoder_val_tau_b": mean_val_tau(encoder_val, splits)[0],
+        "decoder_val_tau_b": best["val_tau_b"],
+    }
+    return DecoderPrior(features, ridge, cfg["batch_size"]), facts
+
+
+def write_plot(facts: dict, name: str, out: Path, features: str = "tfidf") -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -139,10 +238,11 @@ def write_plot(facts: dict, name: str, out: Path) -> None:
         ax.plot(w, [r["per_model"][member] for r in grid], marker=".", lw=1, label=member)
     ax.plot(w, [r["val_tau_b"] for r in grid], color="black", lw=2.2, label="mean (the choice)")
     ax.axvline(facts["w"], color="gray", ls="--", lw=1)
-    ax.set_xlabel("w: weight of the encoder (0 = TF-IDF + ridge alone, 1 = encoder alone)")
+    added = "TF-IDF + ridge" if features == "tfidf" else "decoder ridge"
+    ax.set_xlabel(f"w: weight of the predictor (0 = {added} alone, 1 = predictor alone)")
     ax.set_ylabel("val Kendall tau_b")
     ax.set_title(
-        f"blend of {name}: encoder + TF-IDF ridge (alpha {facts['alpha']:g})\nchosen on val: w = {facts['w']:g}",
+        f"blend of {name}: predictor + {added} (alpha {facts['alpha']:g})\nchosen on val: w = {facts['w']:g}",
         fontsize=10,
     )
     ax.legend(fontsize=8)
@@ -162,18 +262,23 @@ def run(
     plots_dir: str | Path = "plots/blend",
 ) -> dict:
     from pipeline.contracts import predictor_dir, write_json
-    from pipeline.ranking.checkpoint import LEXICAL, attach_lexical, copy_checkpoint, read_meta
+    from pipeline.ranking.checkpoint import DECODER, LEXICAL, attach_decoder, attach_lexical, copy_checkpoint, read_meta
     from pipeline.serving.scorer import Scorer
 
     t0 = time.perf_counter()
     predictors = params["predictors"] or {}
     if model not in predictors:
         raise KeyError(f"params blend.predictors has no entry {model!r} (it has {sorted(predictors)})")
+    features = params.get("features", "tfidf")
+    if features not in FEATURES:
+        raise ValueError(f"params blend.features {features!r}: expected one of {list(FEATURES)}")
     method = predictors[model]
     src = predictor_dir(model, method, models_root)
     meta = read_meta(src)
-    if LEXICAL in meta:
+    if features == "tfidf" and LEXICAL in meta:
         raise ValueError(f"blend: {src} already adds a lexical model to its score (a blend, or train's lexical_prior)")
+    if DECODER in meta:
+        raise ValueError(f"blend: {src} already adds a decoder prior to its score")
     trained_on = meta.get("trained_on") or {}
     members = list(trained_on.get("members") or [trained_on.get("model") or model])
     splits = member_splits(members, data_root)
@@ -181,38 +286,60 @@ def run(
     print(f"blend: scoring the val prompts of {', '.join(members)} with {src}", flush=True)
     scorer = Scorer.from_pretrained(src)
     encoder_val = {m: scorer.score(splits[m]["val"]["prompt"].tolist(), progress=True).astype(float) for m in members}
-    print(f"blend: fitting TF-IDF + ridge on {sum(len(s['train']) for s in splits.values())} train prompts", flush=True)
-    lexical, facts = fit_blend(members, splits, encoder_val, params)
-
-    dst = predictor_dir(model, blended_method(method), models_root)
-    copy_checkpoint(src, dst, method=blended_method(method))  # weights copied and re-hashed
-    attach_lexical(
-        dst,
-        lexical,
-        encoder_weight=facts["encoder_weight"],
-        lexical_weight=facts["lexical_weight"],
-        alpha=facts["alpha"],
-        w=facts["w"],
-        chosen_on="val split: mean over trained_on.members of val tau_b",
-        val_tau_b=facts["val_tau_b"],
-        encoder_val_tau_b=facts["encoder_val_tau_b"],
-    )
+    dst = predictor_dir(model, blended_method(method, features), models_root)
+    probe = splits[members[0]]["val"]["prompt"].tolist()[:64]
+    if features == "tfidf":
+        print(
+            f"blend: fitting TF-IDF + ridge on {sum(len(s['train']) for s in splits.values())} train prompts",
+            flush=True,
+        )
+        lexical, facts = fit_blend(members, splits, encoder_val, params)
+        copy_checkpoint(src, dst, method=blended_method(method, features))  # weights copied and re-hashed
+        attach_lexical(
+            dst,
+            lexical,
+            encoder_weight=facts["encoder_weight"],
+            lexical_weight=facts["lexical_weight"],
+            alpha=facts["alpha"],
+            w=facts["w"],
+            chosen_on="val split: mean over trained_on.members of val tau_b",
+            val_tau_b=facts["val_tau_b"],
+            encoder_val_tau_b=facts["encoder_val_tau_b"],
+        )
+        expected = facts["encoder_weight"] * encoder_val[members[0]][:64] + facts["lexical_weight"] * lexical.predict(
+            probe
+        )
+        summary = f"TF-IDF alone {facts['lexical_val_tau_b']:.3f}"
+    else:
+        prior, facts = fit_decoder_blend(members, splits, encoder_val, params)
+        copy_checkpoint(src, dst, method=blended_method(method, features))
+        attach_decoder(
+            dst,
+            prior,
+            score_weight=facts["score_weight"],
+            decoder_weight=facts["decoder_weight"],
+            alpha=facts["alpha"],
+            w=facts["w"],
+            chosen_on="val split: mean over trained_on.members of val tau_b",
+            val_tau_b=facts["val_tau_b"],
+            encoder_val_tau_b=facts["encoder_val_tau_b"],
+        )
+        expected = facts["score_weight"] * encoder_val[members[0]][:64] + facts["decoder_weight"] * prior.predict(probe)
+        summary = f"decoder ridge alone {facts['decoder_val_tau_b']:.3f}"
     # the stage's own acceptance test: the serving loader takes the result and reproduces the val blend
-    check = Scorer.from_pretrained(dst).score(splits[members[0]]["val"]["prompt"].tolist()[:64])
-    expected = facts["encoder_weight"] * encoder_val[members[0]][:64] + facts["lexical_weight"] * lexical.predict(
-        splits[members[0]]["val"]["prompt"].tolist()[:64]
-    )
-    if not np.allclose(check, expected, rtol=1e-3, atol=1e-3):
+    # (a bfloat16 decoder's features move a little with their batch-mates: a few % of the spread)
+    check = Scorer.from_pretrained(dst).score(probe)
+    atol = 1e-3 if features == "tfidf" else 0.05 * float(np.std(expected))
+    if not np.allclose(check, expected, rtol=1e-3, atol=atol):
         raise ValueError(f"blend: {dst} does not score as the blend chosen on val")
 
-    facts = {"model": model, "method": method, "checkpoint": str(dst), **facts}
+    facts = {"model": model, "method": method, "features": features, "checkpoint": str(dst), **facts}
     facts["stage_wall_s"] = round(time.perf_counter() - t0, 2)
     write_json(facts, Path(metrics_dir) / f"{model}.json")
-    write_plot(facts, f"{model}/{method}", Path(plots_dir) / f"{model}.png")
+    write_plot(facts, f"{model}/{method}", Path(plots_dir) / f"{model}.png", features)
     print(
         f"blend: {dst}: w={facts['w']:g} (alpha {facts['alpha']:g}); mean val tau_b {facts['val_tau_b']:.3f} "
-        f"(encoder alone {facts['encoder_val_tau_b']:.3f}, TF-IDF alone {facts['lexical_val_tau_b']:.3f}); "
-        f"{facts['stage_wall_s']:.0f} s",
+        f"(predictor alone {facts['encoder_val_tau_b']:.3f}, {summary}); {facts['stage_wall_s']:.0f} s",
         flush=True,
     )
     return facts

@@ -24,7 +24,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "train": ("pipeline.train", "train a pairwise/pointwise/listwise predictor -> models/<model>/<method>/"),
     "blend": (
         "pipeline.blend",
-        "a trained predictor + TF-IDF ridge, blend chosen on val -> models/<model>/<method>+tfidf/",
+        "a trained predictor + a TF-IDF or decoder ridge, blend chosen on val -> models/<model>/<method>+<features>/",
     ),
     "evaluate": ("pipeline.evaluate", "Kendall tau_b, references and transfer matrix -> metrics/, plots/"),
     "report": ("pipeline.report", "print the paper-style tau_b table (markdown)"),

@@ -162,3 +162,91 @@ def test_evaluate_names_blended_predictors_as_model_and_method():
     assert evaluated_predictors(params) == [("a", "pairwise"), ("r", "pairwise"), ("r", "pairwise+tfidf")]
     with pytest.raises(ValueError, match="blends"):
         evaluated_predictors({**params, "blends": ["r"]})
+
+
+@pytest.fixture
+def tiny_decoder(tmp_path, tokenizer):
+    """A random 4-layer Llama over the MiniLM vocabulary, with a chat template: a decoder directory
+    as `blend.decoder.path` expects (weights in float32, as the packaged SmolLM2's)."""
+    import copy
+
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    config = LlamaConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=4,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        max_position_embeddings=256,
+        pad_token_id=tokenizer.pad_token_id,
+    )
+    out = tmp_path / "decoder_base"
+    LlamaForCausalLM(config).save_pretrained(out, safe_serialization=True)
+    tok = copy.deepcopy(tokenizer)
+    tok.chat_template = "{% for m in messages %}user: {{ m['content'] }}\n{% endfor %}assistant:"
+    tok.save_pretrained(out)
+    return out
+
+
+def test_decoder_features_are_deterministic_and_batch_independent(tiny_decoder):
+    from pipeline.ranking.decoder import DecoderFeatures, DecoderPrior, DecoderRidge, cut_ids
+
+    assert cut_ids(list(range(10)), 4) == [0, 1, 8, 9] and cut_ids([1, 2], 4) == [1, 2]
+    features = DecoderFeatures.load(tiny_decoder, [1, 3], max_length=16)
+    assert len(features.model.layers) == 4 and features.width == 2 * 2 * 32
+    texts = TEXTS + ["a much longer prompt " * 20]
+    x = features.embed(texts, batch_size=3)
+    assert x.shape == (len(texts), features.width) and np.isfinite(x).all()
+    # left padding with the mask: a prompt's features do not depend on its batch-mates
+    np.testing.assert_allclose(features.embed(texts[:1], batch_size=1)[0], x[0], rtol=2e-2, atol=2e-2)
+    ridge = DecoderRidge.fit_grid(x, LENGTHS + [900.0], alphas=[1.0, 1e4])
+    assert np.abs(ridge[1].coef).sum() < np.abs(ridge[0].coef).sum()  # alpha shrinks
+    prior = DecoderPrior(features, ridge[0])
+    assert prior.predict([]).shape == (0,)
+    with pytest.raises(ValueError, match="layer"):
+        DecoderFeatures.load(tiny_decoder, [4], max_length=16)
+
+
+def test_decoder_blend_chooses_on_val_and_serves_what_it_chose(toy_models, tiny_decoder):
+    import pandas as pd
+
+    from pipeline.ranking.decoder import SUBDIR
+    from pipeline.serving.scorer import Scorer
+
+    decoder = {
+        "path": str(tiny_decoder),
+        "layers": [1, 2],
+        "max_length": 32,
+        "alphas": [1.0, 100.0],
+        "max_train_prompts": 30,
+        "batch_size": 8,
+    }
+    facts = _blend(toy_models, features="decoder", decoder=decoder)
+    dst = toy_models / "models/toy/pairwise+decoder"
+    meta = json.loads((dst / META).read_text())
+    assert meta["method"] == "pairwise+decoder" and meta["decoder"]["w"] == facts["w"]
+    assert facts["n_decoder_train_prompts"] == 30 and facts["alpha"] in (1.0, 100.0)
+    assert facts["val_tau_b"] >= max(facts["encoder_val_tau_b"], facts["decoder_val_tau_b"]) - 1e-9
+    # the truncated decoder travels with the checkpoint: 3 layers kept (deepest read + 1)
+    assert json.loads((dst / SUBDIR / "config.json").read_text())["num_hidden_layers"] == 3
+
+    prompts = pd.read_parquet(toy_models / "data/prompts/prompts.parquet")
+    test = prompts[prompts["split"] == "test"]["prompt"].tolist()
+    source, blended = Scorer.from_pretrained(toy_models / "models/toy/pairwise"), Scorer.from_pretrained(dst)
+    prior, score_weight, decoder_weight = blended.decoder
+    expected = score_weight * source.score(test) + decoder_weight * prior.predict(test)
+    np.testing.assert_allclose(blended.score(test), expected, rtol=1e-3, atol=1e-3)
+
+    # an unknown feature kind or a bad setting names its key; a tampered decoder file stops loading
+    with pytest.raises(ValueError, match="features"):
+        _blend(toy_models, features="bag")
+    with pytest.raises(ValueError, match="decoder.layers"):
+        _blend(toy_models, features="decoder", decoder={**decoder, "layers": []})
+    weights = dst / SUBDIR / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:-8] + b"\0" * 8)
+    with pytest.raises(CheckpointError, match="model.safetensors"):
+        Scorer.from_pretrained(dst)

@@ -7,6 +7,8 @@ pars.json           format version, method, score direction, max length, head fr
                     training data, test tau_b, sha256 of model.safetensors
 lexical files       (optional) a TF-IDF + ridge model whose prediction is added to the encoder's
                     score: pars.json `lexical` says with which weights (see `attach_lexical`)
+decoder/            (optional) a frozen causal LM + ridge whose prediction is added to the score
+                    above: pars.json `decoder` says which layers, how many tokens, which weights
 """
 
 from __future__ import annotations
@@ -23,6 +25,9 @@ CONFIG = "config.json"
 # pars.json key: the lexical model added to the encoder's score (train's lexical prior, or the
 # blend stage); serving computes encoder_weight * encoder score + lexical_weight * lexical prediction
 LEXICAL = "lexical"
+# pars.json key: a decoder prior added last (the blend stage with `features: decoder`); serving
+# computes score_weight * (the score above) + decoder_weight * the decoder ridge's prediction
+DECODER = "decoder"
 
 
 class CheckpointError(RuntimeError):
@@ -145,5 +150,24 @@ def attach_lexical(out_dir: str | Path, lexical, *, encoder_weight: float, lexic
         "files_sha256": {name: sha256_file(out / name) for name in (VOCAB_FILE, WEIGHTS_FILE)},
     }
     meta[LEXICAL] = record
+    (out / META).write_text(json.dumps(meta, indent=2) + "\n", encoding="utf-8")
+    return record
+
+
+def attach_decoder(out_dir: str | Path, prior, *, score_weight: float, decoder_weight: float, **facts: Any) -> dict:
+    """Save `prior` (a DecoderPrior) into the checkpoint at `out_dir` and record in its pars.json how
+    serving adds it to the checkpoint's score, with its files' hashes; returns that record."""
+    out = Path(out_dir)
+    meta = read_meta(out)
+    files = prior.save(out)
+    record = {
+        **facts,
+        "layers": list(prior.features.layers),
+        "max_length": int(prior.features.max_length),
+        "score_weight": float(score_weight),
+        "decoder_weight": float(decoder_weight),
+        "files_sha256": {name: sha256_file(out / name) for name in files},
+    }
+    meta[DECODER] = record
     (out / META).write_text(json.dumps(meta, indent=2) + "\n", encoding="utf-8")
     return record

@@ -8,7 +8,7 @@ from typing import Iterator, Sequence
 
 import numpy as np
 
-from pipeline.ranking.checkpoint import LEXICAL, META, WEIGHTS, CheckpointError, read_meta, sha256_file
+from pipeline.ranking.checkpoint import DECODER, LEXICAL, META, WEIGHTS, CheckpointError, read_meta, sha256_file
 
 # save_pretrained of a fast BERT tokenizer writes tokenizer.json; a slow one writes vocab.txt
 TOKENIZER_FILES = ("tokenizer.json", "vocab.txt")
@@ -82,6 +82,37 @@ def load_lexical(path: Path, meta: dict):
     return model, float(weights[0]), float(weights[1])
 
 
+def load_decoder(path: Path, meta: dict, device: str = "cpu"):
+    """(DecoderPrior, score_weight, decoder_weight) of a checkpoint with a decoder prior, its files'
+    hashes checked."""
+    from pipeline.ranking.decoder import DecoderPrior
+
+    spec = meta[DECODER]
+    if not isinstance(spec, dict):
+        raise CheckpointError(f"checkpoint {path}: {META} {DECODER} is not an object")
+    weights = (spec.get("score_weight"), spec.get("decoder_weight"))
+    if not all(isinstance(w, (int, float)) and not isinstance(w, bool) and np.isfinite(w) for w in weights):
+        raise CheckpointError(f"checkpoint {path}: {META} {DECODER} needs finite score_weight and decoder_weight")
+    layers, max_length = spec.get("layers"), spec.get("max_length")
+    if (
+        not isinstance(layers, list)
+        or not layers
+        or not all(isinstance(k, int) and not isinstance(k, bool) for k in layers)
+        or isinstance(max_length, bool)
+        or not isinstance(max_length, int)
+    ):
+        raise CheckpointError(f"checkpoint {path}: {META} {DECODER} needs integer layers and max_length")
+    listed = spec.get("files_sha256")
+    if not isinstance(listed, dict) or not listed:
+        raise CheckpointError(f"checkpoint {path}: {META} {DECODER} lists no files_sha256")
+    verify_files(path, {FILES_SHA256: listed})
+    try:
+        prior = DecoderPrior.load(path, layers, max_length, device)
+    except Exception as exc:  # a half-written or foreign decoder directory
+        raise CheckpointError(f"checkpoint {path}: the decoder prior could not be loaded: {exc}") from exc
+    return prior, float(weights[0]), float(weights[1])
+
+
 # "int8": the encoder's Linear layers with int8 weights (per output channel) and activations
 # quantized on the fly, on the CPU; the head stays float. About 3x less scoring CPU, and a
 # somewhat different ranking (val tau_b, both speeds: benchmarks/scorer_int8.py ->
@@ -130,6 +161,7 @@ class Scorer:
         batch_size: int = 32,
         quantize: str = "none",
         lexical=None,
+        decoder=None,
     ):
         check_quantize(quantize, device)
         if quantize == "int8":
@@ -146,6 +178,9 @@ class Scorer:
         # a blended checkpoint (the blend stage): encoder_weight * encoder score + lexical_weight *
         # TF-IDF ridge prediction; None: the encoder's score alone
         self.lexical = lexical
+        # a checkpoint with a decoder prior: score_weight * the score above + decoder_weight * the
+        # decoder ridge's prediction; None: the score above alone
+        self.decoder = decoder
 
     @classmethod
     def from_pretrained(
@@ -190,7 +225,17 @@ class Scorer:
                 f"max_position_embeddings {positions} (config.json)"
             )
         lexical = load_lexical(path, meta) if LEXICAL in meta else None
-        return cls(model, tokenizer, meta, device=device, batch_size=batch_size, quantize=quantize, lexical=lexical)
+        decoder = load_decoder(path, meta, device) if DECODER in meta else None
+        return cls(
+            model,
+            tokenizer,
+            meta,
+            device=device,
+            batch_size=batch_size,
+            quantize=quantize,
+            lexical=lexical,
+            decoder=decoder,
+        )
 
     def score(self, texts: Sequence[str], batch_size: int | None = None, progress: bool = False) -> np.ndarray:
         """Scores in input order, computed under inference mode.
@@ -221,12 +266,18 @@ class Scorer:
 
     def combine(self, encoder_scores: np.ndarray, texts: Sequence[str]) -> np.ndarray:
         """The checkpoint's score from its encoder's scores of `texts`: the encoder's alone, or
-        blended with the lexical model's prediction (a blended checkpoint)."""
-        if self.lexical is None:
+        blended with the lexical model's prediction (a blended checkpoint), then with the decoder
+        prior's (a checkpoint that carries one)."""
+        if self.lexical is None and self.decoder is None:
             return encoder_scores
-        model, encoder_weight, lexical_weight = self.lexical
-        blended = encoder_weight * encoder_scores.astype(np.float64) + lexical_weight * model.predict(texts)
-        return blended.astype(np.float32)
+        score = encoder_scores.astype(np.float64)
+        if self.lexical is not None:
+            model, encoder_weight, lexical_weight = self.lexical
+            score = encoder_weight * score + lexical_weight * model.predict(texts)
+        if self.decoder is not None:
+            prior, score_weight, decoder_weight = self.decoder
+            score = score_weight * score + decoder_weight * prior.predict(texts)
+        return score.astype(np.float32)
 
     def encode(self, texts: Sequence[str]) -> list[list[int]]:
         """Token ids as the model sees them: cut to max_length, head + tail, as in training."""

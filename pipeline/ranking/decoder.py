@@ -1,0 +1,225 @@
+"""A frozen causal LM's view of the prompt as a length regression: hidden states + ridge.
+
+The ranker's encoder (MiniLM-L6 by default) and a small instruction-tuned decoder (the packaged
+SmolLM2-135M-Instruct) read a prompt differently; a ridge regression of log(1 + answer tokens) on the
+decoder's hidden states, added to a predictor's score with a weight chosen on val (the `blend` stage,
+`blend.features: decoder`), ranks better than either (`benchmarks/decoder_features.py`,
+metrics/choices/decoder_features-chatgpt*.json).
+
+Features of one prompt: the prompt cut to `max_length` tokens (head + tail, half each), wrapped in
+the decoder's chat template with the generation prompt (the position where the answer would start);
+for each layer read, the hidden state at the last position and the mean over the prompt. Only the
+layers up to the deepest one read (plus one, so that it is not the final norm's output) are kept
+and run. Saved inside a checkpoint as plain files, no pickle: `decoder/` holds the truncated decoder
+(config, safetensors weights in bfloat16) and its tokenizer; `decoder/ridge.safetensors` the
+standardisation and ridge coefficients.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+
+SUBDIR = "decoder"  # inside a checkpoint
+RIDGE_FILE = "ridge.safetensors"
+
+
+def cut_ids(ids: list[int], max_length: int) -> list[int]:
+    """Head + tail, half each: long chat prompts often ask their question after pasted text."""
+    if len(ids) <= max_length:
+        return ids
+    head = max_length // 2
+    return ids[:head] + ids[len(ids) - (max_length - head) :]
+
+
+def compute_dtype(device: str = "cpu"):
+    """bfloat16 where it is native (CUDA, AVX512-BF16 / AMX CPUs), else float32 (emulated bf16 is slow)."""
+    import torch
+
+    from pipeline.hardware import cpu_has_native_bf16
+
+    if torch.device(device).type == "cuda" or cpu_has_native_bf16():
+        return torch.bfloat16
+    return torch.float32
+
+
+class DecoderFeatures:
+    """Hidden-state features of prompts under a frozen causal LM (see the module doc)."""
+
+    def __init__(self, tokenizer, model, layers: Sequence[int], max_length: int, device: str = "cpu"):
+        layers = sorted({int(k) for k in layers})
+        if not layers or layers[0] < 1 or layers[-1] >= len(model.layers):
+            raise ValueError(f"decoder layers {layers}: expected layer numbers in 1..{len(model.layers) - 1}")
+        if int(max_length) < 8:
+            raise ValueError(f"decoder max_length {max_length}: expected >= 8 tokens")
+        self.tokenizer, self.model = tokenizer, model.eval().to(device)
+        self.layers, self.max_length, self.device = layers, int(max_length), device
+        self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+
+    @classmethod
+    def load(cls, path: str | Path, layers: Sequence[int], max_length: int, device: str = "cpu") -> "DecoderFeatures":
+        """The base model of the causal LM at `path` (a Hugging Face directory), cut after the
+        deepest layer read + 1."""
+        from transformers import AutoModel, AutoTokenizer
+
+        tokenizer = AutoTokenizer.from_pretrained(path)
+        if not getattr(tokenizer, "chat_template", None):
+            raise ValueError(f"decoder {path}: its tokenizer has no chat template")
+        # weights rounded to bfloat16 first, as `save` stores them: the decoder a blend is fitted with
+        # computes exactly as the one its checkpoint serves
+        import torch
+
+        model = AutoModel.from_pretrained(path, dtype=torch.bfloat16).to(compute_dtype(device))
+        keep = max(int(k) for k in layers) + 1
+        if keep > len(model.layers):
+            raise ValueError(f"decoder {path} has {len(model.layers)} layers; layers {list(layers)} read past them")
+        model.layers = model.layers[:keep]
+        model.config.num_hidden_layers = keep
+        return cls(tokenizer, model, layers, max_length, device)
+
+    @property
+    def width(self) -> int:
+        return 2 * len(self.layers) * int(self.model.config.hidden_size)
+
+    def encode(self, texts: Sequence[str]) -> list[list[int]]:
+        tok = self.tokenizer
+        out = []
+        for text in texts:
+            cut = tok.decode(cut_ids(tok(text, add_special_tokens=False)["input_ids"], self.max_length))
+            chat = tok.apply_chat_template(
+                [{"role": "user", "content": cut}], add_generation_prompt=True, tokenize=False
+            )
+            out.append(tok(chat, add_special_tokens=False)["input_ids"])
+        return out
+
+    def embed(self, texts: Sequence[str], batch_size: int = 16, progress: bool = False) -> np.ndarray:
+        """(len(texts), width) float32 features, in input order (batched by token length)."""
+        import torch
+
+        encoded = self.encode(list(texts))
+        feats = np.zeros((len(encoded), self.width), np.float32)
+        order = np.argsort([len(e) for e in encoded], kind="stable")  # similar lengths share a batch
+        batches = range(0, len(order), int(batch_size))
+        if progress:
+            from tqdm import tqdm
+
+            batches = tqdm(batches, desc="decoder features", unit="batch", mininterval=10)
+        with torch.inference_mode():
+            for start in batches:
+                rows = order[start : start + int(batch_size)]
+                span = max(len(encoded[i]) for i in rows)
+                ids = torch.full((len(rows), span), self.pad_id)
+                mask = torch.zeros((len(rows), span), dtype=torch.long)
+                for j, i in enumerate(rows):  # left padding: the last position is the prompt's last token
+                    ids[j, span - len(encoded[i]) :] = torch.tensor(encoded[i])
+                    mask[j, span - len(encoded[i]) :] = 1
+                # positions count from each prompt's first real token, as if it were alone: in
+                # bfloat16 a shifted rotary angle rounds differently, and a prompt's features would
+                # depend on its batch-mates' lengths
+                positions = (mask.cumsum(1) - 1).clamp(min=0)
+                hidden = self.model(
+                    input_ids=ids.to(self.device),
+                    attention_mask=mask.to(self.device),
+                    position_ids=positions.to(self.device),
+                    output_hidden_states=True,
+                ).hidden_states
+                weight = mask.to(self.device).unsqueeze(-1).float()
+                parts = []
+                for k in self.layers:
+                    h = hidden[k].float()
+                    parts += [h[:, -1], (h * weight).sum(1) / weight.sum(1)]
+                feats[rows] = torch.cat(parts, 1).cpu().numpy()
+        return feats
+
+    def save(self, out_dir: str | Path) -> None:
+        """The truncated decoder (bfloat16 weights) and its tokenizer, into `out_dir`."""
+        import copy
+
+        import torch
+
+        out = Path(out_dir)
+        out.mkdir(parents=True, exist_ok=True)
+        copy.deepcopy(self.model).to("cpu", torch.bfloat16).save_pretrained(out, safe_serialization=True)
+        self.tokenizer.save_pretrained(out)
+
+
+class DecoderRidge:
+    """Standardised ridge regression of log1p(answer length) on decoder features; higher = longer."""
+
+    def __init__(self, mean: np.ndarray, scale: np.ndarray, coef: np.ndarray, intercept: float):
+        self.mean, self.scale = np.asarray(mean, np.float64), np.asarray(scale, np.float64)
+        self.coef, self.intercept = np.asarray(coef, np.float64), float(intercept)
+
+    @classmethod
+    def fit_grid(cls, features: np.ndarray, lengths: Sequence[float], alphas: Sequence[float]) -> list["DecoderRidge"]:
+        """One fit per alpha on the same standardisation."""
+        from sklearn.linear_model import Ridge
+
+        x = np.asarray(features, np.float64)
+        mean = x.mean(0)
+        scale = x.std(0)
+        scale[scale == 0] = 1.0
+        z = (x - mean) / scale
+        y = np.log1p(np.asarray(lengths, dtype=float))
+        return [cls(mean, scale, r.coef_, r.intercept_) for r in (Ridge(alpha=float(a)).fit(z, y) for a in alphas)]
+
+    def predict(self, features: np.ndarray) -> np.ndarray:
+        return ((np.asarray(features, np.float64) - self.mean) / self.scale) @ self.coef + self.intercept
+
+    def save(self, path: str | Path) -> None:
+        from safetensors.numpy import save_file
+
+        save_file(
+            {
+                "mean": self.mean,
+                "scale": self.scale,
+                "coef": self.coef,
+                "intercept": np.array([self.intercept]),
+            },
+            str(path),
+        )
+
+    @classmethod
+    def load(cls, path: str | Path) -> "DecoderRidge":
+        from safetensors.numpy import load_file
+
+        try:
+            t = load_file(str(path))
+            model = cls(t["mean"], t["scale"], t["coef"], float(t["intercept"][0]))
+        except Exception as exc:  # missing tensor, bad header, truncated file
+            raise ValueError(f"{path}: decoder ridge could not be read ({exc})") from exc
+        if not (model.mean.shape == model.scale.shape == model.coef.shape) or model.coef.ndim != 1:
+            raise ValueError(f"{path}: decoder ridge tensors have mismatched shapes")
+        return model
+
+
+class DecoderPrior:
+    """Decoder features + ridge: `predict(texts)` -> predicted log1p(answer length)."""
+
+    def __init__(self, features: DecoderFeatures, ridge: DecoderRidge, batch_size: int = 16):
+        if ridge.coef.shape[0] != features.width:
+            raise ValueError(f"decoder ridge has {ridge.coef.shape[0]} coefficients for {features.width} features")
+        self.features, self.ridge, self.batch_size = features, ridge, int(batch_size)
+
+    def predict(self, texts: Sequence[str], progress: bool = False) -> np.ndarray:
+        texts = list(texts)
+        if not texts:
+            return np.zeros(0)
+        return self.ridge.predict(self.features.embed(texts, self.batch_size, progress))
+
+    def save(self, checkpoint_dir: str | Path) -> list[str]:
+        """Write `decoder/` into a checkpoint; returns its files, relative to the checkpoint."""
+        root = Path(checkpoint_dir)
+        sub = root / SUBDIR
+        self.features.save(sub)
+        self.ridge.save(sub / RIDGE_FILE)
+        return sorted(f.relative_to(root).as_posix() for f in sub.rglob("*") if f.is_file())
+
+    @classmethod
+    def load(
+        cls, checkpoint_dir: str | Path, layers: Sequence[int], max_length: int, device: str = "cpu"
+    ) -> "DecoderPrior":
+        sub = Path(checkpoint_dir) / SUBDIR
+        return cls(DecoderFeatures.load(sub, layers, max_length, device), DecoderRidge.load(sub / RIDGE_FILE))
