@@ -293,39 +293,26 @@ def run(
             f"blend: fitting TF-IDF + ridge on {sum(len(s['train']) for s in splits.values())} train prompts",
             flush=True,
         )
-        lexical, facts = fit_blend(members, splits, encoder_val, params)
-        copy_checkpoint(src, dst, method=blended_method(method, features))  # weights copied and re-hashed
-        attach_lexical(
-            dst,
-            lexical,
-            encoder_weight=facts["encoder_weight"],
-            lexical_weight=facts["lexical_weight"],
-            alpha=facts["alpha"],
-            w=facts["w"],
-            chosen_on="val split: mean over trained_on.members of val tau_b",
-            val_tau_b=facts["val_tau_b"],
-            encoder_val_tau_b=facts["encoder_val_tau_b"],
-        )
-        expected = facts["encoder_weight"] * encoder_val[members[0]][:64] + facts["lexical_weight"] * lexical.predict(
-            probe
-        )
-        summary = f"TF-IDF alone {facts['lexical_val_tau_b']:.3f}"
+        added, facts = fit_blend(members, splits, encoder_val, params)
+        attach, summary = attach_lexical, f"TF-IDF alone {facts['lexical_val_tau_b']:.3f}"
+        weights = {"encoder_weight": facts["encoder_weight"], "lexical_weight": facts["lexical_weight"]}
     else:
-        prior, facts = fit_decoder_blend(members, splits, encoder_val, params)
-        copy_checkpoint(src, dst, method=blended_method(method, features))
-        attach_decoder(
-            dst,
-            prior,
-            score_weight=facts["score_weight"],
-            decoder_weight=facts["decoder_weight"],
-            alpha=facts["alpha"],
-            w=facts["w"],
-            chosen_on="val split: mean over trained_on.members of val tau_b",
-            val_tau_b=facts["val_tau_b"],
-            encoder_val_tau_b=facts["encoder_val_tau_b"],
-        )
-        expected = facts["score_weight"] * encoder_val[members[0]][:64] + facts["decoder_weight"] * prior.predict(probe)
-        summary = f"decoder ridge alone {facts['decoder_val_tau_b']:.3f}"
+        added, facts = fit_decoder_blend(members, splits, encoder_val, params)
+        attach, summary = attach_decoder, f"decoder ridge alone {facts['decoder_val_tau_b']:.3f}"
+        weights = {"score_weight": facts["score_weight"], "decoder_weight": facts["decoder_weight"]}
+    copy_checkpoint(src, dst, method=blended_method(method, features))  # weights copied and re-hashed
+    attach(
+        dst,
+        added,
+        **weights,
+        alpha=facts["alpha"],
+        w=facts["w"],
+        chosen_on="val split: mean over trained_on.members of val tau_b",
+        val_tau_b=facts["val_tau_b"],
+        encoder_val_tau_b=facts["encoder_val_tau_b"],
+    )
+    source_weight, added_weight = weights.values()
+    expected = source_weight * encoder_val[members[0]][:64] + added_weight * added.predict(probe)
     # the stage's own acceptance test: the serving loader takes the result and reproduces the val blend
     # (a bfloat16 decoder's features move a little with their batch-mates: a few % of the spread)
     check = Scorer.from_pretrained(dst).score(probe)

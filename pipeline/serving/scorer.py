@@ -58,28 +58,34 @@ def verify_files(path: Path, meta: dict) -> None:
             )
 
 
+def _added_regression(path: Path, meta: dict, key: str, weight_names: tuple[str, str]) -> tuple[dict, float, float]:
+    """(spec, weights) of the regression pars.json `key` adds to the score, its files' hashes checked."""
+    spec = meta[key]
+    if not isinstance(spec, dict):
+        raise CheckpointError(f"checkpoint {path}: {META} {key} is not an object")
+    weights = [spec.get(name) for name in weight_names]
+    if not all(isinstance(w, (int, float)) and not isinstance(w, bool) and np.isfinite(w) for w in weights):
+        raise CheckpointError(f"checkpoint {path}: {META} {key} needs finite {' and '.join(weight_names)}")
+    listed = spec.get("files_sha256")
+    if not isinstance(listed, dict) or not listed:
+        raise CheckpointError(f"checkpoint {path}: {META} {key} lists no files_sha256")
+    verify_files(path, {FILES_SHA256: listed})
+    return spec, float(weights[0]), float(weights[1])
+
+
 def load_lexical(path: Path, meta: dict):
     """(TfidfRidge, encoder_weight, lexical_weight) of a blended checkpoint, its files' hashes checked."""
     from pipeline.ranking.lexical import TfidfRidge
 
-    spec = meta[LEXICAL]
-    if not isinstance(spec, dict):
-        raise CheckpointError(f"checkpoint {path}: {META} {LEXICAL} is not an object")
-    weights = (spec.get("encoder_weight"), spec.get("lexical_weight"))
-    if not all(isinstance(w, (int, float)) and not isinstance(w, bool) and np.isfinite(w) for w in weights):
-        raise CheckpointError(f"checkpoint {path}: {META} {LEXICAL} needs finite encoder_weight and lexical_weight")
+    spec, encoder_weight, lexical_weight = _added_regression(path, meta, LEXICAL, ("encoder_weight", "lexical_weight"))
     ngram_max = spec.get("ngram_max")
     if isinstance(ngram_max, bool) or not isinstance(ngram_max, int) or ngram_max < 1:
         raise CheckpointError(f"checkpoint {path}: {META} {LEXICAL} ngram_max {ngram_max!r} is not a positive int")
-    listed = spec.get("files_sha256")
-    if not isinstance(listed, dict) or not listed:
-        raise CheckpointError(f"checkpoint {path}: {META} {LEXICAL} lists no files_sha256")
-    verify_files(path, {FILES_SHA256: listed})
     try:
         model = TfidfRidge.load(path, ngram_max=ngram_max)
     except ValueError as exc:
         raise CheckpointError(f"checkpoint {path}: {exc}") from exc
-    return model, float(weights[0]), float(weights[1])
+    return model, encoder_weight, lexical_weight
 
 
 def load_decoder(path: Path, meta: dict, device: str = "cpu"):
@@ -87,12 +93,7 @@ def load_decoder(path: Path, meta: dict, device: str = "cpu"):
     hashes checked."""
     from pipeline.ranking.decoder import DecoderPrior
 
-    spec = meta[DECODER]
-    if not isinstance(spec, dict):
-        raise CheckpointError(f"checkpoint {path}: {META} {DECODER} is not an object")
-    weights = (spec.get("score_weight"), spec.get("decoder_weight"))
-    if not all(isinstance(w, (int, float)) and not isinstance(w, bool) and np.isfinite(w) for w in weights):
-        raise CheckpointError(f"checkpoint {path}: {META} {DECODER} needs finite score_weight and decoder_weight")
+    spec, score_weight, decoder_weight = _added_regression(path, meta, DECODER, ("score_weight", "decoder_weight"))
     layers, max_length = spec.get("layers"), spec.get("max_length")
     if (
         not isinstance(layers, list)
@@ -102,15 +103,11 @@ def load_decoder(path: Path, meta: dict, device: str = "cpu"):
         or not isinstance(max_length, int)
     ):
         raise CheckpointError(f"checkpoint {path}: {META} {DECODER} needs integer layers and max_length")
-    listed = spec.get("files_sha256")
-    if not isinstance(listed, dict) or not listed:
-        raise CheckpointError(f"checkpoint {path}: {META} {DECODER} lists no files_sha256")
-    verify_files(path, {FILES_SHA256: listed})
     try:
         prior = DecoderPrior.load(path, layers, max_length, device)
     except Exception as exc:  # a half-written or foreign decoder directory
         raise CheckpointError(f"checkpoint {path}: the decoder prior could not be loaded: {exc}") from exc
-    return prior, float(weights[0]), float(weights[1])
+    return prior, score_weight, decoder_weight
 
 
 # "int8": the encoder's Linear layers with int8 weights (per output channel) and activations
