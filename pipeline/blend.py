@@ -171,6 +171,16 @@ def decoder_settings(raw) -> dict:
         value = raw[key]
         if isinstance(value, bool) or not isinstance(value, int) or value < least:
             raise ValueError(f"params blend.decoder.{key} {value!r}: expected an integer >= {least}")
+    path = raw["path"]
+    if not isinstance(path, str) or not path:
+        raise ValueError(f"params blend.decoder.path {path!r}: expected a directory or a hub id")
+    local = Path(path)
+    if local.exists() and not (local / "config.json").is_file():
+        raise ValueError(f"params blend.decoder.path {path}: not a Hugging Face model directory (no config.json)")
+    if not local.exists() and (path.startswith((".", "/")) or path.count("/") != 1):
+        raise ValueError(
+            f"params blend.decoder.path {path}: no such directory (dvc repro materialize makes models/base/)"
+        )
     return {**raw, "alphas": [float(a) for a in alphas]}
 
 
@@ -272,6 +282,8 @@ def run(
     features = params.get("features", "tfidf")
     if features not in FEATURES:
         raise ValueError(f"params blend.features {features!r}: expected one of {list(FEATURES)}")
+    if features == "decoder":
+        decoder_settings(params["decoder"])  # a bad setting stops the stage before any scoring
     method = predictors[model]
     src = predictor_dir(model, method, models_root)
     meta = read_meta(src)

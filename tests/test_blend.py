@@ -246,6 +246,8 @@ def test_decoder_blend_chooses_on_val_and_serves_what_it_chose(toy_models, tiny_
         _blend(toy_models, features="bag")
     with pytest.raises(ValueError, match="decoder.layers"):
         _blend(toy_models, features="decoder", decoder={**decoder, "layers": []})
+    with pytest.raises(ValueError, match="decoder.path .*no such directory"):
+        _blend(toy_models, features="decoder", decoder={**decoder, "path": str(toy_models / "models/base/none")})
     weights = dst / SUBDIR / "model.safetensors"
     weights.write_bytes(weights.read_bytes()[:-8] + b"\0" * 8)
     with pytest.raises(CheckpointError, match="model.safetensors"):
