@@ -215,7 +215,7 @@ def test_decoder_blend_chooses_on_val_and_serves_what_it_chose(toy_models, tiny_
     import pandas as pd
 
     from pipeline.ranking.decoder import SUBDIR
-    from pipeline.serving.scorer import Scorer
+    from pipeline.serving.scorer import Scorer, score_together
 
     decoder = {
         "path": str(tiny_decoder),
@@ -240,6 +240,13 @@ def test_decoder_blend_chooses_on_val_and_serves_what_it_chose(toy_models, tiny_
     prior, score_weight, decoder_weight = blended.decoder
     expected = score_weight * source.score(test) + decoder_weight * prior.predict(test)
     np.testing.assert_allclose(blended.score(test), expected, rtol=1e-3, atol=1e-3)
+    # scored beside its source (evaluate), or batch by batch (the scheduler's worker): the same scores
+    together = score_together([source, blended], test)
+    np.testing.assert_allclose(together[1], blended.score(test), rtol=1e-3, atol=1e-3)
+    parts = np.empty(len(test), dtype=np.float32)
+    for rows, scores in blended.score_parts(test, batch_size=2):
+        parts[rows] = scores
+    np.testing.assert_allclose(parts, blended.score(test), rtol=1e-2, atol=2e-2)
 
     # an unknown feature kind or a bad setting names its key; a tampered decoder file stops loading
     with pytest.raises(ValueError, match="features"):
