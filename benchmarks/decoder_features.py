@@ -17,8 +17,9 @@ tokens), fitted on the train split. Reported on the val split:
     python benchmarks/decoder_features.py --json metrics/choices/decoder_features-chatgpt.json
     python benchmarks/decoder_features.py --max-length 64 --layers 15,20 --n-train 3000
 
+The features and ridge are the blend stage's (`pipeline.ranking.decoder`, `blend.features: decoder`).
 Needs `dvc repro materialize pairs@chatgpt` (models/base/smollm2, data/pairs/chatgpt). Heavy:
-about 13 prompts/s at 128 tokens on 2 cores with native bfloat16; run it on idle cores.
+about 16 prompts/s at 128 tokens on 2 cores with native bfloat16; run it on idle cores.
 """
 
 from __future__ import annotations
@@ -34,64 +35,8 @@ import pandas as pd
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from pipeline.contracts import labels_path, prompts_path, write_json  # noqa: E402
-from pipeline.hardware import cpu_has_native_bf16  # noqa: E402
+from pipeline.ranking.decoder import DecoderFeatures, DecoderRidge  # noqa: E402
 from pipeline.ranking.metrics import kendall_tau_b  # noqa: E402
-
-
-def cut_ids(ids: list[int], max_length: int) -> list[int]:
-    """Head + tail, half each: long ShareGPT prompts often ask their question after pasted text."""
-    if len(ids) <= max_length:
-        return ids
-    head = max_length // 2
-    return ids[:head] + ids[len(ids) - (max_length - head) :]
-
-
-def embed(texts: list[str], model_dir: str, max_length: int, layers: list[int], batch_size: int, dtype) -> np.ndarray:
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    tok = AutoTokenizer.from_pretrained(model_dir)
-    model = AutoModelForCausalLM.from_pretrained(model_dir, torch_dtype=dtype).model.eval()
-    # hidden_states[k] is layer k's output; layers above the deepest one read are never run
-    # (keeping one more so that the deepest read is not the final-norm output)
-    model.layers = model.layers[: max(layers) + 1]
-    encoded = []
-    for text in texts:
-        cut = tok.decode(cut_ids(tok(text, add_special_tokens=False)["input_ids"], max_length))
-        chat = tok.apply_chat_template([{"role": "user", "content": cut}], add_generation_prompt=True, tokenize=False)
-        encoded.append(tok(chat, add_special_tokens=False)["input_ids"])
-    order = np.argsort([len(e) for e in encoded], kind="stable")  # similar lengths share a batch
-    width = model.config.hidden_size
-    feats = np.zeros((len(texts), 2 * len(layers) * width), np.float32)
-    pad = tok.pad_token_id if tok.pad_token_id is not None else 0
-    with torch.inference_mode():
-        for start in range(0, len(order), batch_size):
-            rows = order[start : start + batch_size]
-            span = max(len(encoded[i]) for i in rows)
-            ids = torch.full((len(rows), span), pad)
-            mask = torch.zeros((len(rows), span), dtype=torch.long)
-            for j, i in enumerate(rows):  # left padding: the last position is the prompt's last token
-                ids[j, span - len(encoded[i]) :] = torch.tensor(encoded[i])
-                mask[j, span - len(encoded[i]) :] = 1
-            hidden = model(input_ids=ids, attention_mask=mask, output_hidden_states=True).hidden_states
-            weight = mask.unsqueeze(-1).float()
-            parts = []
-            for k in layers:
-                h = hidden[k].float()
-                parts += [h[:, -1], (h * weight).sum(1) / weight.sum(1)]
-            feats[rows] = torch.cat(parts, 1).numpy()
-            if (start // batch_size) % 50 == 0:
-                print(f"  embedded {start + len(rows)}/{len(order)}", file=sys.stderr, flush=True)
-    return feats
-
-
-def ridge_predictions(x_train, y_train, x_eval, alphas) -> dict[float, np.ndarray]:
-    from sklearn.linear_model import Ridge
-    from sklearn.preprocessing import StandardScaler
-
-    scaler = StandardScaler().fit(x_train)
-    xt, xe = scaler.transform(x_train), scaler.transform(x_eval)
-    return {a: Ridge(alpha=a).fit(xt, y_train).predict(xe) for a in alphas}
 
 
 def zscore(x: np.ndarray) -> np.ndarray:
@@ -126,7 +71,6 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--layers", default="15,20,25", help="comma-separated decoder layers read")
     ap.add_argument("--batch-size", type=int, default=16)
     ap.add_argument("--alphas", default="1000,3000,10000,30000")
-    ap.add_argument("--dtype", choices=["auto", "bf16", "fp32"], default="auto")
     ap.add_argument("--json", default=None, help="also write the figures to this JSON file")
     args = ap.parse_args(argv)
     try:
@@ -148,7 +92,6 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     torch.set_num_threads(2)
-    bf16 = args.dtype == "bf16" or (args.dtype == "auto" and cpu_has_native_bf16())
     prompts = pd.read_parquet(prompts_path(args.data))
     labels = pd.read_parquet(labels_path("chatgpt", args.data))
     first_turns = prompts[prompts["dataset"] == "sharegpt"][["prompt_id", "prompt"]]
@@ -160,14 +103,14 @@ def main(argv: list[str] | None = None) -> int:
     texts = train["prompt"].tolist() + val["prompt"].tolist()
     print(f"decoder_features: {len(train)} train + {len(val)} val first turns", file=sys.stderr)
 
+    # the blend stage's own features and ridge (blend.features: decoder): bfloat16 where native
+    features = DecoderFeatures.load(args.decoder, layers, args.max_length)
     t0 = time.perf_counter()
-    feats = embed(
-        texts, args.decoder, args.max_length, layers, args.batch_size, torch.bfloat16 if bf16 else torch.float32
-    )
+    feats = features.embed(texts, args.batch_size, progress=True)
     embed_s = time.perf_counter() - t0
-    y_train = np.log1p(train["length"].to_numpy(float))
     y_val = val["length"].to_numpy(float)
-    ridge = ridge_predictions(feats[: len(train)], y_train, feats[len(train) :], alphas)
+    fits = DecoderRidge.fit_grid(feats[: len(train)], train["length"].to_numpy(float), alphas)
+    ridge = {a: fit.predict(feats[len(train) :]) for a, fit in zip(alphas, fits)}
     ridge_taus = {a: kendall_tau_b(p, y_val) for a, p in ridge.items()}
 
     from pipeline.serving.scorer import Scorer
@@ -179,7 +122,7 @@ def main(argv: list[str] | None = None) -> int:
         "decoder": args.decoder,
         "max_length": args.max_length,
         "layers": layers,
-        "dtype": "bfloat16" if bf16 else "float32",
+        "dtype": str(features.model.dtype).removeprefix("torch."),
         "train_prompts": len(train),
         "val_prompts": len(val),
         "prompts_per_s": round(len(texts) / embed_s, 2),

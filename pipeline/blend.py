@@ -84,9 +84,9 @@ def fit_blend(
     tfidf = settings["tfidf"]
     train = pd.concat([splits[m]["train"] for m in members], ignore_index=True)
     alphas = [float(a) for a in tfidf["alphas"]]
-    weights = [float(w) for w in settings["encoder_weights"]]
-    if not alphas or not weights or not all(0.0 <= w <= 1.0 for w in weights):
-        raise ValueError("params blend: tfidf.alphas must be non-empty and encoder_weights a non-empty grid in [0, 1]")
+    weights = weight_grid(settings)
+    if not alphas:
+        raise ValueError("params blend: tfidf.alphas must be non-empty")
     fits = TfidfRidge.fit_grid(
         train["prompt"].tolist(),
         train["length"].to_numpy(),
@@ -124,6 +124,14 @@ def fit_blend(
         }
     )
     return lexical, facts
+
+
+def weight_grid(settings: dict) -> list[float]:
+    """blend.encoder_weights, checked before any fitting: a non-empty grid in [0, 1]."""
+    weights = [float(w) for w in settings["encoder_weights"]]
+    if not weights or not all(0.0 <= w <= 1.0 for w in weights):
+        raise ValueError("params blend: encoder_weights must be a non-empty grid in [0, 1]")
+    return weights
 
 
 def choose_weight(
@@ -191,9 +199,7 @@ def fit_decoder_blend(
     from pipeline.ranking.decoder import DecoderFeatures, DecoderPrior, DecoderRidge
 
     cfg = decoder_settings(settings["decoder"])
-    weights = [float(w) for w in settings["encoder_weights"]]
-    if not weights or not all(0.0 <= w <= 1.0 for w in weights):
-        raise ValueError("params blend: encoder_weights must be a non-empty grid in [0, 1]")
+    weights = weight_grid(settings)
     train = pd.concat([splits[m]["train"] for m in members], ignore_index=True)
     if len(train) > cfg["max_train_prompts"]:
         train = train.sample(n=cfg["max_train_prompts"], random_state=seed).reset_index(drop=True)

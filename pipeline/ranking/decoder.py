@@ -62,6 +62,7 @@ class DecoderFeatures:
     def load(cls, path: str | Path, layers: Sequence[int], max_length: int, device: str = "cpu") -> "DecoderFeatures":
         """The base model of the causal LM at `path` (a Hugging Face directory), cut after the
         deepest layer read + 1."""
+        import torch
         from transformers import AutoModel, AutoTokenizer
 
         tokenizer = AutoTokenizer.from_pretrained(path)
@@ -69,8 +70,6 @@ class DecoderFeatures:
             raise ValueError(f"decoder {path}: its tokenizer has no chat template")
         # weights rounded to bfloat16 first, as `save` stores them: the decoder a blend is fitted with
         # computes exactly as the one its checkpoint serves
-        import torch
-
         model = AutoModel.from_pretrained(path, dtype=torch.bfloat16).to(compute_dtype(device))
         keep = max(int(k) for k in layers) + 1
         if keep > len(model.layers):
