@@ -2,10 +2,11 @@
 
 Resumable and lossless: each prompt's k answers are appended to `cache.jsonl` (one line per
 prompt, flushed and fsynced) the moment they finish, keyed by (backend identity: model and
-sampling settings, prompt text). A killed run started again skips what is cached; a line
-half-written at the kill, or any other damaged line, is skipped and set aside (`cache.jsonl.damaged`)
-while every valid line, before or after it, is kept, so no sample is lost or duplicated. `generations.parquet`
-is then rebuilt whole from the cache for the prompts selected now.
+sampling settings, prompt text; for recorded answers also the reply on file). A killed run
+started again skips what is cached; a line half-written at the kill, or any other damaged line,
+is skipped and set aside (`cache.jsonl.damaged`) while every valid line, before or after it, is
+kept, so no sample is lost or duplicated. `generations.parquet` is then rebuilt whole from the
+cache for the prompts selected now.
 """
 
 from __future__ import annotations
@@ -136,7 +137,10 @@ def run(
         raise ValueError(f"no prompts selected for model {model!r} (check generate.models.{model}.datasets)")
     identity = backend.identity()
     cache = GenerationCache(out_dir / "cache.jsonl")
-    keys = {pid: cache_key(identity, text) for pid, text in zip(selected["prompt_id"], selected["prompt"])}
+    # a backend whose output is fixed by more than the prompt (the recorded one: the reply on file)
+    # puts that in the key too, so an entry made from another reply is never reused
+    key_text = getattr(backend, "cache_text", None)
+    keys = {r.prompt_id: cache_key(identity, key_text(r) if key_text else r.prompt) for r in selected.itertuples()}
     todo = [
         PromptItem(r.prompt_id, r.prompt, r.dataset, r.source_id)
         for r in selected.itertuples()

@@ -128,6 +128,7 @@ def test_recorded_backend_reads_one_models_answers_from_several_datasets(tmp_pat
             # an id that repeats with another prompt and reply (ShareGPT has 123): it must not
             # replace c1's answer
             yield RawRecord("c1", "a different conversation", {"m": "word " * 7})
+            yield RawRecord("c9", "write an essay", {"m": "\u200b \n"})  # a failed reply: no answer
 
     class Later(Source):
         name, answer_models = "later", ("m",)
@@ -140,11 +141,11 @@ def test_recorded_backend_reads_one_models_answers_from_several_datasets(tmp_pat
     monkeypatch.setattr(recorded, "get_source", lambda name: sources[name]())
     prompts = pd.DataFrame(
         {
-            "prompt_id": [f"p{i}" for i in range(6)],
-            "dataset": ["firsts"] * 4 + ["later"] * 2,
-            "prompt": [f"first question {i}" for i in range(4)] + ["and then?", "no answer recorded"],
+            "prompt_id": [f"p{i}" for i in range(7)],
+            "dataset": ["firsts"] * 4 + ["later"] * 2 + ["firsts"],
+            "prompt": [f"first question {i}" for i in range(4)] + ["and then?", "no answer recorded", "write an essay"],
             "split": "train",
-            "source_id": ["c0", "c1", "c2", "c3", "c0", "c1:2"],
+            "source_id": ["c0", "c1", "c2", "c3", "c0", "c1:2", "c9"],
         }
     )
     meta = run(
@@ -160,6 +161,34 @@ def test_recorded_backend_reads_one_models_answers_from_several_datasets(tmp_pat
     assert gens.loc["p4", "output_tokens"] == 40 and gens.loc["p0", "output_tokens"] == 1
     assert gens.loc["p1", "output_tokens"] == 2  # its own reply, not the later record's with the same id
     assert meta["samples"] == 5 and meta["source"] == ["firsts:m", "later:m"]
+    # a blank reply is left out and listed, never a 0-token label
+    assert meta["skipped_prompts"] == 1 and "blank" in meta["skipped"]["p6"]
+
+
+def test_recorded_backend_imports_a_changed_reply_again(tmp_path, monkeypatch):
+    """The cache key holds a digest of the reply on file: a reply that changes is imported again
+    (as a cold run would), not served from the old entry."""
+    import pipeline.backends.recorded as recorded
+    from pipeline.sources.base import RawRecord, Source
+
+    reply = {"text": "word " * 3}
+
+    class One(Source):
+        name, answer_models = "one", ("m",)
+
+        def records(self):
+            yield RawRecord("c0", "a question", {"m": reply["text"]})
+
+    monkeypatch.setattr(recorded, "get_source", lambda name: One())
+    prompts = pd.DataFrame(
+        {"prompt_id": ["p0"], "dataset": ["one"], "prompt": ["a question"], "split": "train", "source_id": ["c0"]}
+    )
+    spec = {"backend": "recorded", "source": "one:m"}
+    assert run("m", spec, prompts, tmp_path, recorded_tokenizer="minilm-l6")["this_run"]["prompts_generated"] == 1
+    assert run("m", spec, prompts, tmp_path, recorded_tokenizer="minilm-l6")["this_run"]["prompts_generated"] == 0
+    reply["text"] = "word " * 9
+    assert run("m", spec, prompts, tmp_path, recorded_tokenizer="minilm-l6")["this_run"]["prompts_generated"] == 1
+    assert pd.read_parquet(tmp_path / "generations.parquet")["output_tokens"].tolist() == [9]
 
 
 def test_recorded_backend_names_a_bad_source():

@@ -5,10 +5,15 @@ model's answers from several datasets, e.g. ShareGPT's first and later turns). T
 as text, so lengths are counted with one documented tokenizer (`generate.recorded_tokenizer`,
 default the packaged bert-base-uncased WordPiece of MiniLM) for prompt and answer alike. A
 hidden reasoning trace (o3-mini's) is not in the file and so cannot be counted: meta.json says so.
+
+A recorded reply with no visible text (ShareGPT holds 81 ChatGPT replies that are empty or a lone
+zero-width space, to prompts asking for essays and code) is a failed reply, not a 0-token answer:
+its prompt is left out for that model and listed in meta.json's `skipped`.
 """
 
 from __future__ import annotations
 
+import hashlib
 from typing import Any, Iterable, Iterator
 
 import pandas as pd
@@ -16,6 +21,13 @@ import pandas as pd
 from pipeline.backends.base import Backend, PromptItem, Sample, split_reasoning
 from pipeline.sources import get_source
 from pipeline.sources.base import normalise
+
+# characters that render as nothing: a reply made only of these (and whitespace) is blank
+_INVISIBLE = dict.fromkeys(map(ord, "\u200b\u200c\u200d\u2060\ufeff"))
+
+
+def is_blank(text: str) -> bool:
+    return not text.translate(_INVISIBLE).strip()
 
 
 class RecordedBackend(Backend):
@@ -75,8 +87,20 @@ class RecordedBackend(Backend):
         if missing:
             raise ValueError(f"recorded backend: no prompts of dataset {missing[0]!r} (is it in prepare.sources?)")
         answers = self.answers()
-        has = [key in answers for key in zip(mine["dataset"], mine["source_id"], mine["prompt"])]
-        return mine[has].reset_index(drop=True)
+        keys = list(zip(mine["dataset"], mine["source_id"], mine["prompt"]))
+        has = [key in answers for key in keys]
+        for pid, key, found in zip(mine["prompt_id"], keys, has):
+            if found and is_blank(answers[key]):
+                self.skipped[pid] = "recorded reply is blank (a failed reply, not a 0-token answer)"
+        usable = [found and pid not in self.skipped for pid, found in zip(mine["prompt_id"], has)]
+        return mine[usable].reset_index(drop=True)
+
+    def cache_text(self, row) -> str:
+        """The generation cache's key text for a selected prompt row: the prompt and a digest of its
+        reply on file. A reply that changes (a source fixed, the lookup by id and prompt corrected)
+        is imported again instead of reusing the old entry, as a cold run would."""
+        answer = self.answers()[(row.dataset, row.source_id, row.prompt)]
+        return row.prompt + "\x00reply:" + hashlib.sha256(answer.encode("utf-8")).hexdigest()[:16]
 
     def _count(self, texts: list[str]) -> list[int]:
         if self._tokenizer is None:
