@@ -6,7 +6,7 @@ as text, so lengths are counted with one documented tokenizer (`generate.recorde
 default the packaged bert-base-uncased WordPiece of MiniLM) for prompt and answer alike. A
 hidden reasoning trace (o3-mini's) is not in the file and so cannot be counted: meta.json says so.
 
-A recorded reply with no visible text (ShareGPT holds 81 ChatGPT replies that are empty or a lone
+A recorded reply with no visible text (ShareGPT holds 80 ChatGPT replies that are empty or a lone
 zero-width space, to prompts asking for essays and code) is a failed reply, not a 0-token answer:
 its prompt is left out for that model and listed in meta.json's `skipped`.
 """
