@@ -137,10 +137,7 @@ def run(
         raise ValueError(f"no prompts selected for model {model!r} (check generate.models.{model}.datasets)")
     identity = backend.identity()
     cache = GenerationCache(out_dir / "cache.jsonl")
-    # a backend whose output is fixed by more than the prompt (the recorded one: the reply on file)
-    # puts that in the key too, so an entry made from another reply is never reused
-    key_text = getattr(backend, "cache_text", None)
-    keys = {r.prompt_id: cache_key(identity, key_text(r) if key_text else r.prompt) for r in selected.itertuples()}
+    keys = {r.prompt_id: cache_key(identity, backend.cache_text(r)) for r in selected.itertuples()}
     todo = [
         PromptItem(r.prompt_id, r.prompt, r.dataset, r.source_id)
         for r in selected.itertuples()

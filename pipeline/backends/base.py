@@ -57,6 +57,12 @@ class Backend:
         """What meta.json records: model, sampling, tokenizer, versions."""
         return self.identity()
 
+    def cache_text(self, row) -> str:
+        """The text that, with `identity()`, keys a selected prompt row (prompt_id, dataset,
+        source_id, prompt) in the resume cache: the prompt. A backend whose answer depends on more
+        than the prompt puts that in too (the recorded one: its reply on file)."""
+        return row.prompt
+
     def start(self) -> None:
         """Load what is slow to load (an engine), so throughput figures exclude it."""
 
