@@ -47,6 +47,7 @@ from pipeline.params import load_params
 from pipeline.ranking import metrics as M
 from pipeline.ranking.labels import prompt_labels
 from pipeline.ranking.report_tables import OVERALL, ranking_rows, render_markdown
+from pipeline.serving.scorer import PRECISIONS, resolve_precision
 
 PAIRWISE = "pairwise"  # method_differences compares every other method against this one
 
@@ -74,7 +75,11 @@ def evaluated_predictors(params) -> list[tuple[str, str]]:
 
 
 def score_predictors(
-    test: pd.DataFrame, predictors: list[tuple[str, str]], models_root: Path, batch_size: int
+    test: pd.DataFrame,
+    predictors: list[tuple[str, str]],
+    models_root: Path,
+    batch_size: int,
+    precision: str = "32-true",
 ) -> pd.DataFrame:
     """Scores of each predictor on each test prompt. The predictors' shared frozen lower layers
     run once per batch for all of them (`score_together`)."""
@@ -84,9 +89,12 @@ def score_predictors(
     scorers = []
     for model, method in predictors:
         path = predictor_dir(model, method, models_root)
-        scorers.append(Scorer.from_pretrained(path, batch_size=batch_size))
+        scorers.append(Scorer.from_pretrained(path, batch_size=batch_size, precision=precision))
     if scorers:
-        print(f"evaluate: scoring {len(texts)} test prompts with {len(scorers)} predictors", flush=True)
+        print(
+            f"evaluate: scoring {len(texts)} test prompts with {len(scorers)} predictors ({scorers[0].precision})",
+            flush=True,
+        )
     frames = [
         pd.DataFrame(
             {
@@ -512,6 +520,9 @@ def run(
         raise KeyError(f"params evaluate.tfidf_ridge lacks {', '.join(missing_keys)} (see params.yaml)")
     # the rest of the section, read before the slow work too
     batch_size, tokenizer, delta = int(params["batch_size"]), params["baseline_tokenizer"], float(params["delta"])
+    precision = params["precision"]
+    if precision not in PRECISIONS:
+        raise ValueError(f"params evaluate.precision: expected one of {PRECISIONS}, got {precision!r}")
     boot = params["bootstrap"]
     n_boot, boot_seed, level = int(boot["n"]), int(boot["seed"]), float(boot["level"])
     prompts = read_table(prompts_path(data_root), PROMPTS)
@@ -524,13 +535,14 @@ def run(
         import torch
 
         torch.set_num_threads(int(params["torch_threads"]))
-    scores = score_predictors(test, predictors, models_root, batch_size)
+    scores = score_predictors(test, predictors, models_root, batch_size, precision)
     write_table(scores, scores_path(data_root), SCORES)
     ptoks = pd.Series(prompt_token_counts(test["prompt"].tolist(), tokenizer), index=test["prompt_id"].to_numpy())
     ranking = evaluate(
         prompts, generations, scores, ptoks, delta=delta, n_boot=n_boot, seed=boot_seed, level=level, tfidf_ridge=tfidf
     )
     ranking["settings"]["baseline_tokenizer"] = tokenizer
+    ranking["settings"]["precision"] = resolve_precision(precision, "cpu")
     ranking["settings"]["lexical_prior"] = lexical_prior_predictors(predictors, models_root)
     transfer = transfer_matrix(ranking)
     write_json(_no_nan(ranking), metrics_dir / "ranking.json")

@@ -128,6 +128,17 @@ def test_blend_chooses_on_val_and_serves_what_it_chose(toy_models):
     np.testing.assert_allclose(together[1], blended.score(test), rtol=1e-4, atol=1e-5)
     lengths = np.array([300.0 if "essay" in t else 40.0 for t in test])
     assert kendall_tau_b(blended.score(test), lengths) > 0.6
+    # the same lexical model in two checkpoints predicts once; the same tokenizer tokenizes once
+    from pipeline.serving.scorer import shared_lexical_predictions, shared_token_ids
+
+    twin = Scorer.from_pretrained(dst)
+    shared = shared_lexical_predictions([blended, source, twin], test)
+    assert shared[1] is None and shared[0] is shared[2]
+    np.testing.assert_allclose(shared[0], lexical.predict(test))
+    other = TfidfRidge.fit_grid(test, lengths, alphas=[1.0], ngram_max=1, min_df=1)[0]
+    assert lexical.same_as(twin.lexical[0]) and not lexical.same_as(other)
+    ids = shared_token_ids([source, blended, twin], test)
+    assert ids[0] is ids[1] is ids[2] and ids[0] == source.encode(test)
 
     # a predictor params do not name is refused; a tampered lexical file stops loading
     with pytest.raises(KeyError, match="predictors"):

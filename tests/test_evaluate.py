@@ -553,10 +553,13 @@ def test_evaluate_stage_writes_metrics_scores_plots_and_wandb(project, capsys):
     scores = pd.read_parquet(scores_path(root / "data"))
     assert list(scores.columns) == SCORES.names
     assert len(scores) == 48 * 4 and scores.groupby(["train_model", "method"]).size().eq(48).all()
-    # scored once per predictor, and exactly what the serving Scorer gives
+    # scored once per predictor, and exactly what the serving Scorer gives at evaluate's precision
+    assert ranking["settings"]["precision"] in ("32-true", "bf16-mixed")
     prompts = pd.read_parquet(prompts_path(root / "data")).set_index("prompt_id")
     sub = scores[(scores.train_model == "m1") & (scores.method == "pointwise")].head(5)
-    direct = Scorer.from_pretrained(root / "models/m1/pointwise").score(prompts.loc[sub.prompt_id, "prompt"].tolist())
+    scorer = Scorer.from_pretrained(root / "models/m1/pointwise", precision=params["precision"])
+    assert scorer.precision == ranking["settings"]["precision"]
+    direct = scorer.score(prompts.loc[sub.prompt_id, "prompt"].tolist())
     np.testing.assert_allclose(sub["score"].to_numpy(), direct, rtol=1e-4, atol=1e-5)
 
     for name in ("tau_b.png", "transfer.png"):

@@ -262,3 +262,31 @@ def test_int8_scorer_quantizes_the_encoder_only_and_keeps_the_order(tiny_checkpo
 
     pair = [float_scorer, int8]  # never grouped: an int8 scorer shares nothing with a float one
     assert share_groups(pair, [s.encode(TEXTS) for s in pair]) == [([0], 2), ([1], 2)]
+
+
+def test_bf16_scorer_keeps_the_float_order_and_auto_follows_the_cpu(tiny_checkpoint):
+    from pipeline.hardware import cpu_has_native_bf16
+    from pipeline.ranking.metrics import kendall_tau_b
+    from pipeline.serving.scorer import score_together, share_groups
+
+    float_scorer = Scorer.from_pretrained(tiny_checkpoint)
+    bf16 = Scorer.from_pretrained(tiny_checkpoint, precision="bf16-mixed")
+    assert (float_scorer.precision, bf16.precision) == ("32-true", "bf16-mixed")
+    texts = TEXTS + [f"prompt number {i} " * (i % 7 + 1) for i in range(40)]
+    a, b = float_scorer.score(texts), bf16.score(texts)
+    assert b.dtype == np.float32 and np.isfinite(b).all()
+    assert not np.array_equal(a, b)  # computed in bfloat16: rounded differently
+    assert kendall_tau_b(a, b) > 0.9 and len(np.unique(b)) > 0.9 * len(set(texts))  # the order kept, few ties
+    # scored together: the shared lower layers run under the group's precision, never a mix
+    pair = [float_scorer, bf16]
+    assert share_groups(pair, [s.encode(texts) for s in pair]) == [([0], 2), ([1], 2)]
+    twins = [bf16, Scorer.from_pretrained(tiny_checkpoint, precision="bf16-mixed")]
+    for scores in score_together(twins, texts):
+        np.testing.assert_allclose(scores, b, rtol=1e-2, atol=1e-2)
+    auto = Scorer.from_pretrained(tiny_checkpoint, precision="auto").precision
+    assert auto == ("bf16-mixed" if cpu_has_native_bf16() else "32-true")
+    with pytest.raises(ValueError, match="precision"):
+        Scorer.from_pretrained(tiny_checkpoint, precision="fp16")
+    with pytest.raises(ValueError, match="int8"):
+        Scorer.from_pretrained(tiny_checkpoint, quantize="int8", precision="bf16-mixed")
+    assert Scorer.from_pretrained(tiny_checkpoint, quantize="int8", precision="auto").precision == "32-true"

@@ -92,6 +92,25 @@ class TfidfRidge:
             return np.empty(0, dtype=np.float64)
         return np.asarray(self.vectorizer.transform(texts) @ self.coef + self.intercept, dtype=np.float64)
 
+    def same_as(self, other: "TfidfRidge") -> bool:
+        """Whether `other` predicts exactly as this one (the lexical priors of one train model's
+        methods: one fit on the same prompts), so one prediction serves both."""
+        a, b = self.vectorizer, other.vectorizer
+
+        def settings(v) -> dict:
+            return {k: x for k, x in v.get_params().items() if k != "vocabulary"}
+
+        def vocabulary(v) -> dict:  # a loaded model holds it as a parameter until its first transform
+            return getattr(v, "vocabulary_", None) or v.vocabulary
+
+        return (
+            self.intercept == other.intercept
+            and np.array_equal(self.coef, other.coef)
+            and settings(a) == settings(b)
+            and np.array_equal(a.idf_, b.idf_)
+            and vocabulary(a) == vocabulary(b)
+        )
+
     def save(self, out_dir: str | Path) -> dict:
         """Write the two files into `out_dir`; returns the settings that `load` needs."""
         from safetensors.numpy import save_file

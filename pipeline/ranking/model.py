@@ -32,6 +32,9 @@ class LengthRanker(nn.Module):
         # [CLS] pooling reads the first position only, so the last layer computes that one alone;
         # True computes it everywhere, as the encoder's own forward does (benchmarks compare the two)
         self.last_layer_all_positions = False
+        # under bfloat16 autocast, compute the head in float32: a bfloat16 score holds ~3 digits, so
+        # close prompts would tie. Scorers set it; bf16-mixed training keeps the head in bfloat16
+        self.head_in_float32 = False
 
     @classmethod
     def from_pretrained_encoder(cls, name: str, dropout: float = 0.1, pooling: str = "cls") -> "LengthRanker":
@@ -63,7 +66,11 @@ class LengthRanker(nn.Module):
             pooled = (hidden * mask).sum(1) / mask.sum(1).clamp(min=1.0)
         else:
             pooled = hidden[:, 0]
-        return self.head(self.dropout(pooled)).squeeze(-1)
+        pooled = self.dropout(pooled)
+        if self.head_in_float32 and torch.is_autocast_enabled(pooled.device.type):
+            with torch.autocast(pooled.device.type, enabled=False):
+                return self.head(pooled.float()).squeeze(-1)
+        return self.head(pooled).squeeze(-1)
 
     # -- the same network in two halves: training with a frozen, cached lower encoder --------
     def _bert_style(self) -> bool:
