@@ -30,9 +30,15 @@ from pipeline.params import load_params
 class GenerationCache:
     """Append-only JSONL of finished prompts: {"key", "prompt_id", "samples": [...]}."""
 
+    # each entry is written and flushed at once (a killed process loses nothing it wrote); fsync, for
+    # a machine that loses power, at most this often: per entry it was 6 s of ChatGPT's 27k imports
+    SYNC_EVERY_S = 1.0
+
     def __init__(self, path: Path):
         self.path = path
         self.entries: dict[str, dict] = {}
+        self._fh = None
+        self._synced = 0.0
         if path.exists():
             self._load()
 
@@ -79,12 +85,25 @@ class GenerationCache:
 
     def add(self, key: str, prompt_id: str, samples: list[Sample]) -> None:
         entry = {"key": key, "prompt_id": prompt_id, "samples": [s.to_dict() for s in samples]}
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        with self.path.open("a", encoding="utf-8") as fh:
-            fh.write(json.dumps(entry, ensure_ascii=False) + "\n")
-            fh.flush()
-            os.fsync(fh.fileno())
+        if self._fh is None:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            self._fh = self.path.open("a", encoding="utf-8")
+        self._fh.write(json.dumps(entry, ensure_ascii=False) + "\n")
+        self._fh.flush()
+        if time.monotonic() - self._synced >= self.SYNC_EVERY_S:
+            self.sync()
         self.entries[key] = entry
+
+    def sync(self) -> None:
+        if self._fh is not None:
+            os.fsync(self._fh.fileno())
+        self._synced = time.monotonic()
+
+    def close(self) -> None:
+        if self._fh is not None:
+            self.sync()
+            self._fh.close()
+            self._fh = None
 
 
 def cache_key(identity: dict[str, Any], prompt: str) -> str:
@@ -160,6 +179,7 @@ def run(
         finally:
             bar.close()
             backend.close()
+            cache.close()
     wall = time.perf_counter() - t0
 
     rows = []

@@ -32,11 +32,14 @@ def test_cache_survives_a_line_cut_by_a_kill(tmp_path):
     cache = GenerationCache(path)
     cache.add("k1", "p1", [_sample(3), _sample(4)])
     cache.add("k2", "p2", [_sample(5), _sample(6)])
+    assert len(path.read_text().splitlines()) == 2  # each entry is on file once added, before close
+    cache.close()  # the process ends
     with path.open("a") as fh:  # what a kill in the middle of a write leaves behind
         fh.write('{"key": "k3", "prompt_id": "p3", "samples": [{"output_tok')
     reopened = GenerationCache(path)
     assert set(reopened.entries) == {"k1", "k2"}
     reopened.add("k3", "p3", [_sample(7), _sample(8)])
+    reopened.close()
     lines = path.read_text().splitlines()
     assert len(lines) == 3 and all(json.loads(line) for line in lines)  # no torn line, no duplicate
 
@@ -48,6 +51,7 @@ def test_cache_keeps_every_valid_line_around_a_damaged_one(tmp_path, capsys):
     cache = GenerationCache(path)
     for i in range(6):
         cache.add(f"k{i}", f"p{i}", [_sample(i + 1)])
+    cache.close()
     lines = path.read_bytes().splitlines(keepends=True)
     lines[2] = b'{"key": "k2", "prompt_id": "p2", "sam\x00ples": [}\n'  # corrupted in place
     lines.insert(4, b"[1, 2, 3]\n")  # valid JSON, not an entry
