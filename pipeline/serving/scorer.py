@@ -122,7 +122,7 @@ QUANTIZE_MODES = ("none", "int8")
 
 def resolve_precision(precision: str, device: str) -> str:
     """`Scorer`'s precision as computed: `auto` becomes bf16-mixed where bfloat16 is native (on
-    the ranker's ChatGPT val prompts: 1.6x the scoring rate, val tau_b within 0.0002 of float32,
+    the ranker's ChatGPT val prompts: 1.8x the scoring rate, val tau_b within 0.0002 of float32,
     metrics/choices/scoring_precision.json), else 32-true (emulated bfloat16 is far slower)."""
     import torch
 
