@@ -12,3 +12,20 @@ def cpu_has_native_bf16() -> bool:
         return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
     except (AttributeError, RuntimeError):
         return False
+
+
+def bf16_is_native(device_type: str) -> bool:
+    """Whether a `device_type` ('cpu', 'cuda', ...) computes bfloat16 natively: a CPU with
+    AVX512-BF16 / AMX, a GPU that supports it without emulation (torch counts a pre-Ampere GPU's
+    emulated bf16 as support by default: far slower than float32). Anything else: False."""
+    if device_type == "cuda":
+        import torch
+
+        return torch.cuda.is_bf16_supported(including_emulation=False)
+    return device_type == "cpu" and cpu_has_native_bf16()
+
+
+def auto_precision(device_type: str) -> str:
+    """What a precision of `auto` means on `device_type`: bf16-mixed where bfloat16 is native,
+    else 32-true (emulated bfloat16 is many times slower than float32)."""
+    return "bf16-mixed" if bf16_is_native(device_type) else "32-true"

@@ -25,7 +25,7 @@ from typing import Any
 import pandas as pd
 
 from pipeline.contracts import write_json
-from pipeline.hardware import cpu_has_native_bf16
+from pipeline.hardware import auto_precision, cpu_has_native_bf16
 from pipeline.params import load_params
 from pipeline.ranking.losses import METHODS
 
@@ -115,14 +115,9 @@ def resolve_precision(precision: str, accelerator: str) -> str:
     it bf16 is emulated: ~20x slower per step than 32-true on an AVX2-only EPYC
     (benchmarks/precision_probe.py), while a native one trains 2x faster than 32-true at the same
     val tau_b (metrics/choices/bf16.json)."""
-    import torch
-
     if str(precision) != "auto":
         return str(precision)
-    if _runs_on_gpu(accelerator):
-        # emulated bf16 (pre-Ampere GPUs) counts as support by default: it is far slower than fp32
-        return "bf16-mixed" if torch.cuda.is_bf16_supported(including_emulation=False) else "32-true"
-    return "bf16-mixed" if cpu_has_native_bf16() else "32-true"
+    return auto_precision("cuda" if _runs_on_gpu(accelerator) else "cpu")
 
 
 def train_one(

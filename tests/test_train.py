@@ -461,11 +461,12 @@ def test_bf16_mixed_trains_on_a_bf16_cache_and_exports_float32(toy_root, tiny_en
 def test_auto_precision_takes_bf16_only_where_it_is_native(monkeypatch):
     """`precision: auto` is bf16-mixed on a CPU with native bfloat16 and 32-true on one without
     (where bf16 is emulated and many times slower); a Lightning precision is used as given."""
+    import pipeline.hardware as hardware
     import pipeline.train as train_mod
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     for native, expected in ((True, "bf16-mixed"), (False, "32-true")):
-        monkeypatch.setattr(train_mod, "cpu_has_native_bf16", lambda native=native: native)
+        monkeypatch.setattr(hardware, "cpu_has_native_bf16", lambda native=native: native)
         assert train_mod.resolve_precision("auto", "cpu") == expected
         assert train_mod.resolve_precision("auto", "auto") == expected
         assert train_mod.resolve_precision("bf16-mixed", "cpu") == "bf16-mixed"

@@ -130,11 +130,9 @@ def resolve_precision(precision: str, device: str) -> str:
         raise ValueError(f"scorer precision must be one of {PRECISIONS}, got {precision!r}")
     if precision != "auto":
         return precision
-    if str(device).startswith("cuda"):
-        return "bf16-mixed" if torch.cuda.is_bf16_supported(including_emulation=False) else "32-true"
-    from pipeline.hardware import cpu_has_native_bf16
+    from pipeline.hardware import auto_precision
 
-    return "bf16-mixed" if str(device) == "cpu" and cpu_has_native_bf16() else "32-true"
+    return auto_precision(torch.device(device).type)
 
 
 def check_quantize(quantize: str, device: str) -> None:
