@@ -144,6 +144,24 @@ def read_table(path: str | Path, schema: pa.Schema) -> pd.DataFrame:
     return df[schema.names]
 
 
+def read_json(path: str | Path, what: type = dict) -> Any:
+    """A JSON file's content, which must be a `what` (an object by default); a missing file, a syntax
+    error (named by file, line and column) or another shape is one clear error."""
+    path = Path(path)
+    if not path.exists():
+        raise FileNotFoundError(f"{path} does not exist (has the stage that writes it run?)")
+    try:
+        obj = json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as exc:
+        raise PARSError(f"{path}:{exc.lineno}:{exc.colno}: not valid JSON ({exc.msg})") from None
+    except UnicodeDecodeError:
+        raise PARSError(f"{path}: not a UTF-8 text file") from None
+    if not isinstance(obj, what):
+        kind = {dict: "an object", list: "an array"}.get(what, what.__name__)
+        raise PARSError(f"{path}: must hold a JSON {kind}, not {type(obj).__name__}")
+    return obj
+
+
 def write_json(obj: Any, path: str | Path) -> Path:
     """Write JSON atomically, pretty-printed (metrics files are read by people and by DVC)."""
     path = ensure_parent(path)

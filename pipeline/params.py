@@ -13,6 +13,8 @@ from typing import Any
 
 import yaml
 
+from pipeline.errors import PARSError, check_number
+
 
 class MissingParam(KeyError):
     """A key the params file must have; str() is the plain line (KeyError's would be quoted)."""
@@ -33,6 +35,61 @@ class Section(dict):
     def __missing__(self, key: Any) -> Any:
         raise MissingParam(f"{self.where}.{key} is missing")
 
+    # Typed reads: a stage checks its numbers where it reads them, before any slow work, so a bad
+    # value fails in one line naming the key (`params.yaml: train.batch_size -1: must be at least 1`)
+    # instead of a numpy message, or a silently wrong run, minutes later.
+    def integer(self, key: str, *, minimum: int | None = None, maximum: int | None = None, optional: bool = False):
+        """self[key] as an int (None allowed only if `optional`); a bool, a string or 2.5 is refused."""
+        value = self[key]
+        name = f"{self.where}.{key}"
+        if value is None and optional:
+            return None
+        if isinstance(value, float) and value.is_integer():
+            value = int(value)
+        if isinstance(value, bool) or not isinstance(value, int):
+            expected = "an integer or null" if optional else "an integer"
+            raise PARSError(f"{name} {value!r}: must be {expected}")
+        check_number(value, name, minimum=minimum, maximum=maximum)
+        return value
+
+    def number(
+        self,
+        key: str,
+        *,
+        positive: bool = False,
+        minimum: float | None = None,
+        below: float | None = None,
+        maximum: float | None = None,
+        optional: bool = False,
+    ):
+        """self[key] as a finite float (None allowed only if `optional`), in the given range."""
+        value = self[key]
+        name = f"{self.where}.{key}"
+        if value is None and optional:
+            return None
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            expected = "a number or null" if optional else "a number"
+            raise PARSError(f"{name} {value!r}: must be {expected}")
+        value = float(value)
+        check_number(value, name, positive=positive, minimum=minimum, below=below, maximum=maximum)
+        return value
+
+    def choice(self, key: str, options) -> str:
+        """self[key], which must be one of `options`."""
+        value = self[key]
+        if value not in tuple(options):
+            raise PARSError(f"{self.where}.{key} {value!r}: must be one of {', '.join(map(str, options))}")
+        return value
+
+    def mapping(self, key: str) -> "Section":
+        """self[key], which must be a mapping (an empty one when the file leaves it blank)."""
+        value = self[key]
+        if value is None:
+            return Section({}, f"{self.where}.{key}")
+        if not isinstance(value, dict):
+            raise PARSError(f"{self.where}.{key}: must be a mapping of keys to values, not {value!r}")
+        return value
+
 
 def _section(value: Any, where: str) -> Any:
     if isinstance(value, dict):
@@ -45,8 +102,30 @@ def load_params(section: str, path: str | Path | None = None) -> Section:
     path = Path(path or os.environ.get("PARS_PARAMS", "params.yaml"))
     if not path.exists():
         raise FileNotFoundError(f"params file not found: {path}")
-    with path.open(encoding="utf-8") as fh:
-        data = yaml.safe_load(fh) or {}
+    data = read_yaml(path)
+    if not isinstance(data, dict):
+        raise PARSError(
+            f"{path}: must be a mapping of stage sections (prepare:, train:, ...), not {type(data).__name__}"
+        )
     if section not in data:
         raise KeyError(f"params file {path} has no section {section!r}")
-    return _section(data[section] or {}, f"{path}: {section}")
+    value = data[section]
+    if value is not None and not isinstance(value, dict):
+        raise PARSError(f"{path}: {section} must be a mapping of keys to values, not {value!r}")
+    return _section(value or {}, f"{path}: {section}")
+
+
+def read_yaml(path: str | Path) -> Any:
+    """A YAML file's content (None when empty); a syntax error is one line naming the file and line."""
+    path = Path(path)
+    try:
+        with path.open(encoding="utf-8") as fh:
+            return yaml.safe_load(fh)
+    except yaml.MarkedYAMLError as exc:
+        mark = exc.problem_mark
+        where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark is not None else str(path)
+        raise PARSError(f"{where}: not valid YAML ({exc.problem or exc.context})") from None
+    except yaml.YAMLError as exc:
+        raise PARSError(f"{path}: not valid YAML ({exc})") from None
+    except UnicodeDecodeError:
+        raise PARSError(f"{path}: not a UTF-8 text file") from None
