@@ -33,7 +33,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from pipeline.params import load_params
+from pipeline.errors import PARSError
+from pipeline.params import Section, load_params
 
 FEATURES = ("tfidf", "decoder")  # blend.features: what the second regression reads
 
@@ -41,6 +42,41 @@ FEATURES = ("tfidf", "decoder")  # blend.features: what the second regression re
 def blended_method(method: str, features: str = "tfidf") -> str:
     """models/<model>/<method>+<features>: the blended checkpoint of models/<model>/<method>."""
     return f"{method}+{features}"
+
+
+def number_list(values, where: str, what: str, ok) -> list[float]:
+    """`values` as floats: a non-empty list of finite numbers for which `ok` holds, else ValueError."""
+    numbers = isinstance(values, list) and all(
+        isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) for v in values
+    )
+    if not numbers or not values or not all(ok(v) for v in values):
+        raise ValueError(f"{where} {values!r}: must be a non-empty list of {what}")
+    return [float(v) for v in values]
+
+
+def check_params(model: str, params) -> tuple[str, str]:
+    """The blend section checked before anything loads or is scored (one line naming the key):
+    (the method of `model` to blend, the features)."""
+    sec = params if isinstance(params, Section) else Section(params, "params: blend")
+    predictors = sec.mapping("predictors")
+    if model not in predictors:
+        raise KeyError(f"{sec.where}.predictors has no entry {model!r} (it has {sorted(map(str, predictors))})")
+    method = predictors[model]
+    if not isinstance(method, str) or not method or "/" in method or method.startswith("."):
+        raise PARSError(f"{sec.where}.predictors.{model} {method!r}: must be a method name (e.g. pairwise)")
+    features = sec.get("features", "tfidf")
+    if features not in FEATURES:
+        raise ValueError(f"{sec.where}.features {features!r}: expected one of {list(FEATURES)}")
+    weight_grid(sec)
+    if features == "decoder":
+        decoder_settings(sec["decoder"], f"{sec.where}.decoder")
+    else:
+        tfidf = sec.mapping("tfidf")
+        tfidf = tfidf if isinstance(tfidf, Section) else Section(tfidf, f"{sec.where}.tfidf")
+        tfidf.integer("ngram_max", minimum=1)
+        tfidf.integer("min_df", minimum=1)
+        number_list(tfidf["alphas"], f"{tfidf.where}.alphas", "numbers > 0", lambda a: a > 0)
+    return method, features
 
 
 def member_splits(members: list[str], data_root: str | Path) -> dict[str, dict[str, pd.DataFrame]]:
@@ -83,10 +119,9 @@ def fit_blend(
 
     tfidf = settings["tfidf"]
     train = pd.concat([splits[m]["train"] for m in members], ignore_index=True)
-    alphas = [float(a) for a in tfidf["alphas"]]
+    where = f"{getattr(tfidf, 'where', 'params: blend.tfidf')}.alphas"
+    alphas = number_list(tfidf["alphas"], where, "numbers > 0", lambda a: a > 0)
     weights = weight_grid(settings)
-    if not alphas:
-        raise ValueError("params blend: tfidf.alphas must be non-empty")
     fits = TfidfRidge.fit_grid(
         train["prompt"].tolist(),
         train["length"].to_numpy(),
@@ -128,10 +163,8 @@ def fit_blend(
 
 def weight_grid(settings: dict) -> list[float]:
     """blend.encoder_weights, checked before any fitting: a non-empty grid in [0, 1]."""
-    weights = [float(w) for w in settings["encoder_weights"]]
-    if not weights or not all(0.0 <= w <= 1.0 for w in weights):
-        raise ValueError("params blend: encoder_weights must be a non-empty grid in [0, 1]")
-    return weights
+    where = f"{getattr(settings, 'where', 'params: blend')}.encoder_weights"
+    return number_list(settings["encoder_weights"], where, "numbers in [0, 1]", lambda w: 0 <= w <= 1)
 
 
 def choose_weight(
@@ -163,33 +196,34 @@ def choose_weight(
     }
 
 
-def decoder_settings(raw) -> dict:
+def decoder_settings(raw, where: str = "params: blend.decoder") -> dict:
     """blend.decoder as checked values (ValueError naming the key)."""
     if not isinstance(raw, dict):
-        raise ValueError(f"params blend.decoder: expected a mapping, got {raw!r}")
+        raise ValueError(f"{where}: expected a mapping, got {raw!r}")
     missing = [k for k in ("path", "layers", "max_length", "alphas", "max_train_prompts", "batch_size") if k not in raw]
     if missing:
-        raise ValueError(f"params blend.decoder: missing {', '.join(missing)}")
-    layers, alphas = raw["layers"], raw["alphas"]
-    if not isinstance(layers, list) or not layers or not all(isinstance(k, int) and k >= 1 for k in layers):
-        raise ValueError(f"params blend.decoder.layers {layers!r}: expected a list of layer numbers >= 1")
-    if not isinstance(alphas, list) or not alphas or not all(isinstance(a, (int, float)) and a > 0 for a in alphas):
-        raise ValueError(f"params blend.decoder.alphas {alphas!r}: expected a list of numbers > 0")
+        raise ValueError(f"{where}: missing {', '.join(missing)}")
+    layers = raw["layers"]
+    if not isinstance(layers, list) or not layers or not all(_integer(k) and k >= 1 for k in layers):
+        raise ValueError(f"{where}.layers {layers!r}: expected a list of layer numbers >= 1")
+    alphas = number_list(raw["alphas"], f"{where}.alphas", "numbers > 0", lambda a: a > 0)
     for key, least in (("max_length", 8), ("batch_size", 1), ("max_train_prompts", 2)):
         value = raw[key]
-        if isinstance(value, bool) or not isinstance(value, int) or value < least:
-            raise ValueError(f"params blend.decoder.{key} {value!r}: expected an integer >= {least}")
+        if not _integer(value) or value < least:
+            raise ValueError(f"{where}.{key} {value!r}: expected an integer >= {least}")
     path = raw["path"]
     if not isinstance(path, str) or not path:
-        raise ValueError(f"params blend.decoder.path {path!r}: expected a directory or a hub id")
+        raise ValueError(f"{where}.path {path!r}: expected a directory or a hub id")
     local = Path(path)
     if local.exists() and not (local / "config.json").is_file():
-        raise ValueError(f"params blend.decoder.path {path}: not a Hugging Face model directory (no config.json)")
+        raise ValueError(f"{where}.path {path}: not a Hugging Face model directory (no config.json)")
     if not local.exists() and (path.startswith((".", "/")) or path.count("/") != 1):
-        raise ValueError(
-            f"params blend.decoder.path {path}: no such directory (dvc repro materialize makes models/base/)"
-        )
-    return {**raw, "alphas": [float(a) for a in alphas]}
+        raise ValueError(f"{where}.path {path}: no such directory (dvc repro materialize makes models/base/)")
+    return {**raw, "alphas": alphas}
+
+
+def _integer(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
 
 
 def fit_decoder_blend(
@@ -277,20 +311,14 @@ def run(
     metrics_dir: str | Path = "metrics/blend",
     plots_dir: str | Path = "plots/blend",
 ) -> dict:
-    from pipeline.contracts import predictor_dir, write_json
+    from pipeline.contracts import ensure_parent, predictor_dir, write_json
     from pipeline.ranking.checkpoint import DECODER, LEXICAL, attach_decoder, attach_lexical, copy_checkpoint, read_meta
     from pipeline.serving.scorer import Scorer
 
     t0 = time.perf_counter()
-    predictors = params["predictors"] or {}
-    if model not in predictors:
-        raise KeyError(f"params blend.predictors has no entry {model!r} (it has {sorted(predictors)})")
-    features = params.get("features", "tfidf")
-    if features not in FEATURES:
-        raise ValueError(f"params blend.features {features!r}: expected one of {list(FEATURES)}")
-    if features == "decoder":
-        decoder_settings(params["decoder"])  # a bad setting stops the stage before any scoring
-    method = predictors[model]
+    method, features = check_params(model, params)  # a bad setting stops the stage before any scoring
+    for out in (Path(metrics_dir) / f"{model}.json", Path(plots_dir) / f"{model}.png"):
+        ensure_parent(out, create=False)  # an output in the way, found before the checkpoint is written
     src = predictor_dir(model, method, models_root)
     meta = read_meta(src)
     if features == "tfidf" and LEXICAL in meta:

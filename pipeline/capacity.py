@@ -22,9 +22,9 @@ from typing import Any
 
 import numpy as np
 
-from pipeline.contracts import GENERATIONS, generations_path, read_table, write_json
+from pipeline.contracts import GENERATIONS, generations_path, read_json, read_table, write_json
 from pipeline.errors import PARSError, check_number
-from pipeline.params import load_params
+from pipeline.params import Section, load_params
 from pipeline.queueing import theory as th
 
 METRICS = Path("metrics/capacity.json")
@@ -35,6 +35,8 @@ PLOT_ENGINE = Path("plots/capacity_engine.png")
 # would first try to allocate gigabytes); no model reads or writes 10M tokens in one request
 MAX_TOKENS = 10_000_000
 MAX_M = 10**12  # KV cache tokens: beyond any machine, and keeps the arithmetic exact in int64
+# requests simulated per load point: more would only exhaust memory (the default is 100,000)
+MAX_REQUESTS_PER_POINT = 10**8
 
 
 def lengths_workload(path: str | Path, name: str | None = None) -> th.Workload:
@@ -197,18 +199,60 @@ def plot_engine(fit: dict, path: Path) -> None:
     plt.close(fig)
 
 
-def run_stage(p: dict[str, Any]) -> dict[str, Any]:
-    from pipeline.queueing.simulator import EngineConfig
+def _loads(p: Section, key: str) -> list[float]:
+    """A params list of loads (fractions of mu): non-empty, each a finite number > 0."""
+    values = p[key]
+    if not isinstance(values, list) or not values:
+        raise PARSError(f"{p.where}.{key} {values!r}: must be a non-empty list of loads (lambda / mu)")
+    for i, x in enumerate(values):
+        if isinstance(x, bool) or not isinstance(x, (int, float)):
+            raise PARSError(f"{p.where}.{key}[{i}] {x!r}: not a number")
+        check_number(x, f"{p.where}.{key}[{i}]", positive=True)
+    return [float(x) for x in values]
 
-    where = getattr(p, "where", "capacity")
+
+def check_stage_params(p: dict[str, Any]) -> Section:
+    """The capacity section, every key the stage reads, checked before the (minutes of) sweeps."""
+    p = p if isinstance(p, Section) else Section(p, "capacity")
+    where = p.where
     for key in ("M", "chunk", "token_budget", "max_num_seqs", "block_size"):
         _setting(p[key], f"{where}.{key}", True)
     _setting(p["step_time"], f"{where}.step_time", False)
     _margin(p["margin"], f"{where}.margin")
+    if not isinstance(p["rates"], list):
+        raise PARSError(f"{where}.rates {p['rates']!r}: must be a list of arrival rates (requests/s)")
     for i, rate in enumerate(p["rates"]):  # an infinite rate would need infinitely many replicas
         if isinstance(rate, bool) or not isinstance(rate, (int, float)):
             raise PARSError(f"{where}.rates[{i}] {rate!r}: not a number")
         check_number(rate, f"{where}.rates[{i}]", minimum=0)
+    loads = _loads(p, "sweep_loads")
+    _loads(p, "queue_loads")
+    sat_from = p.number("saturated_from", positive=True)
+    if not any(x >= sat_from for x in loads):
+        raise PARSError(f"{where}.sweep_loads needs loads >= saturated_from ({sat_from:g}) to measure saturation")
+    p.integer("requests_per_point", minimum=1, maximum=MAX_REQUESTS_PER_POINT)
+    p.integer("seed", minimum=0)
+    for key in ("engine_fit", "model"):
+        if not isinstance(p[key], str) or not p[key]:
+            raise PARSError(f"{where}.{key} {p[key]!r}: must be a non-empty string")
+    gpath = generations_path(p["model"])
+    if not gpath.is_file():
+        raise PARSError(
+            f"{where}.model {p['model']!r}: no answers to plan for ({gpath} not found; "
+            f"it must be a generate.models entry, after the generate stage)"
+        )
+    return p
+
+
+def run_stage(p: dict[str, Any]) -> dict[str, Any]:
+    from pipeline.queueing.simulator import EngineConfig
+
+    p = check_stage_params(p)
+    # the files read after the sweeps, checked before them
+    fit_path = Path(p["engine_fit"])
+    fit = read_stage_engine_fit(fit_path) if fit_path.is_file() else None
+    model = p["model"]
+    project_w = lengths_workload(generations_path(model), name=model)
     cfg = EngineConfig(
         M=int(p["M"]),
         chunk=int(p["chunk"]),
@@ -221,8 +265,6 @@ def run_stage(p: dict[str, Any]) -> dict[str, Any]:
     )
     loads = [float(x) for x in p["sweep_loads"]]
     sat_from = float(p["saturated_from"])
-    if not any(x >= sat_from for x in loads):
-        raise ValueError("capacity.sweep_loads needs loads >= saturated_from to measure saturation")
     n = int(p["requests_per_point"])
     seed = int(p["seed"])
 
@@ -276,9 +318,7 @@ def run_stage(p: dict[str, Any]) -> dict[str, Any]:
         "queue_growth_1to1": growth,
     }
 
-    fit_path = Path(p["engine_fit"])
-    if fit_path.is_file():
-        fit = json.loads(fit_path.read_text())
+    if fit is not None:
         out["workloads"]["engine"] = {
             "workload": f"{fit['workload']} on {fit['engine']} ({fit['model']})",
             "expected_g": fit["expected_g"],
@@ -299,33 +339,24 @@ def run_stage(p: dict[str, Any]) -> dict[str, Any]:
         print(f"note: {fit_path} not found; run `pars engine-fit` for the theory-vs-engine row")
 
     # this project's answers: what one replica sustains, and replicas for the planned rates
-    model = p["model"]
-    gpath = generations_path(model)
-    if not gpath.is_file():
-        # the DVC stage depends on it; run by hand before generate, say what is missing
-        out["project"] = {"model": model, "missing": f"{gpath} (generate stage) not found: no plan for its answers"}
-        print(f"note: {out['project']['missing']}")
-        write_json(out, METRICS)
-        return out
-    w = lengths_workload(gpath, name=model)
     plans = {}
     settings = {"document_A100": (cfg.M, cfg.chunk, cfg.step_c0)}
-    if fit_path.is_file():
+    if fit is not None:
         settings["vllm_cpu_fit"] = (fit["M_tokens"], fit["chunk"], fit["step_time"]["mean_s"])
     for sname, (M, chunk, b) in settings.items():
-        if w.ess_sup() >= M:
-            plans[sname] = {"error": f"largest request ({w.ess_sup()} tokens) exceeds M = {M}"}
+        if project_w.ess_sup() >= M:
+            plans[sname] = {"error": f"largest request ({project_w.ess_sup()} tokens) exceeds M = {M}"}
             continue
-        cap = th.capacity(w, M, chunk, b)
+        cap = th.capacity(project_w, M, chunk, b)
         plans[sname] = {
             **cap.to_dict(),
             "replicas": [th.replicas_needed(float(r), cap, float(p["margin"])) for r in p["rates"]],
         }
     out["project"] = {
         "model": model,
-        "requests": int(w.s_sample.size),
-        "mean_prompt_tokens": float(w.s_sample.mean()),
-        "mean_output_tokens": float(w.o_sample.mean()),
+        "requests": int(project_w.s_sample.size),
+        "mean_prompt_tokens": float(project_w.s_sample.mean()),
+        "mean_output_tokens": float(project_w.o_sample.mean()),
         "plans": plans,
     }
     write_json(out, METRICS)
@@ -369,20 +400,43 @@ def parse_lengths(spec: str, flag: str) -> tuple[int, int]:
 def read_engine_fit(path: str | Path) -> tuple[int, int, float]:
     """(M, chunk, b_bar) from the engine_fit stage's JSON (pars engine-fit), naming the file and key on a defect."""
     try:
-        fit = json.loads(Path(path).read_bytes())
+        fit = read_json(path)
+    except RecursionError:
+        raise PARSError(f"{path}: not a JSON file (nested too deeply)") from None
+    try:
         values = fit["M_tokens"], fit["chunk"], fit["step_time"]["mean_s"]
-    except (ValueError, RecursionError) as exc:
-        raise PARSError(f"--engine-fit {path}: not a JSON file ({exc.__class__.__name__})") from None
     except (KeyError, TypeError, IndexError):
         raise PARSError(
-            f"--engine-fit {path}: expected keys M_tokens, chunk and step_time.mean_s "
-            f"(`pars engine-fit` writes them)"
+            f"{path}: expected keys M_tokens, chunk and step_time.mean_s (`pars engine-fit` writes them)"
         ) from None
     return (
         _setting(values[0], f"{path}: M_tokens", True),
         _setting(values[1], f"{path}: chunk", True),
         _setting(values[2], f"{path}: step_time.mean_s", False),
     )
+
+
+def read_stage_engine_fit(path: str | Path) -> dict[str, Any]:
+    """The whole engine-fit JSON the stage reports and plots, every key it reads checked."""
+    read_engine_fit(path)
+    fit = read_json(path)
+    for key in ("workload", "engine", "model"):
+        if key not in fit:
+            raise PARSError(f"{path}: has no {key!r} (rerun `pars engine-fit`)")
+    numbers = [(fit, k, k) for k in ("expected_g", "delta", "mu_theory", "mu_measured", "gap", "mu_simulated")]
+    numbers += [(fit["step_time"], k, f"step_time.{k}") for k in ("c0_s", "c1_s_per_token", "median_s")]
+    for where, key, name in numbers:
+        value = where.get(key) if isinstance(where, dict) else None
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+            raise PARSError(f"{path}: {name} {value!r}: must be a finite number (rerun `pars engine-fit`)")
+    steps = [fit.get("steps_tokens", []), fit.get("steps_time_s", [])]
+    if not all(isinstance(x, list) for x in steps) or len(steps[0]) != len(steps[1]):
+        raise PARSError(f"{path}: steps_tokens and steps_time_s must be lists of the same length")
+    try:
+        np.asarray(steps, dtype=float)
+    except (TypeError, ValueError):
+        raise PARSError(f"{path}: steps_tokens and steps_time_s must hold numbers") from None
+    return fit
 
 
 def main(argv: list[str] | None = None) -> int:

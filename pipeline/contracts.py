@@ -77,8 +77,9 @@ SPLITS = ("train", "val", "test")
 FINISH_REASONS = ("stop", "length")
 
 
-def _check(df: pd.DataFrame, schema: pa.Schema, where: str) -> None:
-    missing = [name for name in schema.names if name not in df.columns]
+def _check(df: pd.DataFrame | pa.Table, schema: pa.Schema, where: str) -> None:
+    columns = df.column_names if isinstance(df, pa.Table) else df.columns
+    missing = [name for name in schema.names if name not in columns]
     if missing:
         raise ValueError(f"{where}: missing column(s) {missing}; expected {schema.names}")
 
@@ -137,11 +138,32 @@ def read_table(path: str | Path, schema: pa.Schema) -> pd.DataFrame:
     if not path.exists():
         raise FileNotFoundError(f"{path} does not exist (has the stage that writes it run?)")
     try:
-        df = pq.read_table(path).to_pandas()
+        table = pq.read_table(path)
     except Exception as exc:  # pyarrow raises several types for a corrupt file
         raise ValueError(f"{path} is not a readable parquet file: {exc}") from exc
-    _check(df, schema, str(path))
-    return df[schema.names]
+    _check(table, schema, str(path))
+    for field in schema:
+        stored = table.schema.field(field.name).type
+        if not _type_fits(stored, field.type):
+            raise ValueError(f"{path}: column {field.name!r} holds {stored}, expected {field.type}")
+    return table.to_pandas()[schema.names]
+
+
+def _type_fits(stored: pa.DataType, expected: pa.DataType) -> bool:
+    """Whether a stored column reads as `expected`: any integer width for an integer, an integer or a
+    float for a float, a string however encoded for a string. A column of nulls only fits any type
+    (the stage's own checks name the nulls); "123" for a token count does not."""
+    if pa.types.is_dictionary(stored):
+        stored = stored.value_type
+    if pa.types.is_null(stored):
+        return True
+    if pa.types.is_integer(expected):
+        return pa.types.is_integer(stored)
+    if pa.types.is_floating(expected):
+        return pa.types.is_integer(stored) or pa.types.is_floating(stored)
+    if pa.types.is_string(expected):
+        return pa.types.is_string(stored) or pa.types.is_large_string(stored)
+    return stored == expected
 
 
 def read_json(path: str | Path, what: type = dict) -> Any:
@@ -158,7 +180,7 @@ def read_json(path: str | Path, what: type = dict) -> Any:
         raise PARSError(f"{path}: not a UTF-8 text file") from None
     if not isinstance(obj, what):
         kind = {dict: "an object", list: "an array"}.get(what, what.__name__)
-        raise PARSError(f"{path}: must hold a JSON {kind}, not {type(obj).__name__}")
+        raise PARSError(f"{path}: must hold {kind} in JSON, not {type(obj).__name__}")
     return obj
 
 

@@ -43,10 +43,12 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 import numpy as np
 
+from pipeline.errors import PARSError, check_number
 from pipeline.queueing import theory  # numpy only; the simulator (numba) waits for the engine
 
 METRICS = Path("metrics/engine_fit.json")
 MODEL = Path("models/base/smollm2")  # the materialize stage's SmolLM2-135M-Instruct
+MAX_TOKENS = 1_000_000  # a prompt or answer length beyond any model this stage runs
 
 
 def find_model(path: str | None) -> Path:
@@ -157,6 +159,31 @@ def run_engine(
     }
 
 
+def parse_lengths(spec: str, flag: str) -> tuple[int, int]:
+    """LO:HI (or uniform:LO:HI) token lengths, or one line naming the flag."""
+    try:
+        lo, hi = theory.parse_distribution(spec)
+    except ValueError:
+        raise PARSError(
+            f"{flag} {spec!r}: expected LO:HI (or uniform:LO:HI) with whole numbers 1 <= LO <= HI"
+        ) from None
+    if hi > MAX_TOKENS:  # the length table would take gigabytes; no engine here takes such a request
+        raise PARSError(f"{flag} {spec!r}: HI {hi:,} is more than {MAX_TOKENS:,} tokens")
+    return lo, hi
+
+
+def check_args(args: argparse.Namespace) -> None:
+    """Every flag, and the output path, before the engine starts (a minute of loading)."""
+    from pipeline.contracts import ensure_parent  # pandas, not numba: safe before the engine
+
+    for flag in ("requests", "blocks", "block_size", "chunk", "budget", "max_num_seqs"):
+        check_number(getattr(args, flag), f"--{flag.replace('_', '-')}", minimum=1)
+    check_number(args.seed, "--seed", minimum=0)
+    if args.model and not Path(args.model).is_dir():
+        raise PARSError(f"--model {args.model}: not a model directory")
+    ensure_parent(args.out, create=False)
+
+
 def burst_rate(finish: np.ndarray) -> float:
     f = np.sort(finish)
     i0, i1 = int(0.2 * f.size), int(0.8 * f.size)
@@ -179,11 +206,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", default=str(METRICS))
     args = ap.parse_args(argv)
+    check_args(args)
+    w = theory.Workload.uniform(
+        "engine", *parse_lengths(args.prompt, "--prompt"), *parse_lengths(args.answer, "--answer")
+    )
 
     rng = np.random.default_rng(args.seed)
-    w = theory.Workload.uniform(
-        "engine", *theory.parse_distribution(args.prompt), *theory.parse_distribution(args.answer)
-    )
     s, o = w.sample(args.requests, rng)
     t_start = time.perf_counter()
     run = run_engine(
@@ -266,8 +294,9 @@ def main(argv: list[str] | None = None) -> int:
         "steps_tokens": tok.astype(int).tolist(),
         "steps_time_s": [round(float(x), 6) for x in st],
     }
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
+    from pipeline.contracts import ensure_parent
+
+    out = ensure_parent(args.out)
     out.write_text(json.dumps(result, indent=2) + "\n")
     print(json.dumps({k: v for k, v in result.items() if not k.startswith("steps_")}, indent=2))
     print(

@@ -35,6 +35,7 @@ from pipeline.contracts import (
     GENERATIONS,
     PROMPTS,
     SCORES,
+    ensure_parent,
     generations_path,
     predictor_dir,
     prompts_path,
@@ -43,7 +44,8 @@ from pipeline.contracts import (
     write_json,
     write_table,
 )
-from pipeline.params import load_params
+from pipeline.errors import PARSError
+from pipeline.params import Section, load_params
 from pipeline.ranking import metrics as M
 from pipeline.ranking.labels import prompt_labels
 from pipeline.ranking.report_tables import OVERALL, ranking_rows, render_markdown
@@ -59,6 +61,74 @@ def prompt_token_counts(texts: list[str], tokenizer_name: str) -> np.ndarray:
     tok = load_tokenizer(tokenizer_name)
     ids = tok(texts, add_special_tokens=False, truncation=False, verbose=False)["input_ids"]
     return np.array([len(x) for x in ids], dtype=float)
+
+
+def _section(value, where: str) -> Section:
+    """`value` with Section's typed reads (run() is also called with plain dicts)."""
+    return value if isinstance(value, Section) else Section(value, where)
+
+
+def number_list(sec: Section, key: str, **bounds) -> list[float]:
+    """sec[key] as a non-empty list of numbers, each checked as Section.number checks one
+    (`bounds`: its positive/minimum/below/maximum), the bad item named as `<key>[i]`."""
+    values = sec[key]
+    if not isinstance(values, list) or not values:
+        raise PARSError(f"{sec.where}.{key} {values!r}: must be a non-empty list of numbers")
+    items = Section({f"{key}[{i}]": v for i, v in enumerate(values)}, sec.where)
+    return [items.number(name, **bounds) for name in items]
+
+
+def check_params(params) -> dict:
+    """The evaluate section checked before anything loads (a bad value is one line naming its key):
+    the settings run() uses. A negative batch_size once gave a wrong tau_b without a word."""
+    sec = _section(params, "params: evaluate")
+    for key in ("train_models", "methods", "eval_models", "cross_models", "blends"):
+        names = sec[key]
+        if names is None and key in ("cross_models", "blends"):
+            continue
+        if not isinstance(names, list) or not all(isinstance(n, str) and n for n in names):
+            raise PARSError(f"{sec.where}.{key} {names!r}: must be a list of names")
+    boot = _section(sec.mapping("bootstrap"), f"{sec.where}.bootstrap")
+    tfidf = _section(sec.mapping("tfidf_ridge"), f"{sec.where}.tfidf_ridge")
+    missing_keys = sorted({"ngram_max", "min_df", "alphas", "min_train_prompts"} - set(tfidf))
+    if missing_keys:  # params.yaml holds these defaults
+        raise KeyError(f"{tfidf.where} lacks {', '.join(missing_keys)} (see the repository's params.yaml)")
+    tfidf.integer("ngram_max", minimum=1)
+    tfidf.integer("min_df", minimum=1)
+    tfidf.integer("min_train_prompts", minimum=1)
+    number_list(tfidf, "alphas", positive=True)
+    tokenizer = sec["baseline_tokenizer"]
+    if not isinstance(tokenizer, str) or not tokenizer:
+        raise PARSError(f"{sec.where}.baseline_tokenizer {tokenizer!r}: must be a tokenizer name")
+    wandb = _section(sec.mapping("wandb"), f"{sec.where}.wandb")
+    if not isinstance(wandb["enabled"], bool):
+        raise PARSError(f"{wandb.where}.enabled {wandb['enabled']!r}: must be true or false")
+    for key in ("project", "mode") if wandb["enabled"] else ():
+        if key not in wandb:  # read at the very end: missing, it would fail after all the scoring
+            raise PARSError(f"{wandb.where}.{key} is missing")
+    return {
+        "batch_size": sec.integer("batch_size", minimum=1),
+        "delta": sec.number("delta", positive=True, below=1),
+        "n_boot": boot.integer("n", minimum=1),
+        "seed": boot.integer("seed", minimum=0),
+        "level": boot.number("level", positive=True, below=1),
+        "torch_threads": sec.integer("torch_threads", minimum=1, optional=True),
+        "precision": sec.choice("precision", PRECISIONS),
+        "baseline_tokenizer": tokenizer,
+        "tfidf_ridge": tfidf,
+    }
+
+
+def check_outputs(data_root: Path, models_root: Path, metrics_dir: Path, plots_dir: Path) -> None:
+    """Every output path writable in shape (no file where a directory goes) before any scoring; and
+    the plots directory, deleted whole, must not hold the working directory or the stage's data."""
+    for path in (scores_path(data_root), metrics_dir / "ranking.json", metrics_dir / "transfer.json"):
+        ensure_parent(path, create=False)
+    ensure_parent(plots_dir / "tau_b.png", create=False)
+    plots = plots_dir.resolve()
+    for other in (Path.cwd(), data_root, models_root, metrics_dir):
+        if plots == other.resolve() or plots in other.resolve().parents:
+            raise PARSError(f"plots directory {plots_dir} holds {other}; it is deleted and rewritten whole")
 
 
 def evaluated_predictors(params) -> list[tuple[str, str]]:
@@ -505,7 +575,10 @@ def run(
     metrics_dir: str | Path = "metrics",
     plots_dir: str | Path = "plots/evaluate",
 ) -> dict:
-    data_root, models_root, metrics_dir = Path(data_root), Path(models_root), Path(metrics_dir)
+    data_root, models_root = Path(data_root), Path(models_root)
+    metrics_dir, plots_dir = Path(metrics_dir), Path(plots_dir)
+    settings = check_params(params)  # all of the section, before any slow work
+    check_outputs(data_root, models_root, metrics_dir, plots_dir)
     predictors = evaluated_predictors(params)
     missing = [
         str(predictor_dir(m, meth, models_root))
@@ -514,32 +587,30 @@ def run(
     ]
     if missing:  # fail before any slow work, naming every one
         raise FileNotFoundError(f"predictor checkpoint(s) missing: {', '.join(missing)} (has train run for them?)")
-    tfidf = params["tfidf_ridge"]
-    missing_keys = sorted({"ngram_max", "min_df", "alphas", "min_train_prompts"} - set(tfidf or {}))
-    if missing_keys:  # params.yaml holds these defaults; fail before any slow work
-        raise KeyError(f"params evaluate.tfidf_ridge lacks {', '.join(missing_keys)} (see params.yaml)")
-    # the rest of the section, read before the slow work too
-    batch_size, tokenizer, delta = int(params["batch_size"]), params["baseline_tokenizer"], float(params["delta"])
-    precision = params["precision"]
-    if precision not in PRECISIONS:
-        raise ValueError(f"params evaluate.precision: expected one of {PRECISIONS}, got {precision!r}")
-    boot = params["bootstrap"]
-    n_boot, boot_seed, level = int(boot["n"]), int(boot["seed"]), float(boot["level"])
+    tfidf, tokenizer, precision = settings["tfidf_ridge"], settings["baseline_tokenizer"], settings["precision"]
     prompts = read_table(prompts_path(data_root), PROMPTS)
     generations = {m: read_table(generations_path(m, data_root), GENERATIONS) for m in params["eval_models"]}
     test = prompts[prompts["split"] == "test"].sort_values("prompt_id").reset_index(drop=True)
     if test.empty:
         raise ValueError(f"{prompts_path(data_root)} has no test-split prompts")
 
-    if params["torch_threads"]:  # on a CPU shared with other jobs, fewer threads can be faster
+    if settings["torch_threads"]:  # on a CPU shared with other jobs, fewer threads can be faster
         import torch
 
-        torch.set_num_threads(int(params["torch_threads"]))
-    scores = score_predictors(test, predictors, models_root, batch_size, precision)
+        torch.set_num_threads(settings["torch_threads"])
+    scores = score_predictors(test, predictors, models_root, settings["batch_size"], precision)
     write_table(scores, scores_path(data_root), SCORES)
     ptoks = pd.Series(prompt_token_counts(test["prompt"].tolist(), tokenizer), index=test["prompt_id"].to_numpy())
     ranking = evaluate(
-        prompts, generations, scores, ptoks, delta=delta, n_boot=n_boot, seed=boot_seed, level=level, tfidf_ridge=tfidf
+        prompts,
+        generations,
+        scores,
+        ptoks,
+        delta=settings["delta"],
+        n_boot=settings["n_boot"],
+        seed=settings["seed"],
+        level=settings["level"],
+        tfidf_ridge=tfidf,
     )
     ranking["settings"]["baseline_tokenizer"] = tokenizer
     ranking["settings"]["precision"] = resolve_precision(precision, "cpu")
@@ -547,7 +618,7 @@ def run(
     transfer = transfer_matrix(ranking)
     write_json(_no_nan(ranking), metrics_dir / "ranking.json")
     write_json(_no_nan(transfer), metrics_dir / "transfer.json")
-    write_plots(ranking, transfer, Path(plots_dir))
+    write_plots(ranking, transfer, plots_dir)
     log_wandb(ranking, params)
     return ranking
 
@@ -564,7 +635,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     params = load_params("evaluate", args.params)
     if args.no_wandb:
-        params["wandb"] = {**(params.get("wandb") or {}), "enabled": False}
+        wandb = params.get("wandb")
+        params["wandb"] = {**(wandb if isinstance(wandb, dict) else {}), "enabled": False}
     ranking = run(params, data_root=args.data, models_root=args.models, metrics_dir=args.metrics, plots_dir=args.plots)
 
     print(render_markdown(ranking))

@@ -16,8 +16,9 @@ import json
 import math
 from pathlib import Path
 
+from pipeline.errors import PARSError
 from pipeline.params import load_params
-from pipeline.ranking.checkpoint import META, copy_checkpoint, read_meta, sha256_file
+from pipeline.ranking.checkpoint import META, copy_checkpoint, plain_name, read_meta, sha256_file
 
 
 def export_dir(name: str, root: str | Path = "models/export") -> Path:
@@ -44,23 +45,38 @@ def in_domain_metrics(
     """The predictor's test results on `eval_model`'s answers (default: its own model's), overall
     and per dataset."""
     eval_model = eval_model or model
-    by_group = ranking.get("predictors", {}).get(model, {}).get(method, {}).get(eval_model)
-    if not by_group or "overall" not in by_group:
+    by_group = _dig(ranking, "predictors", model, method, eval_model)
+    if not isinstance(by_group, dict) or not isinstance(by_group.get("overall"), dict):
         raise ValueError(
             f"{path} has no test tau_b for {model}/{method} on {eval_model}'s answers "
             f"(evaluate needs {model} among its predictors and {eval_model} in evaluate.eval_models)"
         )
     overall = by_group["overall"]
-    refs = ranking.get("references", {}).get(eval_model, {}).get("overall", {})
+    tau = overall.get("kendall_tau_b")
+    if tau is not None and (isinstance(tau, bool) or not isinstance(tau, (int, float))):
+        raise ValueError(
+            f"{path}: predictors.{model}.{method}.{eval_model}.overall.kendall_tau_b {tau!r} is not a number"
+        )
+    refs = _dig(ranking, "references", eval_model, "overall")
+    refs = refs if isinstance(refs, dict) else {}
     return {
         "eval_model": eval_model,
         "split": "test",
         **{k: overall.get(k) for k in ("kendall_tau_b", "ci_low", "ci_high", "n_prompts", "pair_accuracy")},
-        "per_dataset_tau_b": {g: s.get("kendall_tau_b") for g, s in by_group.items() if g != "overall"},
-        "prompt_length_tau_b": (refs.get("prompt_length") or {}).get("kendall_tau_b"),
-        "noise_ceiling_tau_b": (refs.get("noise_ceiling") or {}).get("kendall_tau_b"),
-        "tfidf_ridge_tau_b": (refs.get("tfidf_ridge") or {}).get("kendall_tau_b"),
+        "per_dataset_tau_b": {g: _dig(s, "kendall_tau_b") for g, s in by_group.items() if g != "overall"},
+        "prompt_length_tau_b": _dig(refs, "prompt_length", "kendall_tau_b"),
+        "noise_ceiling_tau_b": _dig(refs, "noise_ceiling", "kendall_tau_b"),
+        "tfidf_ridge_tau_b": _dig(refs, "tfidf_ridge", "kendall_tau_b"),
     }
+
+
+def _dig(obj, *keys):
+    """obj[k1][k2]..., or None where a level is missing or not a mapping (a damaged ranking.json)."""
+    for key in keys:
+        if not isinstance(obj, dict):
+            return None
+        obj = obj.get(key)
+    return obj
 
 
 def export_metrics(ranking: dict, model: str, method: str, members: list[str], path: str | Path) -> tuple[dict, float]:
@@ -75,6 +91,18 @@ def export_metrics(ranking: dict, model: str, method: str, members: list[str], p
     return {"by_eval_model": by_model, "summary": "test_tau_b = the lowest over by_eval_model"}, min(taus, default=None)
 
 
+def check_params(params: dict) -> None:
+    """The export section: name becomes a directory that is replaced whole, so it must be a plain
+    name (`..` or an empty name would replace --out's parent, or --out itself)."""
+    where = getattr(params, "where", "export")
+    for key in ("name", "model", "method"):
+        value = params[key]
+        if not isinstance(value, str) or not value.strip():
+            raise PARSError(f"{where}.{key} {value!r}: must be a non-empty string")
+    if not plain_name(params["name"]):
+        raise PARSError(f"{where}.name {params['name']!r}: must be a plain directory name (no '/', not '.' or '..')")
+
+
 def run(
     params: dict,
     *,
@@ -82,21 +110,21 @@ def run(
     ranking_path: str | Path = "metrics/ranking.json",
     out_root: str | Path = "models/export",
 ) -> Path:
-    from pipeline.contracts import ensure_parent, predictor_dir
+    from pipeline.contracts import ensure_parent, predictor_dir, read_json
     from pipeline.serving.scorer import Scorer
 
+    check_params(params)
     name, model, method = params["name"], params["model"], params["method"]
     src = predictor_dir(model, method, models_root)
     ensure_parent(export_dir(name, out_root) / META, create=False)  # --out under a file: one line, before any work
     ranking_path = Path(ranking_path)
     if not ranking_path.is_file():
         raise FileNotFoundError(f"{ranking_path} does not exist (run evaluate first: it gives the test tau_b)")
+    ranking = read_json(ranking_path)
     source_meta = read_meta(src)  # validates the source (files, version, hash) with a clear message
     trained_on = {"model": model, **(source_meta.get("trained_on") or {})}
     members = list(trained_on.get("members") or [model])
-    metrics, tau = export_metrics(
-        json.loads(ranking_path.read_text(encoding="utf-8")), model, method, members, ranking_path
-    )
+    metrics, tau = export_metrics(ranking, model, method, members, ranking_path)
     dst = copy_checkpoint(
         src,
         export_dir(name, out_root),

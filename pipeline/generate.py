@@ -23,8 +23,21 @@ from typing import Any
 import pandas as pd
 
 from pipeline.backends import PromptItem, Sample, make_backend
-from pipeline.contracts import GENERATIONS, PROMPTS, prompts_path, read_table, write_json, write_table
-from pipeline.params import load_params
+from pipeline.backends.vllm_backend import DTYPES
+from pipeline.contracts import (
+    FINISH_REASONS,
+    GENERATIONS,
+    PROMPTS,
+    ensure_parent,
+    prompts_path,
+    read_table,
+    write_json,
+    write_table,
+)
+from pipeline.errors import PARSError
+from pipeline.params import Section, load_params
+
+BACKENDS = ("vllm", "openai", "recorded")
 
 
 class GenerationCache:
@@ -44,8 +57,9 @@ class GenerationCache:
 
     def _load(self) -> None:
         """Keep every valid line. A damaged one (a line torn by a kill, bytes that are not a JSON
-        entry) is skipped and counted, never the valid lines after it: the file is rewritten
-        without it (atomically) and the damaged bytes are kept in `<cache>.damaged`."""
+        entry, an entry whose samples could not be generations rows) is skipped and counted, never
+        the valid lines after it: its prompt counts as not cached (generated again), the file is
+        rewritten without it (atomically) and the damaged bytes are kept in `<cache>.damaged`."""
         damaged: list[tuple[int, bytes]] = []
         good: list[bytes] = []
         with self.path.open("rb") as fh:
@@ -56,11 +70,7 @@ class GenerationCache:
                         entry = json.loads(raw)
                     except (json.JSONDecodeError, UnicodeDecodeError):
                         entry = None
-                if not (
-                    isinstance(entry, dict)
-                    and isinstance(entry.get("key"), str)
-                    and isinstance(entry.get("samples"), list)
-                ):
+                if not is_entry(entry):
                     damaged.append((lineno, raw))
                     continue
                 self.entries[entry["key"]] = entry
@@ -78,8 +88,9 @@ class GenerationCache:
         os.replace(tmp, self.path)
         lines = ", ".join(str(n) for n, _ in damaged[:10]) + (" …" if len(damaged) > 10 else "")
         print(
-            f"generate: {self.path}: skipped {len(damaged)} damaged line(s) (line {lines}); kept "
-            f"{len(good)} valid entries; the damaged bytes are in {self.path}.damaged",
+            f"generate: warning: {self.path}: skipped {len(damaged)} damaged line(s) (line {lines}), their "
+            f"prompts will be generated again; kept {len(good)} valid entries; the damaged bytes are in "
+            f"{self.path}.damaged",
             flush=True,
         )
 
@@ -106,6 +117,29 @@ class GenerationCache:
             self._fh = None
 
 
+_COUNTS = ("output_tokens", "reasoning_tokens", "prompt_tokens")
+
+
+def is_entry(entry: Any) -> bool:
+    """Whether a cache line's JSON is an entry that can become generations rows: a key, a prompt id
+    and a non-empty list of samples, each with every Sample field of the right type."""
+    if not (isinstance(entry, dict) and isinstance(entry.get("key"), str) and isinstance(entry.get("prompt_id"), str)):
+        return False
+    samples = entry.get("samples")
+    return isinstance(samples, list) and bool(samples) and all(_is_sample(s) for s in samples)
+
+
+def _is_sample(sample: Any) -> bool:
+    return (
+        isinstance(sample, dict)
+        # type() is int: a bool or 3.5 is not a token count; < 2**31: the int32 column
+        and all(type(sample.get(f)) is int and 0 <= sample[f] < 2**31 for f in _COUNTS)
+        and sample.get("finish_reason") in FINISH_REASONS
+        and isinstance(sample.get("text"), str)
+        and isinstance(sample.get("reasoning"), str)
+    )
+
+
 def cache_key(identity: dict[str, Any], prompt: str) -> str:
     blob = json.dumps(identity, sort_keys=True) + "\x00" + prompt
     return hashlib.sha256(blob.encode("utf-8")).hexdigest()
@@ -123,9 +157,57 @@ def select_prompts(prompts: pd.DataFrame, spec: dict[str, Any]) -> pd.DataFrame:
         prompts = prompts[prompts["dataset"].isin(datasets)]
     cap = spec.get("max_prompts_per_dataset")
     prompts = prompts.sort_values("prompt_id", kind="stable")
-    if cap:
+    if cap is not None:  # check_spec made it >= 1 (head(-5) would keep all but 5)
         prompts = prompts.groupby("dataset", sort=False, group_keys=False).head(int(cap))
     return prompts.reset_index(drop=True)
+
+
+def check_spec(model: str, spec: dict[str, Any]) -> Section:
+    """One model's entry of generate.models, checked before any backend is made: a bad value is one
+    line naming `<file>: generate.models.<model>.<key>`, not a vLLM error after the engine loads."""
+    if not isinstance(spec, Section):
+        spec = Section(spec, f"generate.models.{model}")
+    where = spec.where
+    backend = spec.choice("backend", BACKENDS)
+    datasets = spec.get("datasets")
+    if datasets is not None and not (
+        isinstance(datasets, list) and datasets and all(isinstance(d, str) for d in datasets)
+    ):
+        raise PARSError(f"{where}.datasets {datasets!r}: must be a list of dataset names, or null for all")
+    integers = {
+        "max_prompts_per_dataset": 1,  # or null: all (0 or -5 would mean all, or all but 5)
+        "k": 1,
+        "max_tokens": 1,
+        "seed": 0,
+        "max_num_seqs": 1,
+        "max_model_len": 1,
+        "tensor_parallel_size": 1,
+    }
+    for key, minimum in integers.items():
+        if key in spec:
+            spec.integer(key, minimum=minimum, optional=key == "max_prompts_per_dataset")
+    if "temperature" in spec:
+        spec.number("temperature", minimum=0)
+    for key in ("top_p", "gpu_memory_utilization"):
+        if key in spec:
+            spec.number(key, positive=True, maximum=1)
+    if backend == "vllm":
+        if "dtype" in spec:
+            spec.choice("dtype", DTYPES)
+        if "max_tokens" in spec and "max_model_len" in spec and spec["max_tokens"] >= spec["max_model_len"]:
+            raise PARSError(
+                f"{where}.max_tokens {spec['max_tokens']}: must be below max_model_len ({spec['max_model_len']}), "
+                "which holds the prompt and the answer"
+            )
+        path = str(spec["model"])
+        # a hub id is `name` or `org/name`; anything else is a local dir, which must be there now
+        local = path.startswith(("/", ".", "~")) or path.count("/") > 1
+        if local and not Path(path).expanduser().exists():
+            raise PARSError(
+                f"{where}.model {path}: no such directory (a local model dir must exist: run the stage that "
+                "writes it, e.g. `dvc repro materialize`; or give a hub id, org/name)"
+            )
+    return spec
 
 
 def _progress(total: int, model: str):
@@ -146,9 +228,8 @@ def run(
     content plus `this_run` (this run's counts and speed), which is written to `run_stats_path`
     instead of meta.json so that the stage's outputs depend on its inputs alone (a re-run that
     changes nothing leaves their DVC hashes, and so the stages downstream, as they were)."""
-    backend_name = spec.get("backend")
-    if not backend_name:
-        raise ValueError(f"generate.models.{model} has no `backend` (vllm, openai or recorded)")
+    spec = check_spec(model, spec)
+    backend_name = spec["backend"]
     spec = {**spec, "recorded_tokenizer": recorded_tokenizer} if backend_name == "recorded" else spec
     backend = make_backend(backend_name, spec)
     selected = backend.select(prompts) if hasattr(backend, "select") else select_prompts(prompts, spec)
@@ -231,13 +312,17 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = parser.parse_args(argv)
     params = load_params("generate")
-    models = params.get("models") or {}
+    models = params.mapping("models")
     if args.model not in models:
-        raise KeyError(f"model {args.model!r} is not in generate.models (have {sorted(models)})")
+        raise KeyError(f"model {args.model!r} is not in generate.models (have {sorted(map(str, models))})")
+    spec = models.mapping(args.model)  # checked by run, before the backend is made
+    # outputs under a file: one line now, not after the backend has run
+    ensure_parent(Path(args.out_root) / args.model / "generations.parquet", create=False)
+    ensure_parent(Path(args.metrics) / f"{args.model}.json", create=False)
     prompts = read_table(args.prompts, PROMPTS)
     run(
         args.model,
-        models[args.model],
+        spec,
         prompts,
         Path(args.out_root) / args.model,
         recorded_tokenizer=params.get("recorded_tokenizer"),

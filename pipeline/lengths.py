@@ -14,6 +14,7 @@ import numpy as np
 import pandas as pd
 
 from pipeline.contracts import GENERATIONS, PROMPTS, ensure_parent, prompts_path, read_table, write_json
+from pipeline.ranking.labels import check_generations
 
 
 def summarise(gens: pd.DataFrame) -> dict:
@@ -34,9 +35,12 @@ def summarise(gens: pd.DataFrame) -> dict:
 def length_table(models: list[str], prompts: pd.DataFrame, root: Path) -> tuple[dict, dict[str, pd.DataFrame]]:
     table, frames = {}, {}
     for model in models:
-        gens = read_table(root / model / "generations.parquet", GENERATIONS)
-        if gens.empty:
-            raise ValueError(f"{root / model / 'generations.parquet'} has no rows")
+        path = root / model / "generations.parquet"
+        gens = read_table(path, GENERATIONS)
+        check_generations(gens, where=str(path))  # the rules pairs applies: no mean of -50 or NaN tokens
+        reasoning = gens["reasoning_tokens"]
+        if reasoning.isna().any() or (reasoning < 0).any():
+            raise ValueError(f"{path}: reasoning_tokens must be present and >= 0 in every row")
         gens = gens.merge(prompts[["prompt_id", "dataset"]], on="prompt_id", how="left")
         frames[model] = gens
         table[model] = {"all": summarise(gens)}

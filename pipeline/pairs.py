@@ -31,6 +31,7 @@ from pipeline.contracts import (
     LABELS,
     PAIRS,
     PROMPTS,
+    ensure_parent,
     generations_path,
     labels_path,
     pairs_dir,
@@ -39,10 +40,13 @@ from pipeline.contracts import (
     write_json,
     write_table,
 )
-from pipeline.params import load_params
+from pipeline.errors import PARSError
+from pipeline.params import Section, load_params
 from pipeline.ranking.labels import keep_mask, prompt_labels
 
 PAIR_SPLITS = ("train", "val")
+# draws per prompt (partners x max_tries_factor) are held in memory at once: tens of MB at this cap
+MAX_DRAWS_PER_PROMPT = 1_000_000
 
 
 def count_passing_pairs(lengths: np.ndarray, truncated: np.ndarray, delta: float) -> tuple[int, int]:
@@ -134,18 +138,27 @@ def sample_pairs(
     return pairs, stats
 
 
+def check_params(params: dict[str, Any]) -> tuple[float, int, int, int]:
+    """The pairs section's (delta, partners, max_tries_factor, seed), checked: a bad value fails in
+    one line naming its key, before any data is read or data/pairs/<model> is touched."""
+    cfg = params if isinstance(params, Section) else Section(params, "pairs")
+    delta = cfg.number("delta", positive=True, below=1)
+    partners = cfg.integer("partners", minimum=1)
+    factor = cfg.integer("max_tries_factor", minimum=1)
+    seed = cfg.integer("seed", minimum=0)  # numpy seeds are non-negative
+    if partners * factor > MAX_DRAWS_PER_PROMPT:
+        raise PARSError(
+            f"{cfg.where}.partners {partners} x max_tries_factor {factor}: at most "
+            f"{MAX_DRAWS_PER_PROMPT:,} draws per prompt (they are held in memory at once)"
+        )
+    return delta, partners, factor, seed
+
+
 def build_pairs(
     generations: pd.DataFrame, prompts: pd.DataFrame, params: dict[str, Any], model: str = "model"
 ) -> tuple[dict[str, pd.DataFrame], pd.DataFrame, dict[str, Any]]:
     """Labels and δ-filtered pairs per split; raises a clear error when pairs cannot be formed."""
-    delta = float(params["delta"])
-    partners = int(params["partners"])
-    factor = int(params["max_tries_factor"])
-    seed = int(params["seed"])
-    if not 0 < delta < 1:
-        raise ValueError(f"pairs.delta must be in (0, 1), got {delta}")
-    if partners < 1 or factor < 1:
-        raise ValueError("pairs.partners and pairs.max_tries_factor must be >= 1")
+    delta, partners, factor, seed = check_params(params)
 
     labels = prompt_labels(generations, where=f"generations of {model}")
     split_of = prompts.drop_duplicates("prompt_id").set_index("prompt_id")["split"]
@@ -189,6 +202,17 @@ def main(argv: list[str]) -> int:
     args = ap.parse_args(argv)
 
     params = load_params("pairs", args.params)
+    check_params(params)
+    if args.model in ("", ".", "..") or "/" in args.model or "\\" in args.model:
+        # data/pairs/<model> is deleted and rewritten: it must stay under data/pairs
+        raise PARSError(f"--model {args.model!r}: must be a plain name (no '/', not '.' or '..')")
+    out = pairs_dir(args.model, args.data)
+    # where the stage writes, checked before anything is read or deleted
+    for flag, path in (("--data", out / "train.parquet"), ("--metrics", Path(args.metrics) / f"{args.model}.json")):
+        try:
+            ensure_parent(path, create=False)
+        except PARSError as exc:
+            raise PARSError(f"{flag}: {exc}") from None
     gen_file = generations_path(args.model, args.data)
     if not gen_file.exists():
         raise FileNotFoundError(
@@ -199,7 +223,6 @@ def main(argv: list[str]) -> int:
     prompts = read_table(prompts_path(args.data), PROMPTS)
     pairs, labels, metrics = build_pairs(generations, prompts, params, model=args.model)
 
-    out = pairs_dir(args.model, args.data)
     if out.exists():  # the stage rewrites its output whole
         shutil.rmtree(out)
     for split, df in pairs.items():

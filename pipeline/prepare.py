@@ -154,13 +154,15 @@ def main(argv: list[str] | None = None) -> int:
     if (
         not isinstance(fractions, dict)
         or set(fractions) - {"train", "val", "test"}
-        or not all(
-            isinstance(v, (int, float)) and not isinstance(v, bool) and 0 <= v < float("inf")
-            for v in fractions.values()
-        )
+        or not all(isinstance(v, (int, float)) and not isinstance(v, bool) and 0 <= v <= 1 for v in fractions.values())
     ):
         raise PARSError(
-            f"{params.where}.split: expected {{train: F, val: F, test: F}} with fractions >= 0, " f"got {fractions!r}"
+            f"{params.where}.split: expected {{train: F, val: F, test: F}} with fractions from 0 to 1, "
+            f"got {fractions!r}"
+        )
+    if abs(sum(fractions.values()) - 1) > 1e-6:  # not rescaled: a typo would silently move prompts
+        raise PARSError(
+            f"{params.where}.split {fractions!r}: the fractions must sum to 1, not {sum(fractions.values()):g}"
         )
     max_chars = params["max_prompt_chars"]
     if isinstance(max_chars, bool) or not isinstance(max_chars, int) or max_chars < 1:

@@ -7,9 +7,10 @@ serving results: simulator workloads, the real-engine burst, the scheduler stall
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
 
+from pipeline.contracts import read_json
+from pipeline.errors import PARSError
 from pipeline.ranking.report_tables import render_markdown
 from pipeline.serving.results import render_serving
 
@@ -22,6 +23,16 @@ SERVING_FILES = {
 }
 # noise ceilings of models with one recorded answer per prompt, estimated by a benchmark
 ESTIMATED_CEILINGS = ("metrics/choices/chatgpt_noise_ceiling.json",)
+# what a damaged metrics file raises deep in the renderers (a missing key, a list for a mapping)
+DAMAGED = (KeyError, IndexError, TypeError, AttributeError, ValueError)
+
+
+def _render(render, path: str | Path, *args):
+    """render(*args), or one line naming the metrics file that is not as its stage writes it."""
+    try:
+        return render(*args)
+    except DAMAGED as exc:
+        raise PARSError(f"{path}: not as its stage writes it ({type(exc).__name__}: {exc}); rerun that stage") from None
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -36,13 +47,26 @@ def main(argv: list[str] | None = None) -> int:
     path = Path(args.ranking)
     if not path.is_file():
         raise FileNotFoundError(f"{path} does not exist (run `pars evaluate` or `dvc repro evaluate` first)")
-    ceilings = [json.loads(Path(f).read_text(encoding="utf-8")) for f in ESTIMATED_CEILINGS if Path(f).is_file()]
-    text = render_markdown(json.loads(path.read_text(encoding="utf-8")), ceilings)
+    # every file read (and its JSON checked) before anything is rendered
+    ranking = read_json(path)
+    ceiling_files = [f for f in ESTIMATED_CEILINGS if Path(f).is_file()]
+    ceilings = [read_json(f) for f in ceiling_files]
+    serving = {}
     if not args.ranking_only:
-        serving = {
-            key: json.loads(Path(f).read_text(encoding="utf-8")) if Path(f).is_file() else None
-            for key, f in SERVING_FILES.items()
-        }
+        serving = {key: read_json(f) if Path(f).is_file() else None for key, f in SERVING_FILES.items()}
+    for key in ("predictors", "references"):
+        if not isinstance(ranking.get(key), dict):
+            problem = "has no" if key not in ranking else "has a non-mapping"
+            raise PARSError(f"{path}: {problem} {key!r} (evaluate writes it; rerun `pars evaluate`)")
+    for f, ceiling in zip(ceiling_files, ceilings):
+        missing = [k for k in ("model", "dataset", "noise_ceiling", "what") if k not in ceiling]
+        if missing:
+            raise PARSError(f"{f}: has no {missing[0]!r} (rerun the benchmark that writes it)")
+    text = _render(render_markdown, path, ranking, ceilings)
+    if not args.ranking_only:
+        for key, data in serving.items():  # each file on its own, so a damaged one is named
+            if data is not None:
+                _render(render_serving, SERVING_FILES[key], {key: data})
         text = text.rstrip() + "\n\n" + render_serving(serving)
     ensure_parent(args.out).write_text(text, encoding="utf-8")
     print(text, end="")

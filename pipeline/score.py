@@ -23,7 +23,7 @@ from pipeline.errors import PARSError
 ID_FIELDS = ("prompt_id", "id")
 
 
-def read_jsonl(path: Path, field: str) -> list[dict]:
+def read_jsonl(path: Path, field: str, id_field: str | None = None) -> list[dict]:
     records = []
     with path.open("rb") as fh:
         for lineno, raw in enumerate(fh, 1):
@@ -40,21 +40,30 @@ def read_jsonl(path: Path, field: str) -> list[dict]:
             if not isinstance(record, dict):
                 raise ValueError(f"{path}:{lineno}: expected a JSON object, got {type(record).__name__}")
             _check_text(record, field, f"{path}:{lineno}")
+            _check_id(record, id_field, f"{path}:{lineno}")
             records.append(record)
     return records
 
 
-def read_parquet(path: Path, field: str) -> list[dict]:
+def read_parquet(path: Path, field: str, id_field: str | None = None) -> list[dict]:
     try:
         df = pd.read_parquet(path)
     except Exception as exc:  # pyarrow raises several types (including on invalid UTF-8)
         raise ValueError(f"{path}: not a readable parquet file ({exc})") from None
     if field not in df.columns:
         raise ValueError(f"{path}: no column {field!r} (columns: {list(df.columns)}); choose one with --field")
+    if id_field is not None and id_field not in df.columns:
+        raise ValueError(f"{path}: no column {id_field!r} (columns: {list(df.columns)}); choose one with --id-field")
     records = df.to_dict("records")
     for row, record in enumerate(records):
         _check_text(record, field, f"{path}: row {row}")
     return records
+
+
+def _check_id(record: dict, id_field: str | None, where: str) -> None:
+    """An --id-field the record lacks would be written as a null id: refused, naming the record."""
+    if id_field is not None and id_field not in record:
+        raise ValueError(f"{where}: no id field {id_field!r} (fields: {sorted(record)}); choose one with --id-field")
 
 
 def _check_text(record: dict, field: str, where: str) -> None:
@@ -73,14 +82,14 @@ def _check_text(record: dict, field: str, where: str) -> None:
         ) from None
 
 
-def read_prompts(path: str | Path, field: str = "prompt") -> list[dict]:
+def read_prompts(path: str | Path, field: str = "prompt", id_field: str | None = None) -> list[dict]:
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"{path} is a directory, not a file" if path.is_dir() else f"{path} does not exist")
     if path.suffix == ".parquet":
-        return read_parquet(path, field)
+        return read_parquet(path, field, id_field)
     if path.suffix in (".jsonl", ".json", ".ndjson"):
-        return read_jsonl(path, field)
+        return read_jsonl(path, field, id_field)
     raise ValueError(f"{path}: unknown input format {path.suffix!r} (expected .jsonl or .parquet)")
 
 
@@ -109,7 +118,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--batch-size", type=_positive_int, default=32)
     args = parser.parse_args(argv)
 
-    records = read_prompts(args.input, args.field)  # input errors before the (slower) model load
+    records = read_prompts(args.input, args.field, args.id_field)  # input errors before the (slower) model load
     if args.output:
         if Path(args.output).suffix not in (".jsonl", ".parquet"):
             raise PARSError(f"-o {args.output}: output must end in .jsonl or .parquet")

@@ -32,7 +32,8 @@ from typing import Any
 
 import numpy as np
 
-from pipeline.contracts import write_json
+from pipeline.contracts import read_json, write_json
+from pipeline.errors import PARSError
 from pipeline.params import load_params
 from pipeline.queueing.policies import policy_key
 from pipeline.serving.pars_config import SCORING_CHUNK_BATCHES, PARSConfig
@@ -44,22 +45,42 @@ STATS = ("mean_per_token_latency", "p90_per_token_latency", "mean_ttft", "throug
 
 
 def _read(path: str | Path) -> dict[str, Any]:
-    import json
-
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(
             f"{path} not found: run `python benchmarks/engine_bench.py` first "
             f"(see this stage's doc for the calibration run)"
         )
-    data = json.loads(path.read_text(encoding="utf-8"))
-    missing = [p for p in POLICIES if "per_request" not in data.get(p, {})]
-    if missing or "workload" not in data:
+    data = read_json(path)
+    missing = [p for p in POLICIES if not isinstance(data.get(p), dict) or "per_request" not in data[p]]
+    if missing or not isinstance(data.get("workload"), dict):
         raise ValueError(
             f"{path}: no per-request results for {missing or 'the workload'}; rerun "
             f"benchmarks/engine_bench.py (this file predates the per-request record)"
         )
+    w = data["workload"]
+    for key in ("prompt_tokens", "output_tokens", "pars_scores"):
+        values = w.get(key)
+        if not isinstance(values, list) or not all(
+            isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) for v in values
+        ):
+            raise PARSError(f"{path}: workload.{key} must be a list of numbers (as benchmarks/engine_bench.py writes)")
+        if len(values) != len(w["prompt_tokens"]):
+            raise PARSError(
+                f"{path}: workload.{key} has {len(values)} entries, prompt_tokens {len(w['prompt_tokens'])}"
+            )
     return data
+
+
+def _from(path: str | Path, fn, *args):
+    """fn(*args) on a benchmark file's content, or one line naming the file when a key it needs is
+    missing or of the wrong type (a file from another version of the benchmark, or edited)."""
+    try:
+        return fn(*args)
+    except (KeyError, IndexError, TypeError, AttributeError, ValueError, ZeroDivisionError) as exc:
+        raise PARSError(
+            f"{path}: not as benchmarks/engine_bench.py writes it ({type(exc).__name__}: {exc}); rerun it"
+        ) from None
 
 
 def pooled_step_model(calibration: dict[str, Any]) -> dict[str, float]:
@@ -204,6 +225,11 @@ def run(p: dict[str, Any]) -> dict[str, Any]:
             f"needs other prompts (engine_bench.py --seed 1)"
         )
     same = ("M", "block_size", "token_budget", "chunk", "max_num_seqs")
+    for path, data in ((p["calibration"], calibration), (p["validation"], validation)):
+        for policy in POLICIES:
+            engine = data[policy].get("engine")
+            if not isinstance(engine, dict) or any(k not in engine for k in same):
+                raise PARSError(f"{path}: {policy}.engine must hold {', '.join(same)} (rerun the benchmark)")
     for policy in POLICIES:
         a, b = calibration[policy]["engine"], validation[policy]["engine"]
         if any(a[k] != b[k] for k in same):
@@ -211,11 +237,12 @@ def run(p: dict[str, Any]) -> dict[str, Any]:
                 f"{p['calibration']} and {p['validation']} ran different engine settings "
                 f"({policy}: {a} vs {b}): the step model would not transfer"
             )
-    step = pooled_step_model(calibration)
-    rate = scoring_rate(calibration)
+    step = _from(p["calibration"], pooled_step_model, calibration)
+    rate = _from(p["calibration"], scoring_rate, calibration)
     # the PARS scheduler's starvation threshold as the validation run used it
-    sims = replay(validation, step, float(validation.get("setup", {}).get("starvation_s", 120.0)), rate)
-    table = compare(validation, sims)
+    starvation = _from(p["validation"], lambda: float(validation.get("setup", {}).get("starvation_s", 120.0)))
+    sims = replay(validation, step, starvation, rate)
+    table = _from(p["validation"], compare, validation, sims)
     plot(validation, sims, PLOT)
     out = {
         "calibration": str(p["calibration"]),

@@ -164,6 +164,23 @@ def check_params(p: dict[str, Any], where: str) -> None:
         ):
             raise PARSError(f"{where}.{key} {value!r}: expected a finite number {'> 0' if positive else '>= 0'}")
 
+    workloads = p["workloads"]
+    if not isinstance(workloads, dict) or not workloads:
+        raise PARSError(f"{where}.workloads {workloads!r}: expected a mapping of workload name to its settings")
+    for name, w in workloads.items():
+        if not isinstance(w, dict) or not isinstance(w.get("model"), str) or not w["model"]:
+            raise PARSError(f"{where}.workloads.{name}: expected {{model: <generation model>, score_model: ...}}")
+        score_model = w.get("score_model")
+        named = score_model.items() if isinstance(score_model, dict) else [(None, score_model)]
+        for policy, train_model in named:
+            key = f"workloads.{name}.score_model" + (f".{policy}" if policy is not None else "")
+            if policy is not None and policy not in SCORE_METHODS:
+                raise PARSError(f"{where}.{key}: {policy!r} is not a learned policy ({', '.join(SCORE_METHODS)})")
+            if not isinstance(train_model, str) or not train_model:
+                raise PARSError(
+                    f"{where}.{key} {train_model!r}: expected a train model (or <train model>/<method>)"
+                    + (", or a mapping of policy to one" if policy is None else "")
+                )
     count(p["burst"], "burst")
     count(p["poisson_requests"], "poisson_requests")
     count(p["seed"], "seed", minimum=0)

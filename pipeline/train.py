@@ -24,10 +24,17 @@ from typing import Any
 
 import pandas as pd
 
-from pipeline.contracts import write_json
+from pipeline.contracts import ensure_parent, write_json
+from pipeline.encoders import encoder_config, resolve_encoder
+from pipeline.errors import PARSError
 from pipeline.hardware import auto_precision, cpu_has_native_bf16
-from pipeline.params import load_params
+from pipeline.params import Section, load_params
 from pipeline.ranking.losses import METHODS
+
+POOLINGS = ("cls", "mean")  # pipeline.ranking.model (not imported here: it imports torch)
+PAIRWISE_MODES = ("in_batch", "per_pair")  # pipeline.ranking.data
+# Lightning's precision flags that need no optional package, and `auto` (resolve_precision)
+PRECISIONS = ("auto", "32-true", "bf16-mixed", "bf16-true", "16-mixed", "16-true", "64-true", "32", "16", "bf16", "64")
 
 
 def wandb_mode() -> str:
@@ -78,29 +85,117 @@ def make_logger(model: str, method: str, cfg: dict[str, Any], datasets: list[str
     )
 
 
-def lexical_prior_settings(raw: Any) -> dict[str, Any] | None:
+def lexical_prior_settings(raw: Any, where: str = "params train") -> dict[str, Any] | None:
     """train.lexical_prior as numbers, or None when it is off (null); ValueError naming the key
-    for anything else, before the slow work."""
+    (`where` is the section's name, e.g. `params.yaml: train`) for anything else, before the slow work."""
     if raw is None:
         return None
     if not isinstance(raw, Mapping):
-        raise ValueError(
-            f"params train.lexical_prior: expected null or {{ngram_max, min_df, alpha, folds}}, got {raw!r}"
-        )
+        raise ValueError(f"{where}.lexical_prior: expected null or {{ngram_max, min_df, alpha, folds}}, got {raw!r}")
     missing = sorted({"ngram_max", "min_df", "alpha", "folds"} - set(raw))
     if missing:
-        raise ValueError(f"params train.lexical_prior: missing {', '.join(missing)}")
+        raise ValueError(f"{where}.lexical_prior: missing {', '.join(missing)}")
     out: dict[str, Any] = {}
     for key, least in (("ngram_max", 1), ("min_df", 1), ("folds", 2)):
         value = raw[key]
         if isinstance(value, bool) or not isinstance(value, int) or value < least:
-            raise ValueError(f"params train.lexical_prior.{key}: expected an integer >= {least}, got {value!r}")
+            raise ValueError(f"{where}.lexical_prior.{key}: expected an integer >= {least}, got {value!r}")
         out[key] = value
     alpha = raw["alpha"]
     if isinstance(alpha, bool) or not isinstance(alpha, (int, float)) or not 0 < alpha < float("inf"):
-        raise ValueError(f"params train.lexical_prior.alpha: expected a number > 0, got {alpha!r}")
+        raise ValueError(f"{where}.lexical_prior.alpha: expected a number > 0, got {alpha!r}")
     out["alpha"] = float(alpha)
     return out
+
+
+def check_params(params: Mapping[str, Any], methods: list[str]) -> Section:
+    """The train section checked before any slow work: a bad value fails in one line naming its
+    key, instead of a Lightning or numpy error (or a silently different run) minutes later."""
+    cfg = params if isinstance(params, Section) else Section(params, "train")
+    for key in ("epochs", "batch_size", "eval_batch_size", "torch_threads"):
+        cfg.integer(key, minimum=1)
+    for key in ("length_buckets", "num_workers"):  # 0: off / load in this process
+        cfg.integer(key, minimum=0)
+    cfg.integer("patience", minimum=0, optional=True)  # null or 0: no early stopping
+    cfg.integer("max_train_prompts", minimum=0, optional=True)  # null or 0: every train prompt
+    cfg.integer("seed", minimum=0, maximum=2**32 - 1)  # Lightning's and numpy's seed range
+    cfg.number("lr", positive=True)
+    cfg.number("warmup_fraction", minimum=0, maximum=1)
+    cfg.number("head_fraction", minimum=0, maximum=1)
+    cfg.number("dropout", minimum=0, below=1)
+    for key in ("weight_decay", "grad_clip", "margin", "margin_per_log_length"):
+        cfg.number(key, minimum=0)
+    cfg.choice("pooling", POOLINGS)
+    if cfg["pairwise_mode"] not in PAIRWISE_MODES:  # a ValueError, as RankingDataModule raised it
+        raise ValueError(
+            f"{cfg.where}.pairwise_mode {cfg['pairwise_mode']!r}: must be one of {', '.join(PAIRWISE_MODES)}"
+        )
+    cfg.mapping("cross_models")
+    lexical_prior_settings(cfg["lexical_prior"], cfg.where)
+
+    # the encoder: a mistyped name fails now; its config.json (when on this machine) bounds the layers
+    config = encoder_config(resolve_encoder(cfg["encoder"], key=f"{cfg.where}.encoder")) or {}
+    n_layers, positions = config.get("num_hidden_layers"), config.get("max_position_embeddings")
+    frozen = cfg.integer("frozen_layers", minimum=0, maximum=n_layers if isinstance(n_layers, int) else None)
+    # room for [CLS], one prompt token and [SEP]; no more positions than the encoder has
+    cfg.integer("max_length", minimum=3, maximum=positions if isinstance(positions, int) else None)
+    if frozen and "pairwise" in methods and cfg["pairwise_mode"] == "per_pair":
+        raise PARSError(
+            f"{cfg.where}.frozen_layers {frozen}: needs pairwise_mode in_batch (per-pair batches cannot use the cache)"
+        )
+
+    lt = Section(cfg.mapping("lightning"), f"{cfg.where}.lightning")
+    lt.integer("num_nodes", minimum=1)
+    if str(lt["precision"]) not in PRECISIONS:  # str: YAML's 32 is Lightning's "32"
+        raise PARSError(f"{lt.where}.precision {lt['precision']!r}: must be one of {', '.join(PRECISIONS)}")
+    check_accelerator(lt)  # imports Lightning (seconds): last
+    from lightning.pytorch.strategies import StrategyRegistry
+
+    if lt["strategy"] != "auto" and lt["strategy"] not in StrategyRegistry.available_strategies():
+        raise PARSError(f"{lt.where}.strategy {lt['strategy']!r}: not a Lightning strategy (auto, ddp, fsdp, ...)")
+    if str(lt["strategy"]).startswith(("ddp_spawn", "ddp_fork", "ddp_notebook")):
+        # these train in child processes: the best weights never reach this one to be exported
+        raise PARSError(
+            f"{lt.where}.strategy {lt['strategy']!r} is not supported: use ddp (it runs this command once per device)"
+        )
+    return cfg
+
+
+def check_accelerator(lt: Section) -> str:
+    """train.lightning.accelerator: a name Lightning knows whose device this machine has (Lightning
+    itself would refuse it only after the data, the tokenizer and the frozen cache)."""
+    from lightning.pytorch.accelerators import AcceleratorRegistry
+
+    value = lt.choice("accelerator", ("auto", "gpu", *sorted(AcceleratorRegistry.available_accelerators())))
+    wanted = {"auto": (), "gpu": ("cuda", "mps")}.get(value, (value,))
+    if wanted and not any(AcceleratorRegistry[name]["accelerator"].is_available() for name in wanted):
+        why = "torch_xla is not installed" if value == "tpu" and not _importable("torch_xla") else "no such device here"
+        raise PARSError(f"{lt.where}.accelerator {value!r}: not available on this machine ({why})")
+    return value
+
+
+def _importable(module: str) -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec(module) is not None
+
+
+def check_outputs(model: str, methods: list[str], models_root, metrics_dir, plots_dir) -> None:
+    """Where the stage writes, checked before any work: a --models/--metrics/--plots path that is a
+    file (or under one) would otherwise fail only after training."""
+    if model in ("", ".", "..") or "/" in model or "\\" in model:
+        # models/<model>/<method> is deleted and rewritten: it must stay under --models
+        raise PARSError(f"--model {model!r}: must be a plain name (no '/', not '.' or '..')")
+    for method in methods:
+        for flag, path in (
+            ("--models", Path(models_root) / model / method / "config.json"),
+            ("--metrics", Path(metrics_dir) / f"{model}-{method}.json"),
+            ("--plots", Path(plots_dir) / f"{model}-{method}.csv"),
+        ):
+            try:
+                ensure_parent(path, create=False)
+            except PARSError as exc:
+                raise PARSError(f"{flag}: {exc}") from None
 
 
 def _runs_on_gpu(accelerator: str) -> bool:
@@ -160,16 +255,11 @@ def train_methods(
     t_start = time.perf_counter()
     if not methods or any(m not in METHODS for m in methods) or len(set(methods)) != len(methods):
         raise ValueError(f"methods must be distinct names from {METHODS}, got {methods!r}")
-    cfg = params  # params.yaml's train section: every key comes from there, none from code
-    lt = cfg["lightning"]  # read before the slow work, so a missing key fails at once
-    if str(lt["strategy"]).startswith(("ddp_spawn", "ddp_fork", "ddp_notebook")):
-        # these train in child processes: the best weights never reach this one to be exported
-        raise ValueError(
-            f"train.lightning.strategy {lt['strategy']!r} is not supported: use ddp "
-            f"(it runs this command once per device)"
-        )
+    # params.yaml's train section: every key comes from there, none from code; checked before the slow work
+    cfg = check_params(params, methods)
+    lt = cfg["lightning"]
     precision = resolve_precision(lt["precision"], lt["accelerator"])
-    prior_cfg = lexical_prior_settings(cfg["lexical_prior"])
+    prior_cfg = lexical_prior_settings(cfg["lexical_prior"], cfg.where)
     trainer_args = {
         "max_epochs": int(cfg["epochs"]),
         "accelerator": lt["accelerator"],
@@ -419,6 +509,7 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--plots", default="plots/train")
     args = ap.parse_args(argv)
     params = load_params("train", args.params)
+    check_outputs(args.model, args.method or list(METHODS), args.models, args.metrics, args.plots)
     results = train_methods(
         args.model,
         args.method or list(METHODS),

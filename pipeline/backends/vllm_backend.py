@@ -12,6 +12,9 @@ from typing import Any, Iterable, Iterator
 
 from pipeline.backends.base import Backend, PromptItem, Sample, normalise_finish_reason, split_reasoning
 
+# what generate.models.<m>.dtype may be: vLLM's spellings, and `native` (resolve_dtype)
+DTYPES = ("native", "auto", "half", "float16", "bfloat16", "float", "float32")
+
 
 def _on_cpu() -> bool:
     try:

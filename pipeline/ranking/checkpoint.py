@@ -112,14 +112,38 @@ def read_meta(path: str | Path, verify_hash: bool = True) -> dict[str, Any]:
     return meta
 
 
+def plain_name(name: Any) -> bool:
+    """A directory name that stays in its parent: a non-empty string, no path separator, not . or .."""
+    return (
+        isinstance(name, str)
+        and name.strip() not in ("", ".", "..")
+        and not any(sep in name for sep in ("/", "\\", "\0"))
+    )
+
+
+def check_destination(src: Path, dst: Path) -> None:
+    """Refuse a `dst` that copy_checkpoint must not delete: anything but a plain-named child
+    directory of its parent (`out/..`, `/`, `out/` with an empty name), a file, a link, or the
+    source itself or a directory holding it. Raises before anything is deleted."""
+    if not plain_name(dst.name):
+        raise CheckpointError(f"export destination {dst}: must be a named directory inside its parent")
+    if dst.is_symlink() or (dst.exists() and not dst.is_dir()):
+        raise CheckpointError(f"export destination {dst}: exists and is not a directory; not replacing it")
+    source, target = src.resolve(), dst.resolve()
+    if target == source or target in source.parents:
+        raise CheckpointError(f"export destination {dst}: is the source checkpoint {src} or holds it")
+
+
 def copy_checkpoint(src: str | Path, dst: str | Path, **meta_updates: Any) -> Path:
     """Copy a valid checkpoint to `dst` with `meta_updates` merged into its pars.json.
 
     The source is validated first (hash included) and the copy re-hashed, so an export can never
-    carry weights other than the ones evaluated. `dst` is replaced whole, via a temp dir + rename."""
+    carry weights other than the ones evaluated. `dst` is replaced whole, via a temp dir + rename;
+    a `dst` that is not a plain-named directory of its own (check_destination) is refused first."""
     import shutil
 
     src, dst = Path(src), Path(dst)
+    check_destination(src, dst)
     meta = read_meta(src)
     tmp = dst.with_name(f".{dst.name}.tmp")
     shutil.rmtree(tmp, ignore_errors=True)

@@ -21,7 +21,7 @@ and in-batch pairs never compare two groups.
 from __future__ import annotations
 
 import copy
-import json
+import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
@@ -32,7 +32,8 @@ import pandas as pd
 import torch
 from torch.utils.data import DataLoader, Dataset, Sampler
 
-from pipeline.contracts import LABELS, PAIRS, PROMPTS, labels_path, pairs_dir, prompts_path, read_table
+from pipeline.contracts import LABELS, PAIRS, PROMPTS, labels_path, pairs_dir, prompts_path, read_json, read_table
+from pipeline.errors import PARSError
 from pipeline.ranking.labels import in_batch_pairs
 from pipeline.ranking.losses import METHODS
 from pipeline.ranking.model import encode_prompts, pad_batch
@@ -94,7 +95,10 @@ class RankingData:
         meta_file = pdir / "meta.json"
         if not meta_file.is_file():
             raise FileNotFoundError(f"{meta_file} is missing (re-run `dvc repro pairs@{model}`)")
-        meta = json.loads(meta_file.read_text(encoding="utf-8"))
+        meta = read_json(meta_file)
+        delta = meta.get("delta")
+        if isinstance(delta, bool) or not isinstance(delta, (int, float)) or not math.isfinite(delta):
+            raise PARSError(f"{meta_file}: delta {delta!r} is not a number (re-run `dvc repro pairs@{model}`)")
         prompts = read_table(prompts_path(data_root), PROMPTS).drop_duplicates("prompt_id")
         missing = ~labels["prompt_id"].isin(prompts["prompt_id"])
         if missing.any():
@@ -112,7 +116,7 @@ class RankingData:
             val_pairs,
             dict(zip(used["prompt_id"], used["prompt"])),
             datasets,
-            float(meta["delta"]),
+            float(delta),
             (model,),
         )
 

@@ -42,10 +42,14 @@ def in_batch_pairs(lengths, truncated, delta: float, groups=None) -> np.ndarray:
     return np.stack([i[keep], j[keep]], axis=1).astype(np.int64)
 
 
-def prompt_labels(generations: pd.DataFrame, where: str = "generations") -> pd.DataFrame:
-    """Per prompt: mean output_tokens, whether any sample was truncated, number of samples."""
+def check_generations(generations: pd.DataFrame, where: str = "generations") -> None:
+    """What every reader of answer lengths needs of a generations table (pairs, evaluate, lengths):
+    rows, a prompt_id on each, output_tokens present and >= 0, a known finish_reason, no duplicate
+    (prompt_id, sample). Anything else raises ValueError naming `where`, never a wrong number."""
     if generations.empty:
         raise ValueError(f"{where} has no rows: no answers to take lengths from")
+    if generations["prompt_id"].isna().any():
+        raise ValueError(f"{where}: {int(generations['prompt_id'].isna().sum())} row(s) have no prompt_id")
     tokens = generations["output_tokens"]
     if tokens.isna().any():
         raise ValueError(f"{where}: {int(tokens.isna().sum())} row(s) have no output_tokens")
@@ -57,6 +61,11 @@ def prompt_labels(generations: pd.DataFrame, where: str = "generations") -> pd.D
     dup = generations.duplicated(["prompt_id", "sample"])
     if dup.any():
         raise ValueError(f"{where}: {int(dup.sum())} duplicate (prompt_id, sample) row(s)")
+
+
+def prompt_labels(generations: pd.DataFrame, where: str = "generations") -> pd.DataFrame:
+    """Per prompt: mean output_tokens, whether any sample was truncated, number of samples."""
+    check_generations(generations, where)
     g = generations.assign(truncated=generations["finish_reason"].eq("length"))
     out = g.groupby("prompt_id", sort=True).agg(
         length=("output_tokens", "mean"), truncated=("truncated", "any"), n_samples=("sample", "size")

@@ -1,9 +1,11 @@
 """The PARS scheduler's settings: one dataclass, its sources and their validation.
 
 Sources, first wins: vLLM's `additional_config["pars"]` (`--additional-config '{"pars": {...}}'`),
-then `PARS_*` environment variables, then the defaults below. Every value is checked at start-up;
-a bad one stops the engine with one `PARSConfigError` line naming the key and where it came from
-(a batch size of -1 used to give every request the score 0 without a word).
+then `PARS_*` environment variables, then the defaults below. Every value is checked at start-up
+(and by `PARSConfig(...)` itself); a bad one stops the engine with one `PARSConfigError` line naming
+the key and where it came from (a batch size of -1 used to give every request the score 0 without a
+word). A `PARS_*` variable that is neither a setting nor read elsewhere in the project is refused:
+a misspelled one (PARS_BATCHSIZE) would otherwise be ignored without a word.
 No vLLM import: the config is testable and reusable without the engine.
 """
 
@@ -11,18 +13,39 @@ from __future__ import annotations
 
 import math
 import os
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
+from pathlib import Path
+
+from pipeline.ranking.checkpoint import CheckpointError
 
 CLIENT_SCORE_KEY = "pars_score"
 SCORING_MODES = ("background", "inline")
 # background scoring: the worker takes up to this many forward batches per call and the scorer
 # sorts them by token length (far less padding on a burst than arrival-order batches)
 SCORING_CHUNK_BATCHES = 8
+# far above any useful forward batch; a larger value is a typo, not a setting
+MAX_BATCH_SIZE = 65536
+ENV_PREFIX = "PARS_"
+# PARS_* variables the rest of the project reads (the CLI, params, setup, the vLLM guard, the
+# conformance plugin): not scheduler settings, and not typos
+OTHER_ENV = (
+    "PARS_PARAMS",
+    "PARS_DEBUG",
+    "PARS_VLLM",
+    "PARS_ALLOW_UNTESTED_VLLM",
+    "PARS_CONFORMANCE_MODE",
+    "PARS_CONFORMANCE_REPORT",
+)
 
 
 class PARSConfigError(ValueError):
     """A PARS scheduler setting is missing, unknown or out of range (one line, names the key)."""
+
+
+class PARSCheckpointConfigError(PARSConfigError, CheckpointError):
+    """The checkpoint setting names no directory: a bad setting and a missing checkpoint alike."""
 
 
 @dataclass(frozen=True)
@@ -47,6 +70,20 @@ class PARSConfig:
     # (pipeline.serving.scorer.QUANTIZE_MODES; metrics/choices/scorer_int8.json)
     quantize: str = "none"
 
+    def __post_init__(self) -> None:
+        """Every field checked (and normalised: "3" -> 3) however the config was built."""
+        for field in fields(self):
+            value = getattr(self, field.name)
+            if field.name == "checkpoint" and value is None:
+                continue  # the scheduler says how to pass one
+            object.__setattr__(self, field.name, _CHECKS[field.name](value, f"PARSConfig.{field.name}"))
+        from pipeline.serving.scorer import check_quantize
+
+        try:  # the Scorer's own rule, checked before the checkpoint loads
+            check_quantize(self.quantize, self.device)
+        except ValueError as exc:
+            raise PARSConfigError(f"PARS settings quantize and device: {exc}") from None
+
     @classmethod
     def from_sources(cls, section: object, env: Mapping[str, str] | None = None) -> "PARSConfig":
         """Validated config from an `additional_config["pars"]` section (or None) and the environment."""
@@ -59,6 +96,12 @@ class PARSConfig:
         unknown = sorted(set(section) - set(names))
         if unknown:
             raise PARSConfigError(f"additional_config['pars']: unknown key(s) {unknown}; known: {names}")
+        settings = [ENV_PREFIX + name.upper() for name in names]
+        unknown = sorted(k for k in env if k.startswith(ENV_PREFIX) and k not in settings and k not in OTHER_ENV)
+        if unknown:
+            raise PARSConfigError(
+                f"environment variable(s) {', '.join(unknown)}: not a PARS setting; known: {', '.join(settings)}"
+            )
         values = {}
         for name in names:
             env_key = "PARS_" + name.upper()
@@ -69,14 +112,7 @@ class PARSConfig:
             else:
                 continue
             values[name] = _CHECKS[name](raw, where)
-        config = cls(**values)
-        from pipeline.serving.scorer import check_quantize
-
-        try:  # the Scorer's own rule, checked before the checkpoint loads
-            check_quantize(config.quantize, config.device)
-        except ValueError as exc:
-            raise PARSConfigError(f"additional_config['pars'] (or PARS_QUANTIZE / PARS_DEVICE): {exc}") from None
-        return config
+        return cls(**values)  # __post_init__: the checks across settings
 
     @classmethod
     def from_vllm_config(cls, vllm_config) -> "PARSConfig":
@@ -91,7 +127,7 @@ def _number(raw, where: str) -> float:
         raise PARSConfigError(f"{where} must be a number, got {raw!r}")
     try:
         value = float(raw)
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):  # OverflowError: a 400-digit integer
         raise PARSConfigError(f"{where} must be a number, got {raw!r}") from None
     if math.isnan(value):
         raise PARSConfigError(f"{where} must be a number, got {raw!r}")
@@ -107,8 +143,8 @@ def _positive_seconds(raw, where: str) -> float:
 
 def _batch_size(raw, where: str) -> int:
     value = _number(raw, where)
-    if not math.isfinite(value) or value != int(value) or value < 1:
-        raise PARSConfigError(f"{where} must be an integer >= 1, got {raw!r}")
+    if not math.isfinite(value) or value != int(value) or not 1 <= value <= MAX_BATCH_SIZE:
+        raise PARSConfigError(f"{where} must be an integer >= 1 and <= {MAX_BATCH_SIZE}, got {raw!r}")
     return int(value)
 
 
@@ -126,16 +162,29 @@ def _text(raw, where: str) -> str:
 
 
 def _device(raw, where: str) -> str:
-    """A torch device string the machine has (a bad one would otherwise fail deep in torch)."""
+    """cpu, cuda or cuda:N that this machine has (meta, cpu:7 or a missing GPU would otherwise fail
+    deep in torch, or at the first scored request)."""
     raw = _text(raw, where)
-    import torch
+    if not re.fullmatch(r"cpu|cuda(:\d+)?", raw):
+        raise PARSConfigError(f"{where} {raw!r} is not a torch device the scorer runs on (cpu, cuda or cuda:N)")
+    if raw.startswith("cuda"):
+        import torch
 
-    try:
-        device = torch.device(raw)
-    except (RuntimeError, ValueError):
-        raise PARSConfigError(f"{where} {raw!r} is not a torch device (e.g. cpu, cuda, cuda:1)") from None
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise PARSConfigError(f"{where} is {raw!r} but torch sees no CUDA device")
+        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if count == 0:
+            raise PARSConfigError(f"{where} is {raw!r} but torch sees no CUDA device")
+        if ":" in raw and int(raw.split(":")[1]) >= count:
+            raise PARSConfigError(f"{where} is {raw!r} but torch sees {count} CUDA device(s) (cuda:0..{count - 1})")
+    return raw
+
+
+def _checkpoint(raw, where: str) -> str:
+    """A directory (what Scorer.from_pretrained loads): a wrong path fails here, not at engine start."""
+    raw = _text(raw, where)
+    path = Path(raw)
+    if not path.is_dir():
+        problem = "is not a directory" if path.exists() else "does not exist"
+        raise PARSCheckpointConfigError(f"{where}: checkpoint directory {raw} {problem}")
     return raw
 
 
@@ -154,7 +203,7 @@ def _quantize(raw, where: str) -> str:
 
 
 _CHECKS = {
-    "checkpoint": _text,
+    "checkpoint": _checkpoint,
     "starvation_s": _positive_seconds,
     "batch_size": _batch_size,
     "device": _device,

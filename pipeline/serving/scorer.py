@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import numbers
 from pathlib import Path
 from typing import Iterator, Sequence
 
@@ -164,6 +165,14 @@ def quantize_encoder_int8(model):
         return quantize_dynamic(copy.deepcopy(model).eval(), spec, dtype=torch.qint8)
 
 
+def check_batch_size(batch_size) -> int:
+    """`batch_size` as an int >= 1, else ValueError: a negative one used to score no batch and return
+    uninitialised memory as scores (0 failed inside range())."""
+    if isinstance(batch_size, bool) or not isinstance(batch_size, numbers.Integral) or batch_size < 1:
+        raise ValueError(f"scorer batch_size {batch_size!r}: must be an integer >= 1")
+    return int(batch_size)
+
+
 class Scorer:
     """Loads a checkpoint written by `save_checkpoint`; `score(texts)` -> higher = longer answer."""
 
@@ -179,6 +188,10 @@ class Scorer:
         decoder=None,
         precision: str = "32-true",
     ):
+        batch_size = check_batch_size(batch_size)
+        max_length = meta.get("max_length")
+        if isinstance(max_length, bool) or not isinstance(max_length, numbers.Integral) or max_length < 2:
+            raise ValueError(f"scorer max_length {max_length!r} (checkpoint meta): must be an integer >= 2")
         check_quantize(quantize, device)
         if quantize == "int8" and precision == "bf16-mixed":
             raise ValueError("scorer: quantize int8 computes in int8 layers; precision bf16-mixed cannot apply to them")
@@ -192,8 +205,8 @@ class Scorer:
         self.tokenizer = tokenizer
         self.meta = meta
         self.device = device
-        self.batch_size = int(batch_size)
-        self.max_length = int(meta["max_length"])
+        self.batch_size = batch_size
+        self.max_length = int(max_length)
         self.head_fraction = float(meta.get("head_fraction", 1.0))
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
         # a blended checkpoint (the blend stage): encoder_weight * encoder score + lexical_weight *
@@ -218,6 +231,7 @@ class Scorer:
 
         from pipeline.ranking.model import LengthRanker
 
+        check_batch_size(batch_size)  # before the checkpoint loads
         path = Path(path)
         meta = load_meta(path)  # missing files, unknown format version, hashes of weights and files
         if not any((path / name).is_file() for name in TOKENIZER_FILES):
@@ -352,6 +366,7 @@ def _length_sorted_batches(ids: list[list[int]], pad_id: int, batch_size: int, p
     to its own longest prompt)."""
     from pipeline.ranking.model import pad_batch
 
+    batch_size = check_batch_size(batch_size)  # also a score(..., batch_size=) override
     order = np.argsort([len(x) for x in ids], kind="stable")
     starts = range(0, len(ids), batch_size)
     if progress:

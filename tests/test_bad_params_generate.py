@@ -1,0 +1,293 @@
+"""Bad input to `pars generate` and `pars lengths`: a bad generate.models entry, an output path under a
+file, a damaged generation-cache entry, a damaged generations table. Each is one line naming the
+file, key or flag, found before any backend is made; a damaged cache entry is generated again."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import yaml
+
+import pipeline.generate as generate
+from pipeline.backends import Sample
+from pipeline.cli import main as pars
+from pipeline.contracts import GENERATIONS, PROMPTS, write_table
+
+PARAMS = Path(__file__).resolve().parents[1] / "params.yaml"
+
+
+def run_cli(capsys, *argv) -> tuple[int, str, str]:
+    capsys.readouterr()
+    rc = pars([str(a) for a in argv])
+    out, err = capsys.readouterr()
+    return rc, out, err
+
+
+def one_line_error(rc: int, err: str, cmd: str, *names) -> str:
+    """rc != 0 and stderr is one line `pars <cmd>: error: ...` naming one of `names`."""
+    lines = err.splitlines()
+    assert rc != 0 and len(lines) == 1 and lines[0].startswith(f"pars {cmd}: error: "), (rc, err)
+    assert any(str(n) in lines[0] for n in names), (names, err)
+    return lines[0]
+
+
+def _prompts(path: Path, n: int = 3) -> Path:
+    df = pd.DataFrame(
+        {
+            "prompt_id": [f"p{i}" for i in range(n)],
+            "dataset": ["alpaca_eval"] * n,
+            "prompt": [f"prompt {i}" for i in range(n)],
+            "split": ["test"] * n,
+            "source_id": [str(i) for i in range(n)],
+        }
+    )
+    return write_table(df, path, PROMPTS)
+
+
+@pytest.fixture
+def gen_env(tmp_path, monkeypatch):
+    """A params file (the default one, smollm2's model dir pointed at an existing dir), a prompts file,
+    and no backend: making one fails the test, since every bad input must be refused before."""
+    params = yaml.safe_load(PARAMS.read_text())
+    model_dir = tmp_path / "smollm2"
+    model_dir.mkdir()
+    params["generate"]["models"]["smollm2"]["model"] = str(model_dir)
+
+    def write(change=None) -> Path:
+        data = json.loads(json.dumps(params))
+        if change:
+            change(data)
+        path = tmp_path / "params.yaml"
+        path.write_text(yaml.safe_dump(data))
+        monkeypatch.setenv("PARS_PARAMS", str(path))
+        return path
+
+    def no_backend(*args, **kwargs):
+        raise AssertionError("a backend was made for bad input")
+
+    monkeypatch.setattr(generate, "make_backend", no_backend)
+    prompts = _prompts(tmp_path / "prompts.parquet")
+    argv = ["generate", "--prompts", prompts, "--out-root", tmp_path / "out", "--metrics", tmp_path / "m"]
+    return write, argv, params
+
+
+def test_default_params_pass_the_checks(gen_env):
+    _, _, params = gen_env
+    for model, spec in params["generate"]["models"].items():
+        generate.check_spec(model, spec)
+
+
+@pytest.mark.parametrize(
+    "key, value",
+    [
+        ("max_prompts_per_dataset", -5),
+        ("max_prompts_per_dataset", 0),
+        ("max_prompts_per_dataset", "many"),
+        ("k", -1),
+        ("k", "four"),
+        ("k", 2.5),
+        ("temperature", -0.1),
+        ("temperature", "hot"),
+        ("temperature", float("nan")),
+        ("top_p", 0),
+        ("top_p", 2),
+        ("max_tokens", 0),
+        ("max_tokens", 4096),  # not below max_model_len (2048): no prompt would fit
+        ("seed", -1),
+        ("seed", "abc"),
+        ("max_num_seqs", 0),
+        ("max_model_len", 0),
+        ("dtype", "float13"),
+        ("datasets", "alpaca_eval"),
+        ("datasets", []),
+        ("model", "models/base/nosuch"),
+        ("model", "/no/such/model"),
+        ("backend", "gpu"),
+    ],
+)
+def test_a_bad_model_entry_is_one_line_before_any_backend(gen_env, capsys, key, value):
+    write, argv, _ = gen_env
+
+    def change(p):
+        p["generate"]["models"]["smollm2"][key] = value
+
+    path = write(change)
+    rc, _, err = run_cli(capsys, *argv, "--model", "smollm2")
+    line = one_line_error(rc, err, "generate", f"generate.models.smollm2.{key}")
+    assert str(path) in line
+
+
+def test_a_missing_backend_is_named(gen_env, capsys):
+    write, argv, _ = gen_env
+    write(lambda p: p["generate"]["models"]["smollm2"].pop("backend"))
+    rc, _, err = run_cli(capsys, *argv, "--model", "smollm2")
+    one_line_error(rc, err, "generate", "generate.models.smollm2.backend is missing")
+
+
+@pytest.mark.parametrize(
+    "change, model, name",
+    [
+        (lambda p: p["generate"].update(models=["smollm2"]), "smollm2", "generate.models"),
+        (lambda p: p["generate"]["models"].update(smollm2="vllm"), "smollm2", "generate.models.smollm2"),
+        (None, "nosuch", "'nosuch' is not in generate.models"),
+    ],
+)
+def test_models_must_be_a_mapping_holding_the_model(gen_env, capsys, change, model, name):
+    write, argv, _ = gen_env
+    write(change)
+    rc, _, err = run_cli(capsys, *argv, "--model", model)
+    one_line_error(rc, err, "generate", name)
+
+
+@pytest.mark.parametrize("flag", ["--out-root", "--metrics"])
+def test_an_output_under_a_file_is_refused_before_any_backend(gen_env, capsys, tmp_path, flag):
+    write, argv, _ = gen_env
+    write()
+    blocker = tmp_path / "blocker"
+    blocker.write_text("keep me")
+    argv = list(argv)
+    argv[argv.index(flag) + 1] = blocker
+    rc, _, err = run_cli(capsys, *argv, "--model", "smollm2")
+    one_line_error(rc, err, "generate", str(blocker))
+    assert blocker.read_text() == "keep me"
+
+
+class FakeBackend:
+    """Answers prompt i with i + 1 tokens; records what it was asked for."""
+
+    def __init__(self):
+        self.asked: list[str] = []
+
+    def identity(self):
+        return {"backend": "fake"}
+
+    describe = identity
+
+    def cache_text(self, row):
+        return row.prompt
+
+    def start(self):
+        pass
+
+    def close(self):
+        pass
+
+    def generate(self, items):
+        for item in items:
+            self.asked.append(item.prompt_id)
+            n = int(item.prompt_id[1:]) + 1
+            yield item.prompt_id, [Sample(n, 0, "stop", 3, "x" * n, "")]
+
+
+@pytest.mark.parametrize(
+    "damage",
+    [
+        lambda e: e.update(samples=[{"foo": 1}]),
+        lambda e: e["samples"][0].update(output_tokens=-50),
+        lambda e: e["samples"][0].update(output_tokens="many"),
+        lambda e: e["samples"][0].update(output_tokens=True),
+        lambda e: e["samples"][0].update(finish_reason="banana"),
+        lambda e: e["samples"][0].pop("text"),
+        lambda e: e.update(samples=[]),
+        lambda e: e.update(samples=["one"]),
+        lambda e: e.pop("prompt_id"),
+    ],
+)
+def test_a_damaged_cache_entry_is_generated_again_not_written(tmp_path, monkeypatch, capsys, damage):
+    backend = FakeBackend()
+    monkeypatch.setattr(generate, "make_backend", lambda name, spec: backend)
+    prompts = pd.read_parquet(_prompts(tmp_path / "prompts.parquet", n=4))
+    spec = {"backend": "openai", "datasets": ["alpaca_eval"], "max_prompts_per_dataset": None}
+    out = tmp_path / "gen"
+    generate.run("fake", spec, prompts, out)
+    assert backend.asked == ["p0", "p1", "p2", "p3"]
+
+    cache = out / "cache.jsonl"
+    lines = cache.read_text().splitlines()
+    entry = json.loads(lines[1])  # p1's
+    damage(entry)
+    lines[1] = json.dumps(entry)
+    cache.write_text("\n".join(lines) + "\n")
+    backend.asked.clear()
+    capsys.readouterr()
+    generate.run("fake", spec, prompts, out)
+
+    assert backend.asked == ["p1"]  # resumed: only the damaged entry's prompt is generated again
+    warnings = [line for line in capsys.readouterr().out.splitlines() if "warning" in line]
+    assert len(warnings) == 1 and str(cache) in warnings[0] and "skipped 1 damaged line(s) (line 2)" in warnings[0]
+    gens = pd.read_parquet(out / "generations.parquet")
+    assert gens.sort_values("prompt_id")["output_tokens"].tolist() == [1, 2, 3, 4]
+    assert set(gens["finish_reason"]) == {"stop"} and gens.notna().all().all()
+
+
+def _generations(root: Path, **columns) -> Path:
+    """A generations.parquet for model `m` under root: two prompts, two samples each, with
+    `columns` replacing columns as given (a pyarrow type is kept as stored, strings included)."""
+    data = {
+        "prompt_id": ["p0", "p0", "p1", "p1"],
+        "sample": [0, 1, 0, 1],
+        "output_tokens": [10, 12, 30, 34],
+        "reasoning_tokens": [0, 0, 0, 0],
+        "finish_reason": ["stop", "length", "stop", "stop"],
+        "prompt_tokens": [5, 5, 6, 6],
+        "text": ["a", "b", "c", "d"],
+        "reasoning": ["", "", "", ""],
+    }
+    data.update(columns)
+    path = root / "m" / "generations.parquet"
+    path.parent.mkdir(parents=True)
+    pq.write_table(pa.table(data), path)
+    return path
+
+
+@pytest.mark.parametrize(
+    "columns, name",
+    [
+        ({"output_tokens": [10, -50, 30, 34]}, "negative output_tokens"),
+        ({"output_tokens": [10, None, 30, 34]}, "no output_tokens"),
+        ({"output_tokens": ["10", "12", "30", "34"]}, "'output_tokens' holds string, expected int32"),
+        ({"output_tokens": [10.5, 12.0, 30.0, 34.0]}, "'output_tokens' holds double"),
+        ({"finish_reason": ["stop", "banana", "stop", "stop"]}, "finish_reason must be one of"),
+        ({"prompt_id": ["p0", None, "p1", "p1"]}, "no prompt_id"),
+        ({"reasoning_tokens": [0, -1, 0, 0]}, "reasoning_tokens"),
+        ({"sample": [0, 0, 0, 1]}, "duplicate"),
+    ],
+)
+def test_lengths_refuses_damaged_generations_in_one_line(tmp_path, capsys, columns, name):
+    path = _generations(tmp_path / "gens", **columns)
+    prompts = _prompts(tmp_path / "prompts.parquet")
+    metrics = tmp_path / "lengths.json"
+    rc, _, err = run_cli(
+        capsys,
+        *("lengths", "--generations", tmp_path / "gens", "--prompts", prompts),
+        *("--metrics", metrics, "--plot", tmp_path / "lengths.png"),
+    )
+    line = one_line_error(rc, err, "lengths", name)
+    assert str(path) in line and not metrics.exists()
+
+
+def test_lengths_of_sound_generations_still_works(tmp_path, capsys):
+    _generations(tmp_path / "gens")
+    prompts = _prompts(tmp_path / "prompts.parquet")
+    rc, _, err = run_cli(
+        capsys,
+        *("lengths", "--generations", tmp_path / "gens", "--prompts", prompts),
+        *("--metrics", tmp_path / "lengths.json", "--plot", tmp_path / "lengths.png"),
+    )
+    assert rc == 0, err
+    table = json.loads((tmp_path / "lengths.json").read_text())
+    assert table["m"]["all"]["mean_output_tokens"] == 21.5 and table["m"]["all"]["truncated_fraction"] == 0.25
+
+
+def test_write_table_output_still_reads_back(tmp_path):
+    """The type check accepts what write_table writes, and the narrower or null-only columns other
+    writers produce (an int64 count, a column of nulls)."""
+    from pipeline.contracts import read_table
+
+    path = _generations(tmp_path, reasoning=pa.array([None] * 4, pa.null()))
+    assert len(read_table(path, GENERATIONS)) == 4
