@@ -78,3 +78,41 @@ def write_params(path, **pairs):
     conf = {"delta": 0.2, "partners": 4, "max_tries_factor": 10, "seed": 42, **pairs}
     path.write_text(yaml.safe_dump({"pairs": conf}))
     return path
+
+
+# ---- the `pars` CLI driven in-process, for the bad-input tests
+
+
+def run_cli(capsys, *argv) -> tuple[int, str, str]:
+    """`pars <argv>` in this process: (exit code, stdout, stderr)."""
+    from pipeline.cli import main as pars
+
+    capsys.readouterr()
+    rc = pars([str(a) for a in argv])
+    out, err = capsys.readouterr()
+    return rc, out, err
+
+
+def one_line_error(rc: int, err: str, cmd: str, *names) -> str:
+    """rc != 0 and stderr is one line `pars <cmd>: error: ...` naming one of `names`."""
+    lines = err.splitlines()
+    assert rc != 0 and len(lines) == 1 and lines[0].startswith(f"pars {cmd}: error: "), (rc, err)
+    assert any(str(n) in lines[0] for n in names), (names, err)
+    return lines[0]
+
+
+def params_file(tmp_path: Path, section: str, changes: dict) -> Path:
+    """tmp_path/params.yaml: the repository's params.yaml with `changes` ({"lightning.accelerator":
+    "tpu", ...}, dotted into mappings) made in `section`."""
+    import yaml
+
+    data = yaml.safe_load(PARAMS.read_text(encoding="utf-8"))
+    for dotted, value in changes.items():
+        *parents, key = dotted.split(".")
+        node = data[section]
+        for name in parents:
+            node = node[name]
+        node[key] = value
+    path = tmp_path / "params.yaml"
+    path.write_text(yaml.safe_dump(data, sort_keys=False), encoding="utf-8")
+    return path

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from helpers import one_line_error, run_cli
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
@@ -32,21 +33,6 @@ def examples(n: int):
         database=None,
         suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
     )
-
-
-def run_cli(capsys, *argv) -> tuple[int, str, str]:
-    capsys.readouterr()
-    rc = pars([str(a) for a in argv])
-    out, err = capsys.readouterr()
-    return rc, out, err
-
-
-def one_line_error(rc: int, err: str, cmd: str, *names) -> str:
-    """rc != 0 and stderr is one line `pars <cmd>: error: ...` naming one of `names`."""
-    lines = err.splitlines()
-    assert rc != 0 and len(lines) == 1 and lines[0].startswith(f"pars {cmd}: error: "), (rc, err)
-    assert any(str(n) in lines[0] for n in names), (names, err)
-    return lines[0]
 
 
 @pytest.fixture(scope="module")

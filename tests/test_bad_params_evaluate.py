@@ -7,38 +7,9 @@ from pathlib import Path
 
 import pytest
 import yaml
-
-from pipeline.cli import main as pars
+from helpers import one_line_error, params_file, run_cli
 
 PARAMS = Path(__file__).resolve().parents[1] / "params.yaml"
-
-
-def run_cli(capsys, *argv) -> tuple[int, str, str]:
-    capsys.readouterr()
-    rc = pars([str(a) for a in argv])
-    out, err = capsys.readouterr()
-    return rc, out, err
-
-
-def one_line_error(rc: int, err: str, cmd: str, *names) -> str:
-    """rc != 0 and stderr is one line `pars <cmd>: error: ...` naming one of `names`."""
-    lines = err.splitlines()
-    assert rc != 0 and len(lines) == 1 and lines[0].startswith(f"pars {cmd}: error: "), (rc, err)
-    assert any(str(n) in lines[0] for n in names), (names, err)
-    return lines[0]
-
-
-def write_params(tmp_path: Path, section: str, key: str, value) -> Path:
-    """params.yaml with `section`.`key` (dotted for a nested key) set to `value`."""
-    data = yaml.safe_load(PARAMS.read_text(encoding="utf-8"))
-    *parents, last = key.split(".")
-    node = data[section]
-    for name in parents:
-        node = node[name]
-    node[last] = value
-    path = tmp_path / "params.yaml"
-    path.write_text(yaml.safe_dump(data), encoding="utf-8")
-    return path
 
 
 def evaluate_cli(capsys, tmp_path, params, *extra):
@@ -78,7 +49,7 @@ def evaluate_cli(capsys, tmp_path, params, *extra):
     ],
 )
 def test_evaluate_refuses_a_bad_param_before_loading(capsys, tmp_path, key, value):
-    params = write_params(tmp_path, "evaluate", key, value)
+    params = params_file(tmp_path, "evaluate", {key: value})
     rc, _, err = evaluate_cli(capsys, tmp_path, params)
     one_line_error(rc, err, "evaluate", f"evaluate.{key}")
 

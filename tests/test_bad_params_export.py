@@ -10,39 +10,11 @@ from pathlib import Path
 import pandas as pd
 import pytest
 import yaml
+from helpers import one_line_error, params_file, run_cli
 
-from pipeline.cli import main as pars
 from pipeline.errors import PARSError
 
 PARAMS = Path(__file__).resolve().parents[1] / "params.yaml"
-
-
-def run_cli(capsys, *argv) -> tuple[int, str, str]:
-    capsys.readouterr()
-    rc = pars([str(a) for a in argv])
-    out, err = capsys.readouterr()
-    return rc, out, err
-
-
-def one_line_error(rc: int, err: str, cmd: str, *names) -> str:
-    """rc == 1 and stderr is one line `pars <cmd>: error: ...` naming one of `names`."""
-    lines = err.splitlines()
-    assert rc == 1 and len(lines) == 1 and lines[0].startswith(f"pars {cmd}: error: "), (rc, err)
-    assert any(str(n) in lines[0] for n in names), (names, err)
-    return lines[0]
-
-
-def params_with(tmp_path: Path, section: str, key: str, value) -> Path:
-    """The repository's params.yaml with `section.key` (dotted into mappings) set to `value`."""
-    data = yaml.safe_load(PARAMS.read_text(encoding="utf-8"))
-    *parents, last = key.split(".")
-    node = data[section]
-    for parent in parents:
-        node = node[parent]
-    node[last] = value
-    path = tmp_path / "params.yaml"
-    path.write_text(yaml.safe_dump(data, sort_keys=False), encoding="utf-8")
-    return path
 
 
 def write(path: Path, text: str) -> Path:
@@ -61,7 +33,7 @@ def write(path: Path, text: str) -> Path:
 def test_export_refuses_bad_names_and_deletes_nothing(capsys, tmp_path, key, value):
     victim = tmp_path / "victim"
     keep = [write(victim / "keep.txt", "mine"), write(victim / "export" / "pars-old" / "pars.json", "{}")]
-    params = params_with(tmp_path, "export", key, value)
+    params = params_file(tmp_path, "export", {key: value})
     rc, _, err = run_cli(capsys, "export", "--params", params, "--out", victim / "export", "--models", tmp_path)
     one_line_error(rc, err, "export", f"export.{key} {value!r}")
     assert all(f.is_file() for f in keep)
@@ -172,7 +144,7 @@ def test_score_id_field_missing_names_the_record(capsys, tmp_path):
 def test_sim_fidelity_files_are_named(capsys, tmp_path, monkeypatch, blob, named):
     monkeypatch.chdir(tmp_path)
     bad = write(tmp_path / "bench.json", blob)
-    params = params_with(tmp_path, "sim_fidelity", "calibration", str(bad))
+    params = params_file(tmp_path, "sim_fidelity", {"calibration": str(bad)})
     rc, _, err = run_cli(capsys, "sim-fidelity", "--params", params)
     assert named in one_line_error(rc, err, "sim-fidelity", bad)
     assert not (tmp_path / "metrics").exists() and not (tmp_path / "plots").exists()
@@ -216,7 +188,7 @@ def capacity_dir(tmp_path, monkeypatch):
     ],
 )
 def test_capacity_stage_params_checked_before_the_sweep(capsys, capacity_dir, key, value, named):
-    params = params_with(capacity_dir, "capacity", key, value)
+    params = params_file(capacity_dir, "capacity", {key: value})
     rc, _, err = run_cli(capsys, "capacity", "--stage", "--params", params)
     one_line_error(rc, err, "capacity", named)
     assert not (capacity_dir / "metrics").exists() and not (capacity_dir / "plots").exists()
@@ -249,7 +221,7 @@ def test_capacity_stage_plans_for_the_models_answers(capsys, capacity_dir):
 )
 def test_capacity_stage_engine_fit_file_checked_before_the_sweep(capsys, capacity_dir, blob, named):
     fit = write(capacity_dir / "fit.json", blob)
-    params = params_with(capacity_dir, "capacity", "engine_fit", str(fit))
+    params = params_file(capacity_dir, "capacity", {"engine_fit": str(fit)})
     rc, _, err = run_cli(capsys, "capacity", "--stage", "--params", params)
     assert named in one_line_error(rc, err, "capacity", fit)
     assert not (capacity_dir / "metrics").exists() and not (capacity_dir / "plots").exists()
@@ -302,7 +274,7 @@ def test_engine_fit_out_checked_before_the_engine(capsys, tmp_path, keep_environ
 )
 def test_simulate_score_model_entries(capsys, tmp_path, monkeypatch, value, named):
     monkeypatch.chdir(tmp_path)
-    params = params_with(tmp_path, "simulate", "workloads.smollm2.score_model", value)
+    params = params_file(tmp_path, "simulate", {"workloads.smollm2.score_model": value})
     rc, _, err = run_cli(capsys, "simulate", "--params", params, "--data-root", tmp_path / "data")
     one_line_error(rc, err, "simulate", named)
 
@@ -318,7 +290,7 @@ def test_simulate_score_model_entries(capsys, tmp_path, monkeypatch, value, name
     ],
 )
 def test_prepare_split_fractions(capsys, tmp_path, monkeypatch, split, named):
-    monkeypatch.setenv("PARS_PARAMS", str(params_with(tmp_path, "prepare", "split", split)))
+    monkeypatch.setenv("PARS_PARAMS", str(params_file(tmp_path, "prepare", {"split": split})))
     rc, _, err = run_cli(capsys, "prepare", "--out", tmp_path / "prompts" / "prompts.parquet")
     assert named in one_line_error(rc, err, "prepare", "prepare.split")
 

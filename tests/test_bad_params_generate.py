@@ -12,28 +12,13 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import yaml
+from helpers import one_line_error, run_cli
 
 import pipeline.generate as generate
 from pipeline.backends import Sample
-from pipeline.cli import main as pars
 from pipeline.contracts import GENERATIONS, PROMPTS, write_table
 
 PARAMS = Path(__file__).resolve().parents[1] / "params.yaml"
-
-
-def run_cli(capsys, *argv) -> tuple[int, str, str]:
-    capsys.readouterr()
-    rc = pars([str(a) for a in argv])
-    out, err = capsys.readouterr()
-    return rc, out, err
-
-
-def one_line_error(rc: int, err: str, cmd: str, *names) -> str:
-    """rc != 0 and stderr is one line `pars <cmd>: error: ...` naming one of `names`."""
-    lines = err.splitlines()
-    assert rc != 0 and len(lines) == 1 and lines[0].startswith(f"pars {cmd}: error: "), (rc, err)
-    assert any(str(n) in lines[0] for n in names), (names, err)
-    return lines[0]
 
 
 def _prompts(path: Path, n: int = 3) -> Path:

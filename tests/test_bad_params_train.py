@@ -8,41 +8,9 @@ import time
 from pathlib import Path
 
 import pytest
-import yaml
-from helpers import write_dataset
-
-from pipeline.cli import main as pars
+from helpers import one_line_error, params_file, run_cli, write_dataset
 
 PARAMS = Path(__file__).resolve().parents[1] / "params.yaml"
-
-
-def run_cli(capsys, *argv) -> tuple[int, str, str]:
-    capsys.readouterr()
-    rc = pars([str(a) for a in argv])
-    out, err = capsys.readouterr()
-    return rc, out, err
-
-
-def one_line_error(rc: int, err: str, cmd: str, *names) -> str:
-    """rc != 0 and stderr is one line `pars <cmd>: error: ...` naming one of `names`."""
-    lines = err.splitlines()
-    assert rc != 0 and len(lines) == 1 and lines[0].startswith(f"pars {cmd}: error: "), (rc, err)
-    assert any(str(n) in lines[0] for n in names), (names, err)
-    return lines[0]
-
-
-def params_with(tmp_path: Path, section: str, changes: dict) -> Path:
-    """params.yaml with `changes` ({"lightning.accelerator": "tpu", ...}) made in `section`."""
-    data = yaml.safe_load(PARAMS.read_text(encoding="utf-8"))
-    for dotted, value in changes.items():
-        *parents, key = dotted.split(".")
-        node = data[section]
-        for name in parents:
-            node = node[name]
-        node[key] = value
-    path = tmp_path / "params.yaml"
-    path.write_text(yaml.safe_dump(data), encoding="utf-8")
-    return path
 
 
 def train(capsys, tmp_path, params, *extra):
@@ -114,7 +82,7 @@ TRAIN_BAD = [
 
 @pytest.mark.parametrize(("changes", "key"), TRAIN_BAD, ids=[str(c) for c, _ in TRAIN_BAD])
 def test_bad_train_params_fail_in_one_line_before_the_data(capsys, tmp_path, changes, key):
-    rc, _, err = train(capsys, tmp_path, params_with(tmp_path, "train", changes))
+    rc, _, err = train(capsys, tmp_path, params_file(tmp_path, "train", changes))
     assert rc == 1
     line = one_line_error(rc, err, "train", f"params.yaml: {key} ", f"params.yaml: {key}:")
     assert "no pairs" not in line
@@ -122,7 +90,7 @@ def test_bad_train_params_fail_in_one_line_before_the_data(capsys, tmp_path, cha
 
 def test_a_mistyped_encoder_fails_at_once_naming_the_key_and_the_known_names(capsys, tmp_path):
     t0 = time.perf_counter()
-    rc, _, err = train(capsys, tmp_path, params_with(tmp_path, "train", {"encoder": "minilm-l7"}))
+    rc, _, err = train(capsys, tmp_path, params_file(tmp_path, "train", {"encoder": "minilm-l7"}))
     assert rc == 1 and time.perf_counter() - t0 < 20  # no minute of hub retries
     line = one_line_error(rc, err, "train", "train.encoder 'minilm-l7'")
     assert "minilm-l6" in line and "cache" in line
@@ -137,7 +105,7 @@ def test_lightning_settings_this_install_cannot_run_are_refused(capsys, tmp_path
         ({"lightning.strategy": "dpp"}, "train.lightning.strategy"),
         ({"lightning.strategy": "ddp_spawn"}, "train.lightning.strategy"),
     ):
-        rc, _, err = train(capsys, tmp_path, params_with(tmp_path, "train", changes))
+        rc, _, err = train(capsys, tmp_path, params_file(tmp_path, "train", changes))
         assert rc == 1
         line = one_line_error(rc, err, "train", key)
         if changes.get("lightning.accelerator") == "tpu" and importlib.util.find_spec("torch_xla") is None:
@@ -184,7 +152,7 @@ PAIRS_BAD = [
 
 @pytest.mark.parametrize(("changes", "key"), PAIRS_BAD, ids=[str(c) for c, _ in PAIRS_BAD])
 def test_bad_pairs_params_fail_in_one_line_before_the_data(capsys, tmp_path, changes, key):
-    params = params_with(tmp_path, "pairs", changes)
+    params = params_file(tmp_path, "pairs", changes)
     rc, _, err = run_cli(capsys, "pairs", "--model", "toy", "--params", params, "--data", tmp_path / "no-data")
     assert rc == 1
     one_line_error(rc, err, "pairs", f"params.yaml: {key} ", f"params.yaml: {key}:")

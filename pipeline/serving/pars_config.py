@@ -165,8 +165,13 @@ def _device(raw, where: str) -> str:
     """cpu, cuda or cuda:N that this machine has (meta, cpu:7 or a missing GPU would otherwise fail
     deep in torch, or at the first scored request)."""
     raw = _text(raw, where)
-    if not re.fullmatch(r"cpu|cuda(:\d+)?", raw):
-        raise PARSConfigError(f"{where} {raw!r} is not a torch device the scorer runs on (cpu, cuda or cuda:N)")
+    if not re.fullmatch(r"cpu|mps|cuda(:\d+)?", raw):
+        raise PARSConfigError(f"{where} {raw!r} is not a torch device the scorer runs on (cpu, cuda, cuda:N or mps)")
+    if raw == "mps":
+        import torch
+
+        if not torch.backends.mps.is_available():
+            raise PARSConfigError(f"{where} is 'mps' but torch sees no Apple GPU")
     if raw.startswith("cuda"):
         import torch
 
