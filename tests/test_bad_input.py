@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from helpers import one_line_error, run_cli
+from helpers import one_line_error, params_file, run_cli
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
@@ -354,19 +354,8 @@ def test_simulate_csv_and_parquet_traces(capsys, tmp_path, monkeypatch, name, ma
 
 
 def _params_with(tmp_path: Path, section: str, **changes) -> Path:
-    """The repository's params.yaml with keys of `section` changed (dotted keys reach into mappings)."""
-    import yaml
-
-    data = yaml.safe_load(PARAMS.read_text(encoding="utf-8"))
-    for dotted, value in changes.items():
-        *parents, key = dotted.split("__")
-        node = data[section]
-        for parent in parents:
-            node = node[parent]
-        node[key] = value
-    path = tmp_path / "params.yaml"
-    path.write_text(yaml.safe_dump(data), encoding="utf-8")
-    return path
+    """params_file with keyword changes (`__` reaches into mappings: engine__M)."""
+    return params_file(tmp_path, section, {k.replace("__", "."): v for k, v in changes.items()})
 
 
 @pytest.mark.parametrize(
