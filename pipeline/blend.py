@@ -34,7 +34,7 @@ import numpy as np
 import pandas as pd
 
 from pipeline.errors import PARSError
-from pipeline.params import Section, load_params
+from pipeline.params import Section, load_params, number_list
 
 FEATURES = ("tfidf", "decoder")  # blend.features: what the second regression reads
 
@@ -42,16 +42,6 @@ FEATURES = ("tfidf", "decoder")  # blend.features: what the second regression re
 def blended_method(method: str, features: str = "tfidf") -> str:
     """models/<model>/<method>+<features>: the blended checkpoint of models/<model>/<method>."""
     return f"{method}+{features}"
-
-
-def number_list(values, where: str, what: str, ok) -> list[float]:
-    """`values` as floats: a non-empty list of finite numbers for which `ok` holds, else ValueError."""
-    numbers = isinstance(values, list) and all(
-        isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) for v in values
-    )
-    if not numbers or not values or not all(ok(v) for v in values):
-        raise ValueError(f"{where} {values!r}: must be a non-empty list of {what}")
-    return [float(v) for v in values]
 
 
 def check_params(model: str, params) -> tuple[str, str]:
@@ -75,7 +65,7 @@ def check_params(model: str, params) -> tuple[str, str]:
         tfidf = tfidf if isinstance(tfidf, Section) else Section(tfidf, f"{sec.where}.tfidf")
         tfidf.integer("ngram_max", minimum=1)
         tfidf.integer("min_df", minimum=1)
-        number_list(tfidf["alphas"], f"{tfidf.where}.alphas", "numbers > 0", lambda a: a > 0)
+        number_list(tfidf["alphas"], f"{tfidf.where}.alphas", positive=True)
     return method, features
 
 
@@ -120,7 +110,7 @@ def fit_blend(
     tfidf = settings["tfidf"]
     train = pd.concat([splits[m]["train"] for m in members], ignore_index=True)
     where = f"{getattr(tfidf, 'where', 'params: blend.tfidf')}.alphas"
-    alphas = number_list(tfidf["alphas"], where, "numbers > 0", lambda a: a > 0)
+    alphas = number_list(tfidf["alphas"], where, positive=True)
     weights = weight_grid(settings)
     fits = TfidfRidge.fit_grid(
         train["prompt"].tolist(),
@@ -164,7 +154,7 @@ def fit_blend(
 def weight_grid(settings: dict) -> list[float]:
     """blend.encoder_weights, checked before any fitting: a non-empty grid in [0, 1]."""
     where = f"{getattr(settings, 'where', 'params: blend')}.encoder_weights"
-    return number_list(settings["encoder_weights"], where, "numbers in [0, 1]", lambda w: 0 <= w <= 1)
+    return number_list(settings["encoder_weights"], where, minimum=0, maximum=1)
 
 
 def choose_weight(
@@ -206,7 +196,7 @@ def decoder_settings(raw, where: str = "params: blend.decoder") -> dict:
     layers = raw["layers"]
     if not isinstance(layers, list) or not layers or not all(_integer(k) and k >= 1 for k in layers):
         raise ValueError(f"{where}.layers {layers!r}: expected a list of layer numbers >= 1")
-    alphas = number_list(raw["alphas"], f"{where}.alphas", "numbers > 0", lambda a: a > 0)
+    alphas = number_list(raw["alphas"], f"{where}.alphas", positive=True)
     for key, least in (("max_length", 8), ("batch_size", 1), ("max_train_prompts", 2)):
         value = raw[key]
         if not _integer(value) or value < least:

@@ -199,18 +199,6 @@ def plot_engine(fit: dict, path: Path) -> None:
     plt.close(fig)
 
 
-def _loads(p: Section, key: str) -> list[float]:
-    """A params list of loads (fractions of mu): non-empty, each a finite number > 0."""
-    values = p[key]
-    if not isinstance(values, list) or not values:
-        raise PARSError(f"{p.where}.{key} {values!r}: must be a non-empty list of loads (lambda / mu)")
-    for i, x in enumerate(values):
-        if isinstance(x, bool) or not isinstance(x, (int, float)):
-            raise PARSError(f"{p.where}.{key}[{i}] {x!r}: not a number")
-        check_number(x, f"{p.where}.{key}[{i}]", positive=True)
-    return [float(x) for x in values]
-
-
 def check_stage_params(p: dict[str, Any]) -> Section:
     """The capacity section, every key the stage reads, checked before the (minutes of) sweeps."""
     p = p if isinstance(p, Section) else Section(p, "capacity")
@@ -225,8 +213,8 @@ def check_stage_params(p: dict[str, Any]) -> Section:
         if isinstance(rate, bool) or not isinstance(rate, (int, float)):
             raise PARSError(f"{where}.rates[{i}] {rate!r}: not a number")
         check_number(rate, f"{where}.rates[{i}]", minimum=0)
-    loads = _loads(p, "sweep_loads")
-    _loads(p, "queue_loads")
+    loads = p.numbers("sweep_loads", positive=True)  # fractions of mu
+    p.numbers("queue_loads", positive=True)
     sat_from = p.number("saturated_from", positive=True)
     if not any(x >= sat_from for x in loads):
         raise PARSError(f"{where}.sweep_loads needs loads >= saturated_from ({sat_from:g}) to measure saturation")

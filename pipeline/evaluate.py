@@ -68,16 +68,6 @@ def _section(value, where: str) -> Section:
     return value if isinstance(value, Section) else Section(value, where)
 
 
-def number_list(sec: Section, key: str, **bounds) -> list[float]:
-    """sec[key] as a non-empty list of numbers, each checked as Section.number checks one
-    (`bounds`: its positive/minimum/below/maximum), the bad item named as `<key>[i]`."""
-    values = sec[key]
-    if not isinstance(values, list) or not values:
-        raise PARSError(f"{sec.where}.{key} {values!r}: must be a non-empty list of numbers")
-    items = Section({f"{key}[{i}]": v for i, v in enumerate(values)}, sec.where)
-    return [items.number(name, **bounds) for name in items]
-
-
 def check_params(params) -> dict:
     """The evaluate section checked before anything loads (a bad value is one line naming its key):
     the settings run() uses. A negative batch_size once gave a wrong tau_b without a word."""
@@ -96,7 +86,7 @@ def check_params(params) -> dict:
     tfidf.integer("ngram_max", minimum=1)
     tfidf.integer("min_df", minimum=1)
     tfidf.integer("min_train_prompts", minimum=1)
-    number_list(tfidf, "alphas", positive=True)
+    tfidf.numbers("alphas", positive=True)
     tokenizer = sec["baseline_tokenizer"]
     if not isinstance(tokenizer, str) or not tokenizer:
         raise PARSError(f"{sec.where}.baseline_tokenizer {tokenizer!r}: must be a tokenizer name")

@@ -7,6 +7,7 @@ than `params.get("lr", default)`, and a key the file lacks fails in one line tha
 
 from __future__ import annotations
 
+import math
 import os
 from pathlib import Path
 from typing import Any
@@ -74,6 +75,10 @@ class Section(dict):
         check_number(value, name, positive=positive, minimum=minimum, below=below, maximum=maximum)
         return value
 
+    def numbers(self, key: str, **bounds) -> list[float]:
+        """self[key] as a non-empty list of finite numbers within `bounds` (number_list)."""
+        return number_list(self[key], f"{self.where}.{key}", **bounds)
+
     def choice(self, key: str, options) -> str:
         """self[key], which must be one of `options`."""
         value = self[key]
@@ -89,6 +94,28 @@ class Section(dict):
         if not isinstance(value, dict):
             raise PARSError(f"{self.where}.{key}: must be a mapping of keys to values, not {value!r}")
         return value
+
+
+def number_list(
+    values: Any, name: str, *, positive: bool = False, minimum: float | None = None, maximum: float | None = None
+) -> list[float]:
+    """`values` as floats: a non-empty list of finite numbers within the bounds; else one ValueError
+    line naming `name` or the bad item (`name[i]`). For params lists read outside a Section too."""
+    if not isinstance(values, list) or not values:
+        raise ValueError(f"{name} {values!r}: must be a non-empty list of numbers")
+    limits = ["> 0"] if positive else []
+    limits += [f">= {minimum:g}"] if minimum is not None else []
+    limits += [f"<= {maximum:g}"] if maximum is not None else []
+    for i, v in enumerate(values):
+        number = not isinstance(v, bool) and isinstance(v, (int, float)) and math.isfinite(v)
+        if not (
+            number
+            and (not positive or v > 0)
+            and (minimum is None or v >= minimum)
+            and (maximum is None or v <= maximum)
+        ):
+            raise ValueError(f"{name}[{i}] {v!r}: must be a finite number {' and '.join(limits)}".rstrip())
+    return [float(v) for v in values]
 
 
 def _section(value: Any, where: str) -> Any:
