@@ -44,6 +44,7 @@ from pipeline.contracts import (
     write_json,
     write_table,
 )
+from pipeline.encoders import resolve_encoder
 from pipeline.errors import PARSError
 from pipeline.params import Section, load_params
 from pipeline.ranking import metrics as M
@@ -90,6 +91,7 @@ def check_params(params) -> dict:
     tokenizer = sec["baseline_tokenizer"]
     if not isinstance(tokenizer, str) or not tokenizer:
         raise PARSError(f"{sec.where}.baseline_tokenizer {tokenizer!r}: must be a tokenizer name")
+    resolve_encoder(tokenizer, key=f"{sec.where}.baseline_tokenizer")  # a mistyped name: one line naming the key
     wandb = _section(sec.mapping("wandb"), f"{sec.where}.wandb")
     if not isinstance(wandb["enabled"], bool):
         raise PARSError(f"{wandb.where}.enabled {wandb['enabled']!r}: must be true or false")

@@ -34,6 +34,7 @@ from pipeline.contracts import (
     write_json,
     write_table,
 )
+from pipeline.encoders import resolve_encoder
 from pipeline.errors import PARSError
 from pipeline.params import Section, load_params
 
@@ -200,8 +201,9 @@ def check_spec(model: str, spec: dict[str, Any]) -> Section:
                 "which holds the prompt and the answer"
             )
         path = str(spec["model"])
-        # a hub id is `name` or `org/name`; anything else is a local dir, which must be there now
-        local = path.startswith(("/", ".", "~")) or path.count("/") > 1
+        # a hub id is `name` or `org/name`; anything else is a local dir, which must be there now, and
+        # so is `dir/name` when `dir` is a local directory (`models/x` means this checkout's models/)
+        local = path.startswith(("/", ".", "~")) or path.count("/") > 1 or ("/" in path and Path(path).parent.is_dir())
         if local and not Path(path).expanduser().exists():
             raise PARSError(
                 f"{where}.model {path}: no such directory (a local model dir must exist: run the stage that "
@@ -319,13 +321,16 @@ def main(argv: list[str] | None = None) -> int:
     # outputs under a file: one line now, not after the backend has run
     ensure_parent(Path(args.out_root) / args.model / "generations.parquet", create=False)
     ensure_parent(Path(args.metrics) / f"{args.model}.json", create=False)
+    recorded_tokenizer = params.get("recorded_tokenizer")
+    if recorded_tokenizer is not None and spec.get("backend") == "recorded":  # a mistyped name: one line, now
+        resolve_encoder(str(recorded_tokenizer), key=f"{params.where}.recorded_tokenizer")
     prompts = read_table(args.prompts, PROMPTS)
     run(
         args.model,
         spec,
         prompts,
         Path(args.out_root) / args.model,
-        recorded_tokenizer=params.get("recorded_tokenizer"),
+        recorded_tokenizer=recorded_tokenizer,
         run_stats_path=Path(args.metrics) / f"{args.model}.json",
     )
     return 0

@@ -14,7 +14,7 @@ import numpy as np
 import pandas as pd
 
 from pipeline.contracts import GENERATIONS, PROMPTS, ensure_parent, prompts_path, read_table, write_json
-from pipeline.ranking.labels import check_generations
+from pipeline.ranking.labels import check_generations, check_known_prompts
 
 
 def summarise(gens: pd.DataFrame) -> dict:
@@ -41,6 +41,7 @@ def length_table(models: list[str], prompts: pd.DataFrame, root: Path) -> tuple[
         reasoning = gens["reasoning_tokens"]
         if reasoning.isna().any() or (reasoning < 0).any():
             raise ValueError(f"{path}: reasoning_tokens must be present and >= 0 in every row")
+        check_known_prompts(gens["prompt_id"], prompts["prompt_id"], where=str(path))
         gens = gens.merge(prompts[["prompt_id", "dataset"]], on="prompt_id", how="left")
         frames[model] = gens
         table[model] = {"all": summarise(gens)}

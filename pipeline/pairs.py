@@ -42,7 +42,7 @@ from pipeline.contracts import (
 )
 from pipeline.errors import PARSError
 from pipeline.params import Section, load_params
-from pipeline.ranking.labels import keep_mask, prompt_labels
+from pipeline.ranking.labels import check_known_prompts, keep_mask, prompt_labels
 
 PAIR_SPLITS = ("train", "val")
 # draws per prompt (partners x max_tries_factor) are held in memory at once: tens of MB at this cap
@@ -162,12 +162,7 @@ def build_pairs(
 
     labels = prompt_labels(generations, where=f"generations of {model}")
     split_of = prompts.drop_duplicates("prompt_id").set_index("prompt_id")["split"]
-    unknown = ~labels["prompt_id"].isin(split_of.index)
-    if unknown.any():
-        raise ValueError(
-            f"generations of {model}: {int(unknown.sum())} prompt_id(s) are not in the prompts "
-            f"table (e.g. {labels.loc[unknown, 'prompt_id'].iloc[0]!r}); stale generations?"
-        )
+    check_known_prompts(labels["prompt_id"], split_of.index.to_series(), where=f"generations of {model}")
     labels["split"] = labels["prompt_id"].map(split_of).astype(str)
 
     out: dict[str, pd.DataFrame] = {}

@@ -148,7 +148,7 @@ def check_params(params: Mapping[str, Any], methods: list[str]) -> Section:
     lt.integer("num_nodes", minimum=1)
     if str(lt["precision"]) not in PRECISIONS:  # str: YAML's 32 is Lightning's "32"
         raise PARSError(f"{lt.where}.precision {lt['precision']!r}: must be one of {', '.join(PRECISIONS)}")
-    check_accelerator(lt)  # imports Lightning (seconds): last
+    check_devices(lt, check_accelerator(lt))  # imports Lightning (seconds): last
     from lightning.pytorch.strategies import StrategyRegistry
 
     if lt["strategy"] != "auto" and lt["strategy"] not in StrategyRegistry.available_strategies():
@@ -172,6 +172,25 @@ def check_accelerator(lt: Section) -> str:
         why = "torch_xla is not installed" if value == "tpu" and not _importable("torch_xla") else "no such device here"
         raise PARSError(f"{lt.where}.accelerator {value!r}: not available on this machine ({why})")
     return value
+
+
+def check_devices(lt: Section, accelerator: str) -> None:
+    """train.lightning.devices as Lightning's accelerator would parse it, before the data loads."""
+    import torch
+    from lightning.pytorch.accelerators import AcceleratorRegistry
+
+    devices = lt["devices"]
+    if devices == "auto":
+        return
+    if isinstance(devices, bool) or not isinstance(devices, (int, str, list)):
+        raise PARSError(f"{lt.where}.devices {devices!r}: must be auto, a count, or a list of device indices")
+    gpu = "cuda" if torch.cuda.is_available() else "mps"
+    has_gpu = torch.cuda.is_available() or torch.backends.mps.is_available()
+    name = {"gpu": gpu, "auto": gpu if has_gpu else "cpu"}.get(accelerator, accelerator)
+    try:
+        AcceleratorRegistry[name]["accelerator"].parse_devices(devices)
+    except Exception as exc:  # Lightning's TypeError / MisconfigurationException / ValueError
+        raise PARSError(f"{lt.where}.devices {devices!r}: {' '.join(str(exc).split())}") from None
 
 
 def _importable(module: str) -> bool:

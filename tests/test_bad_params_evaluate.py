@@ -46,6 +46,7 @@ def evaluate_cli(capsys, tmp_path, params, *extra):
         ("methods", 5),
         ("eval_models", [1, 2]),
         ("wandb.enabled", "yes"),
+        ("baseline_tokenizer", "minilm/l6/x"),  # not a directory, nor a hub id
     ],
 )
 def test_evaluate_refuses_a_bad_param_before_loading(capsys, tmp_path, key, value):

@@ -107,6 +107,22 @@ def test_a_bad_model_entry_is_one_line_before_any_backend(gen_env, capsys, key, 
     assert str(path) in line
 
 
+def test_a_missing_dir_under_a_local_dir_is_a_path_not_a_hub_id(gen_env, capsys, tmp_path, monkeypatch):
+    write, argv, _ = gen_env
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "models").mkdir()  # so `models/nosuch` names a path here, not the hub org `models`
+    write(lambda p: p["generate"]["models"]["smollm2"].update(model="models/nosuch"))
+    rc, _, err = run_cli(capsys, *argv, "--model", "smollm2")
+    one_line_error(rc, err, "generate", "generate.models.smollm2.model models/nosuch: no such directory")
+
+
+def test_a_mistyped_recorded_tokenizer_names_its_key(gen_env, capsys):
+    write, argv, _ = gen_env
+    write(lambda p: p["generate"].update(recorded_tokenizer="minilm/l6/x"))
+    rc, _, err = run_cli(capsys, *argv, "--model", "chatgpt")
+    one_line_error(rc, err, "generate", "generate.recorded_tokenizer 'minilm/l6/x'")
+
+
 def test_a_missing_backend_is_named(gen_env, capsys):
     write, argv, _ = gen_env
     write(lambda p: p["generate"]["models"]["smollm2"].pop("backend"))
@@ -241,6 +257,7 @@ def _generations(root: Path, **columns) -> Path:
         ({"prompt_id": ["p0", None, "p1", "p1"]}, "no prompt_id"),
         ({"reasoning_tokens": [0, -1, 0, 0]}, "reasoning_tokens"),
         ({"sample": [0, 0, 0, 1]}, "duplicate"),
+        ({"prompt_id": ["p0", "p0", "gone", "gone"]}, "1 prompt_id(s) are not in the prompts table (e.g. 'gone')"),
     ],
 )
 def test_lengths_refuses_damaged_generations_in_one_line(tmp_path, capsys, columns, name):

@@ -104,6 +104,10 @@ def test_lightning_settings_this_install_cannot_run_are_refused(capsys, tmp_path
         ({"lightning.accelerator": "quantum"}, "train.lightning.accelerator"),
         ({"lightning.strategy": "dpp"}, "train.lightning.strategy"),
         ({"lightning.strategy": "ddp_spawn"}, "train.lightning.strategy"),
+        ({"lightning.devices": 0}, "train.lightning.devices 0: `devices` selected with `CPUAccelerator`"),
+        ({"lightning.devices": "two"}, "train.lightning.devices 'two'"),
+        ({"lightning.devices": 1.5}, "train.lightning.devices 1.5"),
+        ({"lightning.devices": True}, "train.lightning.devices True: must be auto"),
     ):
         rc, _, err = train(capsys, tmp_path, params_file(tmp_path, "train", changes))
         assert rc == 1

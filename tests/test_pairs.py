@@ -130,6 +130,9 @@ def test_errors_name_the_problem(tmp_path):
     odd = gens.assign(finish_reason="abort")
     with pytest.raises(ValueError, match="finish_reason"):
         build_pairs(odd, prompts, params_section("pairs", delta=0.2), model="odd")
+    stale = gens.assign(prompt_id=gens["prompt_id"].where(gens["prompt_id"] != "train000", "gone"))
+    with pytest.raises(ValueError, match=r"generations of stale: 1 prompt_id\(s\) are not in the prompts table"):
+        build_pairs(stale, prompts, params_section("pairs", delta=0.2), model="stale")
 
 
 @pytest.mark.parametrize("delta", [0.2, 0.25, 0.5])

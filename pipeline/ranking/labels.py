@@ -63,6 +63,17 @@ def check_generations(generations: pd.DataFrame, where: str = "generations") -> 
         raise ValueError(f"{where}: {int(dup.sum())} duplicate (prompt_id, sample) row(s)")
 
 
+def check_known_prompts(prompt_ids: pd.Series, known: pd.Series, where: str = "generations") -> None:
+    """Every prompt_id must be in the prompts table (`known`): answers to prompts that `prepare` no
+    longer makes belong to no split or dataset, and would be counted silently."""
+    unknown = ~prompt_ids.isin(known)
+    if unknown.any():
+        raise ValueError(
+            f"{where}: {int(prompt_ids[unknown].nunique())} prompt_id(s) are not in the prompts table "
+            f"(e.g. {prompt_ids[unknown].iloc[0]!r}); stale generations? (run `pars generate` again)"
+        )
+
+
 def prompt_labels(generations: pd.DataFrame, where: str = "generations") -> pd.DataFrame:
     """Per prompt: mean output_tokens, whether any sample was truncated, number of samples."""
     check_generations(generations, where)
