@@ -428,6 +428,8 @@ def main(argv=None) -> int:
             "checkpoint": str(checkpoint),
             "checkpoint_method": meta.get("method"),
             "checkpoint_test_tau_b": meta.get("test_tau_b"),
+            # where unscored requests waited before the first score (sim-fidelity replays it)
+            "checkpoint_typical_score": (meta.get("typical_score") or {}).get("median"),
             "checkpoint_trained_on": meta.get("trained_on"),
             "workload_tau_b": tau,
             "num_prompts": len(workload),

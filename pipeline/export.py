@@ -4,7 +4,10 @@ The trained checkpoint (already in the serving format, written by train through 
 is copied byte for byte, its hash checked on both sides, and pars.json completed with the export
 name and the predictor's test tau_b on its own model's answers (a cross-model predictor: on each
 model it was trained on, the lowest as test_tau_b), read from metrics/ranking.json.
-pars.json also lists the sha256 of every file of the export (`files_sha256`), which the loader checks.
+pars.json also lists the sha256 of every file of the export (`files_sha256`), which the loader checks,
+and the checkpoint's median score on the val prompts (`typical_score`): the scheduler places a request
+it has not scored yet there until it has seen scores of its own (the scores' offset is the checkpoint's,
+e.g. about log answer length for one with a lexical prior, so 0 is no middle).
 The result loads with `pipeline.serving.Scorer.from_pretrained` alone (torch + transformers; no
 Lightning), which the stage checks before it finishes.
 """
@@ -18,7 +21,7 @@ from pathlib import Path
 
 from pipeline.errors import PARSError
 from pipeline.params import load_params
-from pipeline.ranking.checkpoint import META, copy_checkpoint, plain_name, read_meta, sha256_file
+from pipeline.ranking.checkpoint import META, TYPICAL_SCORE, copy_checkpoint, plain_name, read_meta, sha256_file
 
 
 def export_dir(name: str, root: str | Path = "models/export") -> Path:
@@ -91,6 +94,22 @@ def export_metrics(ranking: dict, model: str, method: str, members: list[str], p
     return {"by_eval_model": by_model, "summary": "test_tau_b = the lowest over by_eval_model"}, min(taus, default=None)
 
 
+def typical_score(scorer, prompts_path: str | Path) -> dict:
+    """The checkpoint's median score over the distinct val prompts of the prompts table."""
+    import numpy as np
+
+    from pipeline.contracts import PROMPTS, read_table
+
+    prompts = read_table(prompts_path, PROMPTS)
+    texts = prompts.loc[prompts["split"] == "val", "prompt"].drop_duplicates().tolist()
+    if not texts:
+        raise ValueError(f"{prompts_path} has no val prompts to take the checkpoint's typical score from")
+    scores = np.asarray(scorer.score(texts), dtype=np.float64)
+    if not np.isfinite(scores).all():
+        raise ValueError(f"the exported checkpoint gives non-finite scores on {prompts_path}'s val prompts")
+    return {"median": float(np.median(scores)), "split": "val", "n_prompts": len(texts)}
+
+
 def check_params(params: dict) -> None:
     """The export section: name becomes a directory that is replaced whole, so it must be a plain
     name (`..` or an empty name would replace --out's parent, or --out itself)."""
@@ -109,8 +128,10 @@ def run(
     models_root: str | Path = "models",
     ranking_path: str | Path = "metrics/ranking.json",
     out_root: str | Path = "models/export",
+    prompts_file: str | Path | None = None,
 ) -> Path:
-    from pipeline.contracts import ensure_parent, predictor_dir, read_json
+    """Export; with `prompts_file`, pars.json also gets the checkpoint's `typical_score`."""
+    from pipeline.contracts import ensure_parent, predictor_dir, read_json, write_json
     from pipeline.serving.scorer import Scorer
 
     check_params(params)
@@ -121,6 +142,10 @@ def run(
     if not ranking_path.is_file():
         raise FileNotFoundError(f"{ranking_path} does not exist (run evaluate first: it gives the test tau_b)")
     ranking = read_json(ranking_path)
+    if prompts_file is not None and not Path(prompts_file).is_file():
+        raise FileNotFoundError(
+            f"{prompts_file} does not exist (run prepare first: its val prompts give the typical score)"
+        )
     source_meta = read_meta(src)  # validates the source (files, version, hash) with a clear message
     trained_on = {"model": model, **(source_meta.get("trained_on") or {})}
     members = list(trained_on.get("members") or [model])
@@ -136,20 +161,33 @@ def run(
     )
     record_file_hashes(dst)
     # the acceptance test of an export: the serving loader takes it and gives finite scores
-    probe = Scorer.from_pretrained(dst).score(["How are you?", "Write a detailed essay on the history of Rome."])
+    scorer = Scorer.from_pretrained(dst)
+    probe = scorer.score(["How are you?", "Write a detailed essay on the history of Rome."])
     if not all(map(math.isfinite, probe)):
         raise ValueError(f"exported checkpoint {dst} gives non-finite scores")
+    if prompts_file is not None:  # pars.json is not among files_sha256: adding to it keeps the hashes
+        meta = json.loads((dst / META).read_text(encoding="utf-8"))
+        write_json({**meta, TYPICAL_SCORE: typical_score(scorer, prompts_file)}, dst / META)
     return dst
 
 
 def main(argv: list[str] | None = None) -> int:
+    from pipeline.contracts import prompts_path
+
     parser = argparse.ArgumentParser(prog="pars export", description=__doc__.split("\n")[0])
     parser.add_argument("--params", default=None, help="params file (default params.yaml)")
     parser.add_argument("--models", default="models", help="models root (<root>/<model>/<method>/)")
     parser.add_argument("--ranking", default="metrics/ranking.json", help="evaluate's metrics (test tau_b)")
     parser.add_argument("--out", default="models/export", help="writes <out>/<name>/")
+    parser.add_argument("--prompts", default=str(prompts_path()), help="prepare's prompts (val: the typical score)")
     args = parser.parse_args(argv)
-    dst = run(load_params("export", args.params), models_root=args.models, ranking_path=args.ranking, out_root=args.out)
+    dst = run(
+        load_params("export", args.params),
+        models_root=args.models,
+        ranking_path=args.ranking,
+        out_root=args.out,
+        prompts_file=args.prompts,
+    )
     meta = read_meta(dst)
     print(
         f"export: {dst} ({meta['method']}, trained on {meta['trained_on'].get('model')}, "

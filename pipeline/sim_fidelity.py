@@ -169,11 +169,17 @@ def replay(
             batch_size=int(pars_run.get("scoring_batch_size", PARSConfig.batch_size)),
             chunk_batches=int(pars_run.get("scoring_chunk_batches", SCORING_CHUNK_BATCHES)),
         )
+    # where an unscored request waited before the first score: the checkpoint's typical score (a
+    # bench from before the scheduler used one: 0, as the scheduler then did)
+    first = float(validation.get("setup", {}).get("checkpoint_typical_score") or 0.0)
     out = {}
     for policy in POLICIES:
         cfg = engine_config(validation[policy]["engine"], step, starvation_s, policy)
         key = policy_key(policy, arrival, o, scores if policy == "pars" else None)
-        out[policy] = simulate(arrival, s, o, key=key, config=cfg, key_ready=ready if policy == "pars" else None)
+        late = policy == "pars"
+        out[policy] = simulate(
+            arrival, s, o, key=key, config=cfg, key_ready=ready if late else None, first_provisional=first
+        )
     return out
 
 

@@ -53,7 +53,7 @@ def trained(tmp_path, tiny_ranker, tokenizer):
     return tmp_path
 
 
-def _export(root, **params):
+def _export(root, prompts_file=None, **params):
     from pipeline.export import run
 
     return run(
@@ -61,6 +61,7 @@ def _export(root, **params):
         models_root=root / "models",
         ranking_path=root / "metrics/ranking.json",
         out_root=root / "models/export",
+        prompts_file=prompts_file,
     )
 
 
@@ -138,3 +139,35 @@ def test_export_hashes_every_file_and_the_loader_checks_them(trained):
             Scorer.from_pretrained(dst)
         (dst / name).write_bytes(original)
     Scorer.from_pretrained(dst)  # restored: loads again
+
+
+def test_export_records_the_median_val_score_where_unscored_requests_wait(trained):
+    import pandas as pd
+
+    from pipeline.contracts import PROMPTS, write_table
+    from pipeline.serving.scorer import Scorer
+
+    texts = ["say hi", "write a long story about a dragon", "list three colors", "explain tcp in depth", "ok"]
+    prompts = pd.DataFrame(
+        {
+            "prompt_id": [f"p{i}" for i in range(7)],
+            "dataset": ["d"] * 7,
+            "prompt": [*texts, "a test prompt", texts[0]],  # a duplicate val prompt counts once
+            "split": ["val"] * 5 + ["test", "val"],
+            "source_id": [str(i) for i in range(7)],
+        }
+    )
+    path = write_table(prompts, trained / "prompts.parquet", PROMPTS)
+    dst = _export(trained, prompts_file=path)
+    scorer = Scorer.from_pretrained(dst)  # pars.json's addition keeps the file hashes valid
+    expected = float(np.median(Scorer.from_pretrained(trained / "models/m/pairwise").score(texts)))
+    assert json.loads((dst / META).read_text())["typical_score"]["n_prompts"] == 5
+    assert scorer.typical_score == pytest.approx(expected, abs=1e-6)
+    assert Scorer.from_pretrained(_export(trained)).typical_score is None  # no prompts: none recorded
+    meta = json.loads((dst / META).read_text())
+    for bad in ({"median": float("nan")}, {"median": "high"}, 3.0):
+        (dst / META).write_text(json.dumps({**meta, "typical_score": bad}))
+        with pytest.raises(CheckpointError, match="typical_score"):
+            Scorer.from_pretrained(dst)
+    with pytest.raises(FileNotFoundError, match="run prepare first"):
+        _export(trained, prompts_file=trained / "absent.parquet")

@@ -172,6 +172,39 @@ def test_background_scoring_never_waits_and_replaces_requests(make_scheduler, ch
     assert sorted(eng.finished) == sorted(["first", "last", *(f"p{i}" for i in range(len(prompts)))])
 
 
+def test_before_any_score_unscored_requests_wait_at_the_checkpoints_typical_score(
+    make_scheduler, checkpoint, tokenizer, tmp_path
+):
+    """At a cold start nothing is scored yet: an arrival waits at the checkpoint's median val score
+    (pars.json typical_score, from export), not at 0, which a checkpoint whose scores sit near 100
+    would put ahead of every scored request."""
+    import json
+    import shutil
+
+    from pipeline.ranking.checkpoint import META
+    from pipeline.serving.vllm_scheduler import PARSScheduler
+
+    typical = tmp_path / "typical"
+    shutil.copytree(checkpoint, typical)
+    meta = json.loads((typical / META).read_text())
+    (typical / META).write_text(json.dumps({**meta, "typical_score": {"median": 100.0, "split": "val"}}))
+    sched = make_scheduler(PARSScheduler, max_num_seqs=1, pars={"checkpoint": str(typical)})
+    assert sched.pars_scorer.typical_score == 100.0
+    release = hold_scoring(sched)
+    eng = FakeEngine(sched)
+    eng.add("first", 0, out_len=2, score=-1e9, prompt_ids=tokenizer("go first")["input_ids"])
+    eng.add("below", 0, out_len=2, score=99.0, prompt_ids=tokenizer("just below")["input_ids"])
+    for i in range(3):
+        eng.add(f"p{i}", 0, out_len=2, prompt_ids=tokenizer(f"prompt number {i}")["input_ids"])
+    eng.add("above", 0, out_len=2, score=101.0, prompt_ids=tokenizer("just above")["input_ids"])
+    eng.step()
+    assert [r.request_id for r in sched.waiting] == ["below", "p0", "p1", "p2", "above"]
+    release.set()
+    assert sched.pars_worker.wait_idle(10)
+    eng.run()
+    assert sorted(eng.finished) == ["above", "below", "first", "p0", "p1", "p2"]
+
+
 # ------------------------------------------------------------------------------- starvation ---
 @CLASSES
 def test_starved_request_goes_first_oldest_first(make_scheduler, which):

@@ -153,6 +153,22 @@ def test_late_keys_wait_in_the_middle_then_move():
         simulate(burst(n), np.full(n, 8), np.full(n, 10), key=key, config=cfg, key_ready=np.ones(n - 1))
 
 
+def test_before_any_key_is_known_unscored_requests_wait_at_first_provisional():
+    """A cold start (the scheduler's first scores not back yet): the burst waits at `first_provisional`
+    (the checkpoint's typical score), so a key that comes back above it goes behind them, below it ahead."""
+    cfg = EngineConfig(M=10**6, chunk=64, token_budget=64, max_num_seqs=1, step_c0=0.01, starvation_s=math.inf)
+    n = 4
+    key = np.array([1.0, 1.0, 1.0, 50.0])
+    ready = np.array([10.0, 10.0, 10.0, 0.005])  # request 3's key is back while request 0 runs
+    args = (burst(n), np.full(n, 8), np.full(n, 10))
+    at_zero = simulate(*args, key=key, config=cfg, key_ready=ready)
+    assert list(np.argsort(at_zero.admitted, kind="stable")) == [0, 1, 2, 3]
+    at_typical = simulate(*args, key=key, config=cfg, key_ready=ready, first_provisional=100.0)
+    assert list(np.argsort(at_typical.admitted, kind="stable")) == [0, 3, 1, 2]
+    with pytest.raises(ValueError, match="first_provisional"):
+        simulate(*args, key=key, config=cfg, key_ready=ready, first_provisional=math.inf)
+
+
 def test_arrival_helpers_and_validation():
     assert trace([5.0, 3.0, 4.0]).tolist() == [0.0, 1.0, 2.0]
     a = poisson(1000, 10.0, np.random.default_rng(0))

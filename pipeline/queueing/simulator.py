@@ -499,12 +499,12 @@ def _advance_scheduled(req, running, n_run, t_end, first_at_prefill):
 
 
 @njit(cache=True)
-def _simulate(req, heap, eng, series, skip, by_ready):
+def _simulate(req, heap, eng, series, skip, by_ready, first_provisional):
     """Serve the requests in `req` (REQUEST records in arrival order, not yet arrived) on engine
     `eng` (an _Engine) until all are done, filling their result fields and `series` (SAMPLE
     records); `heap` (HEAP_ENTRY records) is the waiting queue's room; `skip` jumps over
     uninterruptible stretches of decoding; `by_ready` orders the requests by the time their key
-    is known.
+    is known; until the first is, an unscored request waits with `first_provisional`.
     Returns (steps, skipped steps, area = KV token-steps, peak used blocks, samples recorded)."""
     n = req.shape[0]
     heap_size = 0
@@ -528,7 +528,7 @@ def _simulate(req, heap, eng, series, skip, by_ready):
 
     while n_done < n:
         next_ready, heap_size, score_sum = _deliver_scores(req, t, by_ready, next_ready, heap, heap_size, score_sum)
-        provisional = score_sum / next_ready if next_ready else 0.0
+        provisional = score_sum / next_ready if next_ready else first_provisional
         next_arrival, next_promotion, heap_size = _arrive_and_promote(
             req, t, eng.starvation_s, next_arrival, next_promotion, heap, heap_size, provisional
         )
@@ -723,6 +723,7 @@ def simulate(
     record: int = 4096,
     skip: bool = True,
     key_ready=None,
+    first_provisional: float = 0.0,
 ) -> SimResult:
     """Serve requests (arrival times in s, prompt and answer lengths in tokens, policy keys:
     lower first; default FCFS) on `config`; returns per-request times and time series.
@@ -730,7 +731,8 @@ def simulate(
 
     `key_ready` (seconds, per request; default: at arrival) is when each key becomes known, as
     with the PARS scheduler's background scorer: until then the request waits with the mean of the
-    keys known so far (0 before any), then moves to its place."""
+    keys known so far (`first_provisional` before any: the scheduler's checkpoint typical score),
+    then moves to its place."""
     arrival = np.asarray(arrival, dtype=np.float64)
     s = np.asarray(s, dtype=np.int64)
     o = np.asarray(o, dtype=np.int64)
@@ -769,7 +771,11 @@ def simulate(
     by_ready = np.argsort(req.ready, kind="stable").astype(np.int64)
     heap = np.zeros(2 * n + 1024, HEAP_ENTRY).view(np.recarray)  # compacted when full
     series = np.zeros(int(record), SAMPLE).view(np.recarray)
-    steps, skipped, area, peak, n_rec = _simulate(req, heap, _engine_args(c), series, bool(skip), by_ready)
+    if not math.isfinite(first_provisional):
+        raise ValueError("first_provisional must be finite")
+    steps, skipped, area, peak, n_rec = _simulate(
+        req, heap, _engine_args(c), series, bool(skip), by_ready, float(first_provisional)
+    )
     if np.isnan(req.finish).any():
         raise RuntimeError("simulation ended with unfinished requests")
     return SimResult(

@@ -21,6 +21,8 @@ from typing import Any
 FORMAT_VERSION = 1
 WEIGHTS = "model.safetensors"
 META = "pars.json"
+# pars.json key written by export: {"median": the checkpoint's median score on the val prompts, ...}
+TYPICAL_SCORE = "typical_score"
 CONFIG = "config.json"
 # pars.json key: the lexical model added to the encoder's score (train's lexical prior, or the
 # blend stage); serving computes encoder_weight * encoder score + lexical_weight * lexical prediction

@@ -3,13 +3,23 @@
 from __future__ import annotations
 
 import json
+import math
 import numbers
 from pathlib import Path
 from typing import Iterator, Sequence
 
 import numpy as np
 
-from pipeline.ranking.checkpoint import DECODER, LEXICAL, META, WEIGHTS, CheckpointError, read_meta, sha256_file
+from pipeline.ranking.checkpoint import (
+    DECODER,
+    LEXICAL,
+    META,
+    TYPICAL_SCORE,
+    WEIGHTS,
+    CheckpointError,
+    read_meta,
+    sha256_file,
+)
 
 # save_pretrained of a fast BERT tokenizer writes tokenizer.json; a slow one writes vocab.txt
 TOKENIZER_FILES = ("tokenizer.json", "vocab.txt")
@@ -246,6 +256,12 @@ class Scorer:
             or meta["max_length"] < 2
         ):
             raise CheckpointError(f"checkpoint {path}: max_length {meta.get('max_length')!r} is not a length")
+        typical = meta.get(TYPICAL_SCORE)
+        median = typical.get("median") if isinstance(typical, dict) else None
+        if typical is not None and (
+            isinstance(median, bool) or not isinstance(median, (int, float)) or not math.isfinite(median)
+        ):
+            raise CheckpointError(f"checkpoint {path}: {TYPICAL_SCORE} {typical!r} has no finite median")
         head = meta.get("head_fraction", 1.0)
         if isinstance(head, bool) or not isinstance(head, (int, float)) or not 0.0 <= head <= 1.0:
             raise CheckpointError(f"checkpoint {path}: head_fraction {head!r} is not a number in [0, 1]")
@@ -277,6 +293,12 @@ class Scorer:
             decoder=decoder,
             precision=precision,
         )
+
+    @property
+    def typical_score(self) -> float | None:
+        """The checkpoint's median score on its val prompts (written by export), else None."""
+        typical = self.meta.get(TYPICAL_SCORE)
+        return float(typical["median"]) if isinstance(typical, dict) else None
 
     def score(self, texts: Sequence[str], batch_size: int | None = None, progress: bool = False) -> np.ndarray:
         """Scores in input order, computed under inference mode.

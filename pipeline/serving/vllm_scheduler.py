@@ -15,9 +15,10 @@ Both share `PARSSchedulerMixin`; nothing in vLLM is forked or patched. The behav
 - a score the client sent in `SamplingParams.extra_args["pars_score"]` (OpenAI API: `vllm_xargs`)
   wins over the checkpoint and is used at once;
 - other arrivals are scored off the engine's critical path (`scoring: background`, the default): at
-  the next `schedule()` they get a provisional score (the mean of the scores seen so far, so they wait
-  in the middle of the queue, in arrival order) and go to a scoring thread; each later `schedule()`
-  takes the scores that are ready (it never waits) and re-places those requests. `scoring: inline`
+  the next `schedule()` they get a provisional score (the mean of the scores seen so far; before the
+  first, the checkpoint's median val score: so they wait in the middle of the queue, in arrival
+  order) and go to a scoring thread; each later `schedule()` takes the scores that are ready (it
+  never waits) and re-places those requests. `scoring: inline`
   scores every arrival in one batch at the start of the next `schedule()` instead;
 - a preempted request re-enters the queue by its score; the preemption victim is the running request
   with the highest score;
@@ -159,8 +160,10 @@ class PARSSchedulerMixin:
         self.waiting = PARSRequestQueue(self._pars_key_arrivals, cfg.starvation_s)
         self._pars_running_dirty = False
         # Scores seen so far; their mean is where a not-yet-scored request waits (the middle of the
-        # queue: neither ahead of every scored request nor behind them all).
+        # queue: neither ahead of every scored request nor behind them all). Before the first score:
+        # the checkpoint's median val score (export's typical_score), else 0.
         self._pars_score_sum, self._pars_score_count = 0.0, 0
+        self._pars_typical_score = self.pars_scorer.typical_score or 0.0
         self._pars_faults_unlogged, self._pars_last_fault_log = 0, -math.inf
         # The worker takes up to 8 forward batches per call: the scorer sorts them by token length,
         # so a backlog is padded far less than in arrival-order batches (2.5x faster on a burst).
@@ -278,7 +281,7 @@ class PARSSchedulerMixin:
             self._pars_last_fault_log, self._pars_faults_unlogged = now, 0
 
     def _pars_provisional_score(self) -> float:
-        return self._pars_score_sum / self._pars_score_count if self._pars_score_count else 0.0
+        return self._pars_score_sum / self._pars_score_count if self._pars_score_count else self._pars_typical_score
 
     def _pars_key_arrivals(self, requests: list[Request]) -> None:
         """The waiting queue's score_fn: give every arrival a key now. A client score is final; the
