@@ -398,7 +398,7 @@ def main(argv=None) -> int:
     import vllm
     from transformers import AutoTokenizer
 
-    from pipeline.ranking.checkpoint import read_meta
+    from pipeline.ranking.checkpoint import TYPICAL_SCORE, read_meta
 
     workload = load_workload(args, AutoTokenizer.from_pretrained(args.model))
     meta = read_meta(checkpoint)
@@ -429,7 +429,7 @@ def main(argv=None) -> int:
             "checkpoint_method": meta.get("method"),
             "checkpoint_test_tau_b": meta.get("test_tau_b"),
             # where unscored requests waited before the first score (sim-fidelity replays it)
-            "checkpoint_typical_score": (meta.get("typical_score") or {}).get("median"),
+            "checkpoint_typical_score": (meta.get(TYPICAL_SCORE) or {}).get("median"),
             "checkpoint_trained_on": meta.get("trained_on"),
             "workload_tau_b": tau,
             "num_prompts": len(workload),

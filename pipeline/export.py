@@ -131,7 +131,7 @@ def run(
     prompts_file: str | Path | None = None,
 ) -> Path:
     """Export; with `prompts_file`, pars.json also gets the checkpoint's `typical_score`."""
-    from pipeline.contracts import ensure_parent, predictor_dir, read_json, write_json
+    from pipeline.contracts import ensure_parent, predictor_dir, read_json
     from pipeline.serving.scorer import Scorer
 
     check_params(params)
@@ -150,6 +150,8 @@ def run(
     trained_on = {"model": model, **(source_meta.get("trained_on") or {})}
     members = list(trained_on.get("members") or [model])
     metrics, tau = export_metrics(ranking, model, method, members, ranking_path)
+    # scored on the source (the same bytes as the export): a failure here replaces nothing
+    typical = {} if prompts_file is None else {TYPICAL_SCORE: typical_score(Scorer.from_pretrained(src), prompts_file)}
     dst = copy_checkpoint(
         src,
         export_dir(name, out_root),
@@ -158,16 +160,13 @@ def run(
         test_tau_b=None if tau is None or math.isnan(tau) else float(tau),
         test_metrics=metrics,
         exported_from=str(src),
+        **typical,
     )
     record_file_hashes(dst)
     # the acceptance test of an export: the serving loader takes it and gives finite scores
-    scorer = Scorer.from_pretrained(dst)
-    probe = scorer.score(["How are you?", "Write a detailed essay on the history of Rome."])
+    probe = Scorer.from_pretrained(dst).score(["How are you?", "Write a detailed essay on the history of Rome."])
     if not all(map(math.isfinite, probe)):
         raise ValueError(f"exported checkpoint {dst} gives non-finite scores")
-    if prompts_file is not None:  # pars.json is not among files_sha256: adding to it keeps the hashes
-        meta = json.loads((dst / META).read_text(encoding="utf-8"))
-        write_json({**meta, TYPICAL_SCORE: typical_score(scorer, prompts_file)}, dst / META)
     return dst
 
 

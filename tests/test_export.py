@@ -171,3 +171,8 @@ def test_export_records_the_median_val_score_where_unscored_requests_wait(traine
             Scorer.from_pretrained(dst)
     with pytest.raises(FileNotFoundError, match="run prepare first"):
         _export(trained, prompts_file=trained / "absent.parquet")
+    no_val = write_table(prompts.assign(split="test"), trained / "no_val.parquet", PROMPTS)
+    (dst / META).write_text(json.dumps(meta))
+    with pytest.raises(ValueError, match="no val prompts"):
+        _export(trained, prompts_file=no_val)
+    assert json.loads((dst / META).read_text()) == meta  # the last export stays whole

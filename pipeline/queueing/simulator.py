@@ -746,6 +746,8 @@ def simulate(
     key = arrival.copy() if key is None else np.asarray(key, dtype=np.float64)
     if key.size != n or not np.isfinite(key).all():
         raise ValueError("policy keys must be finite, one per request")
+    if not math.isfinite(first_provisional):
+        raise ValueError("first_provisional must be finite")
     c = config
     if c.max_num_seqs < 1 or c.chunk < 1 or c.token_budget < 1 or c.block_size < 1:
         raise ValueError("max_num_seqs, chunk, token_budget and block_size must be >= 1")
@@ -771,8 +773,6 @@ def simulate(
     by_ready = np.argsort(req.ready, kind="stable").astype(np.int64)
     heap = np.zeros(2 * n + 1024, HEAP_ENTRY).view(np.recarray)  # compacted when full
     series = np.zeros(int(record), SAMPLE).view(np.recarray)
-    if not math.isfinite(first_provisional):
-        raise ValueError("first_provisional must be finite")
     steps, skipped, area, peak, n_rec = _simulate(
         req, heap, _engine_args(c), series, bool(skip), by_ready, float(first_provisional)
     )
