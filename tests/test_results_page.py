@@ -47,13 +47,18 @@ def test_render_serving_tables_and_missing_files():
             "overhead_fraction": 0.0012,
             "scoring_fraction": 0.02,
         },
-        "setup": {"num_prompts": 200, "max_num_seqs": 8},
+        "setup": {
+            "num_prompts": 200,
+            "max_num_seqs": 8,
+            "machine": {"cpu": "AMD EPYC", "cores": 2, "native_bf16": False},
+        },
     }
     text = render_serving({"simulation": sim, "engine_bench": bench, "scheduler_overhead": None, "capacity": None})
     assert "### chatgpt: burst of 2000" in text
     assert "| pars | 0.420 | 0.1000 | 0.3000 | 4.00× | 3.00× | +25 % |" in text
     assert "| 1.00 | 5.00× | 4.50× |" in text  # the quality curve
     assert "| pars | 0.1000 | 0.2000 | 4.00 | 1.000 | 2.00× | 0.120 % | 2.0 % |" in text
+    assert "measured on AMD EPYC, 2 cores, no native bfloat16." in text  # seconds depend on the CPU
     assert "no `metrics/scheduler_overhead.json` yet" in text and "no `metrics/capacity.json` yet" in text
 
 

@@ -102,3 +102,23 @@ def test_same_burst_twice_is_refused(tmp_path, monkeypatch):
     (tmp_path / "old.json").write_text(json.dumps({"fcfs": {}, "pars": {}, "oracle": {}}))
     with pytest.raises(ValueError, match="per-request"):
         stage.run({"calibration": str(tmp_path / "old.json"), "validation": str(f)})
+
+
+def test_bursts_from_two_machines_are_refused(tmp_path, monkeypatch):
+    from pipeline import sim_fidelity as stage
+
+    monkeypatch.chdir(tmp_path)
+    cal = _bench_file(tmp_path / "cal.json", seed=1, c0=0.02, c1=1e-4)
+    val = _bench_file(tmp_path / "val.json", seed=2, c0=0.02, c1=1e-4)
+
+    def on(path, cpu, bf16):
+        data = json.loads(path.read_text())
+        data["setup"]["machine"] = {"cpu": cpu, "cores": 2, "native_bf16": bf16}
+        path.write_text(json.dumps(data))
+
+    on(cal, "Intel Xeon", True)
+    on(val, "AMD EPYC", False)
+    with pytest.raises(ValueError, match="different machines"):
+        stage.run({"calibration": str(cal), "validation": str(val)})
+    on(val, "Intel Xeon", True)  # one machine: the stage runs
+    assert stage.run({"calibration": str(cal), "validation": str(val)})["requests"] == 60

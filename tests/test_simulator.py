@@ -426,3 +426,13 @@ def test_val_serving_benchmark_serves_the_val_split(tmp_path, monkeypatch, tiny_
 
     with pytest.raises(SystemExit, match="models/nope/pairwise/pars.json not found"):
         bench.main(["--model", "toy", "--predictors", "nope/pairwise"])
+
+    # a noise twin: true lengths plus noise, at the predictor's tau_b (to the bisection's 0.001)
+    from pipeline.ranking.metrics import kendall_tau_b
+
+    lengths = np.random.default_rng(3).integers(1, 500, 300)
+    for tau in (0.2, 0.45, 0.8):
+        assert kendall_tau_b(bench.noise_twin(lengths, tau, seed=0), lengths) == pytest.approx(tau, abs=1e-3)
+    assert bench.main(["--model", "toy", "--predictors", str(tiny_checkpoint), "--noise-twins", "--out", "t.json"]) == 0
+    twin = json.loads((tmp_path / "t.json").read_text())["policies"][f"{tiny_checkpoint} (noise twin)"]
+    assert twin["kendall_tau_b"] == pytest.approx(learned["kendall_tau_b"], abs=0.02)

@@ -84,6 +84,14 @@ def simulation_section(sim: dict[str, Any]) -> list[str]:
     return lines
 
 
+def _machine(machine: Any) -> str:
+    """'; measured on <cpu>, <n> cores, ...' for a benchmark's `setup.machine` (seconds depend on it)."""
+    if not isinstance(machine, dict):
+        return ""
+    bf16 = "native bfloat16" if machine.get("native_bf16") else "no native bfloat16"
+    return f"; measured on {machine.get('cpu')}, {machine.get('cores')} cores, {bf16}"
+
+
 def engine_section(bench: dict[str, Any]) -> list[str]:
     setup = bench.get("setup", {})
     lines = [
@@ -92,7 +100,9 @@ def engine_section(bench: dict[str, Any]) -> list[str]:
         f"{setup.get('num_prompts')} prompts at once, max_num_seqs {setup.get('max_num_seqs')}, answer "
         f"lengths = {setup.get('length_scale')} × recorded ({setup.get('generations')}), cap "
         f"{setup.get('max_tokens_cap')}; checkpoint τ_b on this workload "
-        f"{_num(setup.get('workload_tau_b'))}; PARS scoring {setup.get('scoring', 'inline')}.",
+        f"{_num(setup.get('workload_tau_b'))}; PARS scoring {setup.get('scoring', 'inline')}"
+        + _machine(setup.get("machine"))
+        + ".",
         "",
         "| policy | mean per-token latency (s) | p90 (s) | mean TTFT (s) | req/s | FCFS / policy (mean) "
         "| PARS code in schedule() | scoring thread |",
@@ -119,7 +129,9 @@ def overhead_section(over: dict[str, Any]) -> list[str]:
         "## Scheduler stall: arrivals at once at vLLM's `Scheduler` (`metrics/scheduler_overhead.json`)",
         "",
         f"{over.get('arrivals')} {over.get('prompts')} prompts, checkpoint `{over.get('checkpoint')}`, fake "
-        f"engine step {over.get('step_ms')} ms, scorer torch threads {over.get('torch_threads')}.",
+        f"engine step {over.get('step_ms')} ms, scorer torch threads {over.get('torch_threads')}"
+        + _machine(over.get("machine"))
+        + ".",
         "",
         "| scoring | max PARS time per schedule() (ms) | mean (ms) | steps until all scored "
         "| seconds until all scored |",
