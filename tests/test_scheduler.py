@@ -382,15 +382,27 @@ def test_bad_config_stops_startup_with_one_line(make_scheduler, pars, match):
     assert "\n" not in str(info.value) and "additional_config['pars']" in str(info.value)
 
 
-def test_a_client_score_that_is_not_a_number_is_ignored_not_fatal(make_scheduler, tokenizer):
-    from pipeline.serving.vllm_scheduler import PARSScheduler
+def test_a_client_score_that_is_not_a_number_is_ignored_not_fatal(make_scheduler, tokenizer, caplog):
+    """An unusable client score is counted and reported (at a bounded rate); the checkpoint scores
+    that request and it is served like any other."""
+    from pipeline.serving.vllm_scheduler import LOGGER_NAME, PARSScheduler
 
     sched = make_scheduler(PARSScheduler, max_num_seqs=1, pars={"scoring": "inline"})
     eng = FakeEngine(sched)
-    eng.add("huge", 0, out_len=2, score="soon", prompt_ids=tokenizer("a prompt")["input_ids"])
-    eng.add("ok", 0, out_len=2, score=-1.0, prompt_ids=tokenizer("another prompt")["input_ids"])
-    eng.run()
-    assert sorted(eng.finished) == ["huge", "ok"] and sched.pars_stats["num_client_scores"] == 1
+    pars_logger = logging.getLogger(LOGGER_NAME)
+    pars_logger.addHandler(caplog.handler)  # vLLM's loggers do not propagate to the root logger
+    with caplog.at_level(logging.WARNING, logger=LOGGER_NAME):
+        eng.add("soon", 0, out_len=2, score="soon", prompt_ids=tokenizer("a prompt")["input_ids"])
+        eng.add("flag", 0, out_len=2, score=True, prompt_ids=tokenizer("a flag")["input_ids"])
+        eng.add("nan", 0, out_len=2, score=float("nan"), prompt_ids=tokenizer("not a number")["input_ids"])
+        eng.add("ok", 0, out_len=2, score=-1.0, prompt_ids=tokenizer("another prompt")["input_ids"])
+        eng.run()
+    pars_logger.removeHandler(caplog.handler)
+    assert sorted(eng.finished) == ["flag", "nan", "ok", "soon"]
+    assert sched.pars_stats["num_client_scores"] == 1 and sched.pars_stats["num_scored"] == 3
+    assert sched.pars_stats["num_bad_client_scores"] == 3
+    reports = {id(r): r.getMessage() for r in caplog.records if "not a finite number" in r.getMessage()}
+    assert len(reports) == 1 and "'soon'" in next(iter(reports.values()))
 
 
 def test_queue_keeps_every_request_when_keying_fails():
@@ -791,4 +803,20 @@ def test_chat_template_is_stripped_before_scoring():
         def apply_chat_template(self, *a, **k):
             raise ValueError("no chat template")
 
-    assert _strip_chat_template(NoTemplate())("anything") is None
+    assert _strip_chat_template(NoTemplate()) is None
+
+
+def test_prompts_the_chat_template_does_not_match_are_counted(make_scheduler, tokenizer):
+    """A prompt the learned template does not match is scored whole (special tokens dropped) and
+    counted, so a template that renders differently per call shows in pars_stats."""
+    from pipeline.serving.vllm_scheduler import PARSScheduler
+
+    sched = make_scheduler(PARSScheduler, pars={"scoring": "inline"})
+    ids = tokenizer("say hi")["input_ids"]
+    assert sched._pars_user_text is None  # the test tokenizer has no chat template: nothing to match
+    assert sched._pars_prompt_text(ids) == "say hi" and sched.pars_stats["num_template_unmatched"] == 0
+    sched._pars_user_text = lambda text: None  # a template that matches nothing
+    assert sched._pars_prompt_text(ids) == "say hi" and sched.pars_stats["num_template_unmatched"] == 1
+    sched._pars_user_text = lambda text: "the user's message"
+    assert sched._pars_prompt_text(ids) == "the user's message"
+    assert sched.pars_stats["num_template_unmatched"] == 1

@@ -13,7 +13,8 @@ Both share `PARSSchedulerMixin`; nothing in vLLM is forked or patched. The behav
   the starvation threshold since the scheduler first queued it goes first, oldest first, within its
   priority level (`pars_queue.PARSRequestQueue`);
 - a score the client sent in `SamplingParams.extra_args["pars_score"]` (OpenAI API: `vllm_xargs`)
-  wins over the checkpoint and is used at once;
+  wins over the checkpoint and is used at once (one that is not a finite number is counted in
+  `pars_stats["num_bad_client_scores"]`, reported at a bounded rate, and the checkpoint scores it);
 - other arrivals are scored off the engine's critical path (`scoring: background`, the default): at
   the next `schedule()` they get a provisional score (the mean of the scores seen so far; before the
   first, the checkpoint's median val score: so they wait in the middle of the queue, in arrival
@@ -100,11 +101,12 @@ from pipeline.serving.pars_queue import FIRST_SCORE, PARSRequestQueue  # noqa: E
 from pipeline.serving.scoring_worker import ScoredBatch, ScoringWorker  # noqa: E402
 
 
-def _strip_chat_template(tokenizer) -> Callable[[str], str]:
+def _strip_chat_template(tokenizer) -> Callable[[str], str | None] | None:
     """Recover the user's message from a chat-templated prompt (the ranker was trained on raw prompts).
 
     Renders the template around a sentinel once to learn its prefix and suffix; a prompt that does
-    not match (multi-turn, completions API) gives None: the caller scores it whole."""
+    not match (multi-turn, completions API, a template that renders differently per call) gives
+    None: the caller scores it whole. None instead of a function: the tokenizer has no template."""
     sentinel = "\u2063PARS\u2063"
     try:
         rendered = tokenizer.apply_chat_template(
@@ -112,7 +114,7 @@ def _strip_chat_template(tokenizer) -> Callable[[str], str]:
         )
         prefix, suffix = rendered.split(sentinel)
     except Exception:  # no chat template: prompts are plain text already
-        return lambda text: None
+        return None
 
     def strip(text: str) -> str | None:
         if prefix and text.startswith(prefix) and text.endswith(suffix):
@@ -145,9 +147,7 @@ class PARSSchedulerMixin:
             cfg.checkpoint, device=cfg.device, batch_size=cfg.batch_size, quantize=cfg.quantize
         )
         self.pars_tokenizer = self._pars_load_tokenizer()
-        self._pars_user_text = (
-            _strip_chat_template(self.pars_tokenizer) if self.pars_tokenizer is not None else (lambda text: None)
-        )
+        self._pars_user_text = _strip_chat_template(self.pars_tokenizer) if self.pars_tokenizer is not None else None
         if self.policy != SchedulingPolicy.FCFS:
             logger.warning(
                 "PARS scheduler: policy %r is replaced by PARS ordering (user priority is "
@@ -164,7 +164,9 @@ class PARSSchedulerMixin:
         # the checkpoint's median val score (export's typical_score), else 0.
         self._pars_score_sum, self._pars_score_count = 0.0, 0
         self._pars_typical_score = self.pars_scorer.typical_score or 0.0
-        self._pars_faults_unlogged, self._pars_last_fault_log = 0, -math.inf
+        # per warning kind (its pars_stats counter): when it was last logged, how many since
+        self._pars_last_log: dict[str, float] = {}
+        self._pars_unlogged: dict[str, int] = {}
         # The worker takes up to 8 forward batches per call: the scorer sorts them by token length,
         # so a backlog is padded far less than in arrival-order batches (2.5x faster on a burst).
         self.pars_worker = (
@@ -181,6 +183,11 @@ class PARSSchedulerMixin:
             "num_client_scores": 0,
             "num_fallback": 0,
             "num_faults": 0,
+            # a client score that is not a finite number: the checkpoint scores the request instead
+            "num_bad_client_scores": 0,
+            # prompts the chat template learned at start-up did not match: scored whole, template text
+            # included (multi-turn or completions prompts; many of them: a template that varies per call)
+            "num_template_unmatched": 0,
             "num_finished_unscored": 0,
             "num_provisional": 0,
             "num_batches": 0,
@@ -250,35 +257,51 @@ class PARSSchedulerMixin:
         extra = getattr(params, "extra_args", None) if params is not None else None
         if not extra or self.pars_config.score_key not in extra:
             return None
+        raw = extra[self.pars_config.score_key]
         try:
-            value = float(extra[self.pars_config.score_key])
-        except (TypeError, ValueError, OverflowError):  # e.g. a 400-digit integer: not a usable score
-            return None
-        return value if math.isfinite(value) else None
+            value = None if isinstance(raw, bool) else float(raw)
+        except (TypeError, ValueError, OverflowError):  # e.g. "soon", [1], a 400-digit integer
+            value = None
+        if value is not None and math.isfinite(value):
+            return value
+        self._pars_warn(
+            "num_bad_client_scores",
+            "request %s sent extra_args[%r] = %.60r, not a finite number; the checkpoint scores it",
+            request.request_id,
+            self.pars_config.score_key,
+            raw,
+        )
+        return None
 
     def _pars_prompt_text(self, token_ids: list[int]) -> str:
         """The user's prompt as the ranker saw it in training: chat template removed if it matches,
         else the whole prompt without special tokens."""
-        templated = self.pars_tokenizer.decode(token_ids, skip_special_tokens=False)
-        inner = self._pars_user_text(templated)
-        if inner is not None:
-            return inner
+        if self._pars_user_text is not None:
+            inner = self._pars_user_text(self.pars_tokenizer.decode(token_ids, skip_special_tokens=False))
+            if inner is not None:
+                return inner
+            # the one counter the worker thread writes (it alone scores, in either mode)
+            self.pars_stats["num_template_unmatched"] += 1
         return self.pars_tokenizer.decode(token_ids, skip_special_tokens=True)
 
-    def _pars_fault(self, message: str, *args) -> None:
-        """Count a scoring fault; log at most once per fault_log_interval_s (with the count)."""
-        self.pars_stats["num_faults"] += 1
-        self._pars_faults_unlogged += 1
+    def _pars_warn(self, counter: str, message: str, *args) -> None:
+        """Count an event in pars_stats[counter]; log it at most once per fault_log_interval_s per
+        counter, with how many there were since the last report and in all."""
+        self.pars_stats[counter] += 1
+        self._pars_unlogged[counter] = self._pars_unlogged.get(counter, 0) + 1
         now = time.monotonic()
-        if now - self._pars_last_fault_log >= self.pars_config.fault_log_interval_s:
+        if now - self._pars_last_log.get(counter, -math.inf) >= self.pars_config.fault_log_interval_s:
             logger.warning(
-                "PARS scheduler: " + message + " (%d fault(s) since the last report, %d in all); "
-                "unscored requests wait in the middle of the queue",
+                "PARS scheduler: " + message + " (%d since the last report, %d in all)",
                 *args,
-                self._pars_faults_unlogged,
-                self.pars_stats["num_faults"],
+                self._pars_unlogged[counter],
+                self.pars_stats[counter],
             )
-            self._pars_last_fault_log, self._pars_faults_unlogged = now, 0
+            self._pars_last_log[counter], self._pars_unlogged[counter] = now, 0
+
+    def _pars_fault(self, message: str, *args) -> None:
+        """Count a scoring fault (rate-limited log): the requests stay at their provisional place."""
+        self._pars_warn("num_faults", message + "; unscored requests wait in the middle of the queue", *args)
 
     def _pars_provisional_score(self) -> float:
         return self._pars_score_sum / self._pars_score_count if self._pars_score_count else self._pars_typical_score
@@ -326,7 +349,8 @@ class PARSSchedulerMixin:
     def _pars_score_parts(self, requests: list[Request]) -> Iterator[tuple[list[int], list[float | None]]]:
         """(positions in `requests`, their scores) per forward batch as it finishes, shortest prompts
         first; None where a prompt cannot be decoded or scores NaN, or the request already finished.
-        Runs on the worker thread in background mode: reads requests, writes nothing shared."""
+        Runs on the worker thread in background mode: reads requests, writes nothing shared but
+        pars_stats["num_template_unmatched"] (no other thread writes it)."""
         texts, where, skipped = [], [], []
         for i, request in enumerate(requests):
             if request.is_finished():  # aborted while it waited for the worker: nothing to order
