@@ -441,6 +441,8 @@ def write_plots(ranking: dict, transfer: dict, out_dir: Path) -> list[Path]:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.lines import Line2D
+    from matplotlib.patches import Patch
 
     shutil.rmtree(out_dir, ignore_errors=True)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -465,7 +467,9 @@ def write_plots(ranking: dict, transfer: dict, out_dir: Path) -> list[Path]:
         sub = overall[overall["eval_model"] == eval_model].sort_values(["train_model", "method"])
         # in-domain predictors (trained on this model's answers) first
         sub = pd.concat([sub[sub["train_model"] == eval_model], sub[sub["train_model"] != eval_model]])
-        x = np.arange(len(sub))
+        # one group of bars per training set (the colour says the method), a gap between groups
+        group = (sub["train_model"] != sub["train_model"].shift()).cumsum().to_numpy() - 1
+        x = np.arange(len(sub)) + 0.6 * group
         yerr = np.vstack([sub["kendall_tau_b"] - sub["ci_low"], sub["ci_high"] - sub["kendall_tau_b"]])
         ax.bar(
             x,
@@ -476,21 +480,33 @@ def write_plots(ranking: dict, transfer: dict, out_dir: Path) -> list[Path]:
             edgecolor="black",
             linewidth=0.4,
         )
-        ax.set_xticks(x, [f"{m}\n({t})" for t, m in zip(sub["train_model"], sub["method"])], fontsize=7, rotation=30)
+        groups = range(group.max() + 1) if len(group) else []
+        ax.set_xticks(
+            [x[group == g].mean() for g in groups],
+            [sub["train_model"].iloc[np.argmax(group == g)] for g in groups],
+            fontsize=8,
+        )
+        ax.set_xlabel("trained on", fontsize=8)
         ref = ranking["references"][eval_model][OVERALL]
         if ref["noise_ceiling"]:
-            ax.axhline(ref["noise_ceiling"]["kendall_tau_b"], color="tab:green", ls="--", lw=1.2, label="noise ceiling")
-        ax.axhline(ref["prompt_length"]["kendall_tau_b"], color="tab:red", ls=":", lw=1.5, label="prompt length")
+            ax.axhline(ref["noise_ceiling"]["kendall_tau_b"], color="tab:green", ls="--", lw=1.2)
+        ax.axhline(ref["prompt_length"]["kendall_tau_b"], color="tab:red", ls=":", lw=1.5)
         if ref.get("tfidf_ridge"):
-            ax.axhline(ref["tfidf_ridge"]["kendall_tau_b"], color="tab:purple", ls="-.", lw=1.3, label="TF-IDF + ridge")
+            ax.axhline(ref["tfidf_ridge"]["kendall_tau_b"], color="tab:purple", ls="-.", lw=1.3)
         ax.axhline(0, color="black", lw=0.5)
         ax.set_title(f"{eval_model} (n={ref['n_prompts']})", fontsize=9)
-        ax.legend(fontsize=7, loc="lower right")
     for ax in list(axes.flat)[len(eval_models) :]:
         ax.axis("off")
     axes[0][0].set_ylabel("Kendall τ_b (test, 95% CI)")
-    fig.suptitle("Predicted rank vs. true answer length, by eval model (x: method (trained on))", fontsize=10)
-    fig.tight_layout()
+    # one legend for every panel, below them: the methods' colours and the reference lines
+    handles = [Patch(facecolor=colors[m], edgecolor="black", label=m) for m in methods] + [
+        Line2D([], [], color="tab:green", ls="--", label="noise ceiling"),
+        Line2D([], [], color="tab:red", ls=":", label="prompt length"),
+        Line2D([], [], color="tab:purple", ls="-.", label="TF-IDF + ridge"),
+    ]
+    fig.suptitle("Predicted rank vs. true answer length, by eval model", fontsize=10)
+    fig.tight_layout(rect=(0, 0.06, 1, 1))
+    fig.legend(handles=handles, loc="lower center", ncol=len(handles), fontsize=8, frameon=False)
     fig.savefig(out_dir / "tau_b.png", dpi=120)
     plt.close(fig)
 

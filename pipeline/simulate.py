@@ -298,11 +298,12 @@ def plots(
     import matplotlib.pyplot as plt
 
     PLOTS.mkdir(parents=True, exist_ok=True)
+    color = dict(zip(ORDER, plt.cm.tab10.colors))  # one colour per policy in every plot
     fig, ax = plt.subplots(figsize=(6, 4))
     for p in ORDER:
         if p in burst_results:
             x = np.sort(burst_results[p].per_token)
-            ax.plot(x, np.arange(1, x.size + 1) / x.size, label=p)
+            ax.plot(x, np.arange(1, x.size + 1) / x.size, label=p, color=color[p])
     ax.set_xscale("log")
     ax.set_xlabel("per-token latency (s/token)")
     ax.set_ylabel("fraction of requests")
@@ -316,8 +317,8 @@ def plots(
     for p in ORDER:
         if p in burst_results:
             ser = burst_results[p].series
-            ax[0].plot(ser["t"], ser["waiting"], label=p, lw=0.8)
-            ax[1].plot(ser["t"], ser["kv_tokens"], label=p, lw=0.5)
+            ax[0].plot(ser["t"], ser["waiting"], label=p, lw=0.8, color=color[p])
+            ax[1].plot(ser["t"], ser["kv_tokens"], label=p, lw=0.5, color=color[p])
     ax[0].set_title(f"{name}: waiting requests")
     ax[1].set_title("KV tokens in use")
     for a in ax:
@@ -332,7 +333,7 @@ def plots(
         loads = sorted(sweep)
         for p in ORDER:
             if p != "fcfs" and all(p in sweep[x] for x in loads):
-                ax.plot(loads, [sweep[x][p]["speedup_mean_over_fcfs"] for x in loads], "o-", label=p)
+                ax.plot(loads, [sweep[x][p]["speedup_mean_over_fcfs"] for x in loads], "o-", label=p, color=color[p])
         ax.axhline(1.0, color="grey", ls=":")
         ax.set_xlabel("load (arrival rate / capacity)")
         ax.set_ylabel("mean per-token latency speedup over FCFS")
@@ -347,15 +348,18 @@ def plots(
         tau = [c["kendall_tau_b"] for c in curve]
         ax.plot(tau, [c["speedup_mean_over_fcfs"] for c in curve], "o-", label="mean, noisy true length")
         ax.plot(tau, [c["speedup_p90_over_fcfs"] for c in curve], "s--", label="p90, noisy true length")
-        for policy, row in (measured or {}).items():
-            ax.plot([row["kendall_tau_b"]], [row["speedup_mean_over_fcfs"]], "k*", ms=10)
-            ax.annotate(
-                policy,
-                (row["kendall_tau_b"], row["speedup_mean_over_fcfs"]),
-                textcoords="offset points",
-                xytext=(5, -10),
-                fontsize=8,
+        # the learned predictors' scores: one marker each, filled for the mean, hollow for p90 (their
+        # tau_b are close, so legend entries rather than annotations that overlap)
+        for (policy, row), marker in zip((measured or {}).items(), "*DPXv^"):
+            ax.plot(
+                [row["kendall_tau_b"]],
+                [row["speedup_mean_over_fcfs"]],
+                marker,
+                color="black",
+                ms=9,
+                label=f"{policy} scores (hollow: p90)",
             )
+            ax.plot([row["kendall_tau_b"]], [row["speedup_p90_over_fcfs"]], marker, color="black", mfc="none", ms=9)
         ax.axhline(1.0, color="grey", ls=":")
         ax.set_xlabel("Kendall tau_b of the scores (burst requests)")
         ax.set_ylabel("per-token latency speedup over FCFS")
