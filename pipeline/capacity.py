@@ -57,19 +57,28 @@ def explain(cap: th.Capacity, workload: th.Workload, rate: float | None, margin:
         f"It is guaranteed stable below mu(1-delta) = {cap.stable_below:.3f} requests/s "
         f"(delta = {cap.delta:.4f}: the largest request, {workload.ess_sup():,} tokens, over M).",
     ]
+    if cap.slot_rate is not None:
+        lines.append(
+            f"Its {cap.max_num_seqs} batch slots saturate at {cap.slot_rate:.3f} requests/s, so "
+            + (
+                f"the slots, not the KV memory, bound it: capacity {cap.limit:.3f}, safe below {cap.safe_below:.3f}."
+                if cap.bound_by == "batch slots"
+                else "the KV memory binds first."
+            )
+        )
     if rate is not None:
         v = th.verdict(rate, cap)
         what = {
-            th.UNSTABLE: "is above mu: on one replica the queue grows without bound",
-            th.STABLE: "is below mu(1-delta): one replica keeps the queue bounded",
-            th.UNDECIDED: "lies between mu(1-delta) and mu: the theorems do not decide; treat it as unsafe",
+            th.UNSTABLE: f"is above the capacity {cap.limit:.3f}: on one replica the queue grows without bound",
+            th.STABLE: f"is below {cap.safe_below:.3f}: one replica keeps the queue bounded",
+            th.UNDECIDED: f"lies between {cap.safe_below:.3f} and mu: the theorems do not decide; treat it as unsafe",
         }[v]
         r = th.replicas_needed(rate, cap, margin)
         lines.append(f"At {rate:g} requests/s the load {what} ({v}).")
         lines.append(
             f"Replicas (data parallel): at least {r['minimum']} (fewer is certainly unstable); "
             f"{r['guaranteed']} with a {margin:.0%} safety margin, each then taking {r['per_replica_rate']:.3f} "
-            f"requests/s ({r['utilisation']:.0%} of its mu)."
+            f"requests/s ({r['utilisation']:.0%} of its capacity)."
         )
     return "\n".join(lines)
 
@@ -328,14 +337,15 @@ def run_stage(p: dict[str, Any]) -> dict[str, Any]:
 
     # this project's answers: what one replica sustains, and replicas for the planned rates
     plans = {}
-    settings = {"document_A100": (cfg.M, cfg.chunk, cfg.step_c0)}
+    # each setting's batch-slot cap too: with short answers the slots bind before the KV memory
+    settings = {"document_A100": (cfg.M, cfg.chunk, cfg.step_c0, cfg.max_num_seqs)}
     if fit is not None:
-        settings["vllm_cpu_fit"] = (fit["M_tokens"], fit["chunk"], fit["step_time"]["mean_s"])
-    for sname, (M, chunk, b) in settings.items():
+        settings["vllm_cpu_fit"] = (fit["M_tokens"], fit["chunk"], fit["step_time"]["mean_s"], fit["max_num_seqs"])
+    for sname, (M, chunk, b, slots) in settings.items():
         if project_w.ess_sup() >= M:
             plans[sname] = {"error": f"largest request ({project_w.ess_sup()} tokens) exceeds M = {M}"}
             continue
-        cap = th.capacity(project_w, M, chunk, b)
+        cap = th.capacity(project_w, M, chunk, b, max_num_seqs=slots)
         plans[sname] = {
             **cap.to_dict(),
             "replicas": [th.replicas_needed(float(r), cap, float(p["margin"])) for r in p["rates"]],
@@ -411,6 +421,7 @@ def read_stage_engine_fit(path: str | Path) -> dict[str, Any]:
     for key in ("workload", "engine", "model"):
         if key not in fit:
             raise PARSError(f"{path}: has no {key!r} (rerun `pars engine-fit`)")
+    _setting(fit.get("max_num_seqs"), f"{path}: max_num_seqs", True)
     numbers = [(fit, k, k) for k in ("expected_g", "delta", "mu_theory", "mu_measured", "gap", "mu_simulated")]
     numbers += [(fit["step_time"], k, f"step_time.{k}") for k in ("c0_s", "c1_s_per_token", "median_s")]
     for where, key, name in numbers:
@@ -446,7 +457,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--M", type=int, help="KV cache tokens (default: capacity.M)")
     ap.add_argument("--chunk", type=int, help="prefill chunk size (default: capacity.chunk)")
     ap.add_argument("--step-time", type=float, help="b_bar, seconds per step (default: capacity.step_time)")
-    ap.add_argument("--engine-fit", help="take M, chunk and b_bar from a `pars engine-fit` JSON")
+    ap.add_argument(
+        "--max-num-seqs", type=int, help="requests the engine runs at once (default: capacity.max_num_seqs)"
+    )
+    ap.add_argument("--engine-fit", help="take M, chunk, b_bar and max_num_seqs from a `pars engine-fit` JSON")
     ap.add_argument("--margin", type=float, help="safety margin for replicas (default: capacity.margin)")
     ap.add_argument("--params", default=None, help="params file (default params.yaml)")
     ap.add_argument("--json", action="store_true", help="print the numbers as JSON too")
@@ -465,11 +479,17 @@ def main(argv: list[str] | None = None) -> int:
         _setting(p["chunk"], f"{p.where}.chunk", True),
         _setting(p["step_time"], f"{p.where}.step_time", False),
     )
+    slots = _setting(p["max_num_seqs"], f"{p.where}.max_num_seqs", True)
     m_from = f"{p.where}.M"  # where M came from, for the message when a request does not fit
     margin = _margin(p["margin"], f"{p.where}.margin") if args.margin is None else _margin(args.margin, "--margin")
     if args.engine_fit:
         M, chunk, b = read_engine_fit(args.engine_fit)
         m_from = f"{args.engine_fit}: M_tokens"
+        fit_slots = read_json(args.engine_fit).get("max_num_seqs")
+        if fit_slots is not None:  # fits written before it was recorded keep the params' value
+            slots = _setting(fit_slots, f"{args.engine_fit}: max_num_seqs", True)
+    if args.max_num_seqs is not None:
+        slots = _setting(args.max_num_seqs, "--max-num-seqs", True)
     if args.M is not None:
         M, m_from = _setting(args.M, "--M", True), "--M"
     if args.chunk is not None:
@@ -497,8 +517,8 @@ def main(argv: list[str] | None = None) -> int:
             f"{m_from} {M:,}: the largest request of the workload ({w.ess_sup():,} tokens) does "
             f"not fit in the KV cache; M must be larger"
         )
-    cap = th.capacity(w, M, chunk, b)
-    if args.rate is not None and not math.isfinite(args.rate / ((1 - margin) * cap.stable_below)):
+    cap = th.capacity(w, M, chunk, b, max_num_seqs=slots)
+    if args.rate is not None and not math.isfinite(args.rate / ((1 - margin) * cap.safe_below)):
         raise PARSError(f"--rate {args.rate}: too large to plan replicas for (mu = {cap.mu:.3g} requests/s)")
     print(explain(cap, w, args.rate, margin))
     if args.json:

@@ -98,7 +98,8 @@ def run_engine(
     core = engine.engine_core.engine_core
     scheduler = core.scheduler
     cache_cfg = engine.vllm_config.cache_config
-    M = int(cache_cfg.num_gpu_blocks) * int(cache_cfg.block_size)
+    # vLLM keeps one null block out of the pool: usable KV memory is (blocks - 1) blocks
+    M = (int(cache_cfg.num_gpu_blocks) - 1) * int(cache_cfg.block_size)
 
     # record what every step scheduled, by wrapping the scheduler (the engine is unmodified)
     scheduled: list[tuple[int, int]] = []
@@ -253,6 +254,7 @@ def main(argv: list[str] | None = None) -> int:
         step_c0=c0,
         step_c1=c1,
         starvation_s=float("inf"),
+        first_token_at_prefill=True,  # as vLLM samples it (and as sim_fidelity replays it)
     )
     sim = simulate(burst(len(s)), s, o, config=cfg)
     mu_sim = sim.steady_throughput()

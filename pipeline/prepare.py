@@ -5,8 +5,8 @@
 - split: a hash of prompt_id against the fractions in params, so a prompt's split never
   depends on which other prompts were loaded, or on the model.
 - cap: per dataset, the prompts with the smallest ids (a deterministic uniform sample).
-- a source may tie a prompt's split to another prompt's (ShareGPT's later turns take their
-  conversation's first-turn split); `splits: [train]` keeps only prompts of those splits.
+- a source may tie a prompt's split to a shared key (every part and later turn of one ShareGPT
+  conversation takes that conversation's split); `splits: [train]` keeps only prompts of those splits.
 Problems (empty, non-UTF-8, malformed, missing text, oversized, duplicate) are counted by
 name per source in data/prompts/report.json and printed.
 """

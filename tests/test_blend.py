@@ -44,21 +44,28 @@ def test_tfidf_ridge_grid_shares_one_vocabulary_and_alpha_shrinks():
 def test_cross_fitted_predictions_come_from_fits_without_their_fold():
     """Each out-of-fold prediction is the ridge fitted on the other folds (the same vocabulary), and
     the full fit is the one returned: a text whose words only it has is memorised by the full fit
-    but not predicted by its out-of-fold one."""
+    but not predicted by its out-of-fold one, even when the text occurs twice (as one prompt does
+    in a cross-model set, once per model): identical texts share a fold."""
     from sklearn.linear_model import Ridge
-    from sklearn.model_selection import KFold
 
-    texts = TEXTS * 4 + ["zebra zebra unique", "zebra zebra unique"]
+    texts = [f"{t} {i}" for i in range(4) for t in TEXTS] + ["zebra zebra unique", "zebra zebra unique"]
     lengths = LENGTHS * 4 + [5000, 5000]
     full, oof = TfidfRidge.cross_fitted(texts, lengths, alpha=0.5, ngram_max=1, min_df=1, folds=3, seed=7)
     x, y = full.vectorizer.transform(texts), np.log1p(np.asarray(lengths, float))
-    for fit_rows, held_out in KFold(3, shuffle=True, random_state=7).split(x):
-        ridge = Ridge(alpha=0.5).fit(x[fit_rows], y[fit_rows])
+    distinct, group = np.unique(np.asarray(texts, dtype=object), return_inverse=True)
+    fold = (np.random.default_rng(7).permutation(len(distinct)) % 3)[group]  # the documented rule
+    assert fold[-1] == fold[-2] and len(set(fold)) == 3
+    for k in range(3):
+        held_out = fold == k
+        ridge = Ridge(alpha=0.5).fit(x[~held_out], y[~held_out])
         np.testing.assert_allclose(oof[held_out], x[held_out] @ ridge.coef_ + ridge.intercept_, atol=1e-12)
     np.testing.assert_allclose(full.predict(texts), Ridge(alpha=0.5).fit(x, y).predict(x), atol=1e-12)
     assert full.predict(["zebra"])[0] > full.predict(["hi"])[0]
+    assert oof[-1] < full.predict(texts[-1:])[0] - 1.0  # its twin did not hand it the answer
     with pytest.raises(ValueError, match="folds"):
         TfidfRidge.cross_fitted(TEXTS, LENGTHS, alpha=1.0, ngram_max=1, min_df=1, folds=1, seed=0)
+    with pytest.raises(ValueError, match="distinct texts"):
+        TfidfRidge.cross_fitted(["a", "a", "b"], [1, 2, 3], alpha=1.0, ngram_max=1, min_df=1, folds=3, seed=0)
 
 
 @pytest.fixture

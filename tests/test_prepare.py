@@ -10,6 +10,7 @@ import pytest
 from pipeline.prepare import assign_split, load_source, main, prompt_id
 from pipeline.sources import SourceUnavailable, get_source
 from pipeline.sources.base import package_file
+from pipeline.sources.offline import conversation_split_key
 
 FRACTIONS = {"train": 0.7, "val": 0.1, "test": 0.2}
 
@@ -110,23 +111,31 @@ def test_sharegpt_reads_every_complete_record_before_the_cut():
     assert sum("chatgpt" in r.answers for r in usable) > 0.9 * len(usable)
 
 
-def test_sharegpt_later_turns_take_their_conversations_split():
-    firsts = {r.source_id: r.prompt for r in get_source("sharegpt").records() if r.problem is None}
+def test_sharegpt_conversations_never_span_splits():
+    """The packaged file cuts long conversations into parts `<conv>_0`, `<conv>_1`, ...: every part's
+    first turn and every later turn of the conversation land in one split."""
+    firsts = [r for r in get_source("sharegpt").records() if r.problem is None]
     turns = [r for r in get_source("sharegpt_turns").records() if r.problem is None]
     assert len(turns) > 20000  # about 44k human turns after the first, most with ChatGPT's reply
     assert sum("chatgpt" in r.answers for r in turns) > 0.9 * len(turns)
-    for r in turns[:500]:
-        conversation, turn = r.source_id.rsplit(":", 1)
-        assert int(turn) >= 2 and r.split_with == ("sharegpt", firsts[conversation])
-    # in prepare, a later turn lands in the split its first turn gets in the sharegpt dataset
-    df, counts = load_source("sharegpt_turns", {"splits": ["train"]}, FRACTIONS, 16000)
-    assert set(df["split"]) == {"train"} and counts["other_split"] > 0.2 * len(df)
-    rows = df.set_index("source_id")
-    for source_id in list(rows.index[:300]):
-        first = firsts[source_id.rsplit(":", 1)[0]]
-        assert assign_split(prompt_id("sharegpt", first), FRACTIONS) == "train"
+    assert firsts[0].split_with == conversation_split_key(firsts[0].source_id)
+    assert conversation_split_key("vVWl0wI_17") == conversation_split_key("vVWl0wI_0") != conversation_split_key("x_0")
+    assert turns[0].split_with == conversation_split_key(turns[0].source_id.rsplit(":", 1)[0])
+    a, _ = load_source("sharegpt", {}, FRACTIONS, 16000)
+    b, counts = load_source("sharegpt_turns", {}, FRACTIONS, 16000)
+    both = pd.concat([a, b.assign(source_id=b["source_id"].str.rsplit(":", n=1).str[0])])
+    conversation = both["source_id"].str.replace(r"_\d+$", "", regex=True)
+    splits_per_conversation = both.groupby(conversation)["split"].nunique()
+    multi_part = both.groupby(conversation)["source_id"].nunique() > 1
+    assert multi_part.sum() > 1000  # the case that matters: conversations cut into several parts
+    assert (splits_per_conversation == 1).all()
+    assert set(both["split"]) == {"train", "val", "test"}
+    # `splits: [train]` keeps the later turns of train conversations only
+    train_turns, counts = load_source("sharegpt_turns", {"splits": ["train"]}, FRACTIONS, 16000)
+    assert set(train_turns["split"]) == {"train"} and counts["other_split"] > 0.2 * len(train_turns)
     assert (
-        counts["kept"] == len(df) and counts["kept"] + counts["other_split"] + counts["duplicates"] <= counts["records"]
+        counts["kept"] == len(train_turns)
+        and counts["kept"] + counts["other_split"] + counts["duplicates"] <= counts["records"]
     )
 
 

@@ -97,6 +97,29 @@ def test_replicas_needed():
     assert th.replicas_needed(0.0, cap)["guaranteed"] == 1
 
 
+def test_batch_slots_bound_capacity_when_they_saturate_first():
+    """Short requests: the 4 slots saturate before the KV memory; the verdict and the replicas use
+    min(mu, slot rate), and without max_num_seqs the memory theorem alone applies as before."""
+    w = th.Workload.empirical("e", [64, 64], [16, 48])  # ceil(64/64) + o: 17 and 49 steps, mean 33
+    memory_only = th.capacity(w, M=100_000, chunk=64, step_time=0.01)
+    cap = th.capacity(w, M=100_000, chunk=64, step_time=0.01, max_num_seqs=4)
+    assert cap.slot_rate == pytest.approx(4 / (0.01 * 33))
+    assert cap.slot_rate < cap.mu and cap.bound_by == "batch slots"
+    assert cap.limit == pytest.approx(cap.slot_rate) and cap.safe_below == pytest.approx(cap.slot_rate)
+    rate = 1.5 * cap.slot_rate  # far under the memory bound, over the slot rate
+    assert th.verdict(rate, memory_only) == th.STABLE
+    assert th.verdict(rate, cap) == th.UNSTABLE
+    assert th.verdict(0.9 * cap.slot_rate, cap) == th.STABLE
+    r = th.replicas_needed(rate, cap, margin=0.1)
+    assert r["minimum"] == 2 and r["guaranteed"] == math.ceil(rate / (0.9 * cap.slot_rate))
+    assert r["bound_by"] == "batch slots" and r["utilisation"] == pytest.approx(
+        rate / (r["guaranteed"] * cap.slot_rate)
+    )
+    assert th.replicas_needed(rate, memory_only, margin=0.1)["guaranteed"] == 1
+    roomy = th.capacity(w, M=100_000, chunk=64, step_time=0.01, max_num_seqs=10_000)
+    assert roomy.bound_by == "KV memory" and roomy.limit == roomy.mu and roomy.safe_below == roomy.stable_below
+
+
 def test_parse_distribution():
     assert th.parse_distribution("uniform:10:1600") == (10, 1600)
     assert th.parse_distribution("10:20") == (10, 20)
@@ -155,3 +178,13 @@ def test_fit_step_time_known_values():
     assert fit["c0_s"] == pytest.approx(0.02) and fit["c1_s_per_token"] == pytest.approx(0.001)
     assert fit["r2"] == pytest.approx(1.0) and fit["steps"] == 4
     assert fit_step_time([0.1, 0.2], [5, 6])["c1_s_per_token"] == 0.0  # too few steps: the mean
+
+
+def test_fit_step_time_r2_counts_the_offset_of_a_clamped_intercept():
+    """A negative intercept is clamped to ~0: every prediction is then 10 ms off, which r2 must show."""
+    from pipeline.queueing.theory import fit_step_time
+
+    tokens = np.arange(20, 60)
+    fit = fit_step_time(-0.01 + 0.001 * tokens, tokens)
+    assert fit["c0_s"] == pytest.approx(1e-6)
+    assert fit["r2"] < 0.5

@@ -86,3 +86,20 @@ def test_render_fidelity_section():
     assert "30.0 ms + 0.100 ms/token" in text
     assert "| fcfs | 0.2000 / 0.2200 / +10.0 % | 0.5000 / 0.5000 / +0.0 % | -5.0 % | +2.0 % |" in text
     assert "engine 2.00×, simulator 2.10× (+5.0 %)" in text
+
+
+def test_capacity_section_shows_which_bound_plans_the_replicas():
+    from pipeline.queueing import theory as th
+    from pipeline.serving.results import capacity_section
+
+    w = th.Workload.empirical("e", [64, 64], [16, 48])
+    slots_bound = th.capacity(w, M=100_000, chunk=64, step_time=0.01, max_num_seqs=4)
+    memory_bound = th.capacity(w, M=100_000, chunk=64, step_time=0.01, max_num_seqs=10_000)
+    plans = {
+        name: {**c.to_dict(), "replicas": [th.replicas_needed(r, c, 0.1) for r in (1.0, 30.0)]}
+        for name, c in (("few_slots", slots_bound), ("many_slots", memory_bound))
+    }
+    text = "\n".join(capacity_section({"project": {"model": "m", "requests": 2, "plans": plans}}))
+    assert "| 1 req/s: min / guaranteed | 30 req/s: min / guaranteed |" in text
+    assert "| few_slots (M 100000, max_num_seqs 4) |" in text and "| batch slots | 1 / 1 | 3 / 3 |" in text
+    assert "| many_slots (M 100000, max_num_seqs 10000) |" in text and "| KV memory | 1 / 1 | 1 / 1 |" in text

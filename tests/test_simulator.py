@@ -363,7 +363,7 @@ def test_engine_fit_short(tmp_path, smollm2_dir):
         capture_output=True,
     )
     fit = json.loads(out.read_text())
-    assert fit["M_tokens"] == 16 * fit["block_size"]
+    assert fit["M_tokens"] == 15 * fit["block_size"]  # 16 blocks, one of them vLLM's null block
     assert fit["step_time"]["c0_s"] > 0 and fit["mu_theory"] > 0 and fit["mu_measured"] > 0
     assert len(fit["steps_tokens"]) == fit["steps"] == len(fit["steps_time_s"])
 

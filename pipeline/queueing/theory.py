@@ -14,6 +14,11 @@ request over its life (token-steps):
     lambda < mu * (1-delta) -> stable (positive recurrent)
     otherwise               -> undecided by the theorems.
 
+An engine also caps the requests it runs at once (max_num_seqs). Given that cap, a replica's
+capacity is min(mu, slot_rate), slot_rate = max_num_seqs / (b_bar * E[steps per request]) (Little's
+law): with short requests the batch slots saturate before the KV memory does, and the verdict and
+the replica counts use the tighter bound (`Capacity.limit`, `Capacity.safe_below`).
+
 When s_hat does not divide s, the last chunk is partial: memory after chunk k is min(k*s_hat, s),
 k = 1..ceil(s/s_hat). This is what a chunked-prefill engine does and reduces to the document's
 sum exactly when s_hat divides s (tests check both).
@@ -164,9 +169,25 @@ class Capacity:
     mu: float
     delta: float
     stable_below: float  # mu * (1 - delta)
+    max_num_seqs: int | None = None  # the engine's cap on running requests; None: memory alone binds
+    slot_rate: float | None = None  # max_num_seqs / (b_bar * E[steps per request])
+
+    @property
+    def limit(self) -> float:
+        """The most requests/s one replica sustains: mu, or the slot rate where that is lower."""
+        return self.mu if self.slot_rate is None else min(self.mu, self.slot_rate)
+
+    @property
+    def safe_below(self) -> float:
+        """Rates below this are stable: below mu(1-delta) (the theorem) and below the slot rate."""
+        return self.stable_below if self.slot_rate is None else min(self.stable_below, self.slot_rate)
+
+    @property
+    def bound_by(self) -> str:
+        return "batch slots" if self.slot_rate is not None and self.slot_rate < self.mu else "KV memory"
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        return {**asdict(self), "limit": self.limit, "safe_below": self.safe_below, "bound_by": self.bound_by}
 
 
 def service_rate(M: int, step_time: float, expected_g: float) -> float:
@@ -176,7 +197,8 @@ def service_rate(M: int, step_time: float, expected_g: float) -> float:
     return M / (step_time * expected_g)
 
 
-def capacity(workload: Workload, M: int, chunk: int, step_time: float) -> Capacity:
+def capacity(workload: Workload, M: int, chunk: int, step_time: float, max_num_seqs: int | None = None) -> Capacity:
+    """mu and delta of the document's theorems; with `max_num_seqs`, also the batch-slot rate."""
     eg = workload.expected_g(chunk)
     mu = service_rate(M, step_time, eg)
     delta = workload.ess_sup() / M
@@ -186,16 +208,27 @@ def capacity(workload: Workload, M: int, chunk: int, step_time: float) -> Capaci
             f"workload {workload.name}: largest request ({workload.ess_sup()} tokens) "
             f"does not fit in M = {M} tokens"
         )
+    if max_num_seqs is not None and max_num_seqs < 1:
+        raise ValueError("max_num_seqs must be >= 1")
     return Capacity(
-        M=M, chunk=chunk, step_time=step_time, expected_g=eg, mu=mu, delta=delta, stable_below=mu * (1 - delta)
+        M=M,
+        chunk=chunk,
+        step_time=step_time,
+        expected_g=eg,
+        mu=mu,
+        delta=delta,
+        stable_below=mu * (1 - delta),
+        max_num_seqs=max_num_seqs,
+        slot_rate=None if max_num_seqs is None else slot_rate(workload, max_num_seqs, chunk, step_time),
     )
 
 
 def verdict(rate: float, cap: Capacity) -> str:
-    """The theorems' verdict for arrival rate `rate` (requests per second)."""
-    if rate > cap.mu:
+    """The theorems' verdict for arrival rate `rate` (requests per second); at or above the slot
+    rate the batch slots cannot keep up (Little's law), whatever the memory allows."""
+    if rate > cap.mu or (cap.slot_rate is not None and rate >= cap.slot_rate):
         return UNSTABLE
-    if rate < cap.stable_below:
+    if rate < cap.safe_below:
         return STABLE
     return UNDECIDED
 
@@ -224,21 +257,25 @@ def replicas_needed(rate: float, cap: Capacity, margin: float = 0.1) -> dict[str
     """Data-parallel replicas for `rate`, each getting rate/n of the load.
 
     `guaranteed` is the fewest replicas for which the stability theorem holds with the safety
-    margin (each replica loaded to at most (1 - margin) * mu * (1 - delta)); `minimum` is the
-    fewest for which the instability theorem does not already rule the load out (rate/n <= mu)."""
+    margin (each replica loaded to at most (1 - margin) * mu * (1 - delta), and to that share of the
+    slot rate); `minimum` is the fewest for which the load is not already ruled out (rate/n <= mu
+    and below the slot rate)."""
     if not 0 <= margin < 1:
         raise ValueError("margin must be in [0, 1)")
     if rate < 0:
         raise ValueError("arrival rate must be >= 0")
-    guaranteed = max(1, math.ceil(rate / ((1 - margin) * cap.stable_below) - 1e-12))
-    minimum = max(1, math.ceil(rate / cap.mu - 1e-12))
+    guaranteed = max(1, math.ceil(rate / ((1 - margin) * cap.safe_below) - 1e-12))
+    minimum = max(1, math.ceil(rate / cap.limit - 1e-12))
+    if cap.slot_rate is not None and rate / minimum >= cap.slot_rate:  # exactly at the slot rate
+        minimum += 1
     return {
         "rate": rate,
         "margin": margin,
         "minimum": minimum,
         "guaranteed": guaranteed,
         "per_replica_rate": rate / guaranteed,
-        "utilisation": rate / (guaranteed * cap.mu),
+        "utilisation": rate / (guaranteed * cap.limit),
+        "bound_by": cap.bound_by,
     }
 
 
@@ -256,7 +293,8 @@ def fit_step_time(seconds, tokens) -> dict[str, Any]:
     return {
         "c0_s": c0,
         "c1_s_per_token": c1,
-        "r2": float(1 - resid.var() / st.var()),
+        # mean squared residual, not its variance: a clamped c0 leaves an offset var() would hide
+        "r2": float(1 - np.mean(resid**2) / st.var()),
         "steps": int(st.size),
         "mean_step_s": float(st.mean()),
     }

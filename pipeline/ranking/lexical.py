@@ -70,18 +70,24 @@ class TfidfRidge:
         training texts it is as good as the full fit is on unseen ones: a model trained on top of
         it (train's `lexical_prior`) learns how far to trust it from honest values. The vocabulary
         is fitted once on every text: a term seen only in the held-out fold has no training row,
-        so its coefficient stays 0 and nothing of that fold's labels leaks."""
+        so its coefficient stays 0 and nothing of that fold's labels leaks. Identical texts share
+        a fold (a cross-model set holds one prompt once per model that answered it): otherwise a
+        text's twin in the fitted folds would hand its out-of-fold prediction the answer."""
         from sklearn.linear_model import Ridge
-        from sklearn.model_selection import KFold
 
         texts = list(texts)
-        if int(folds) < 2 or len(texts) < int(folds):
-            raise ValueError(f"lexical prior: folds must be 2 to {len(texts)} (the texts), got {int(folds)}")
+        distinct, text_group = np.unique(np.asarray(texts, dtype=object), return_inverse=True)
+        if int(folds) < 2 or len(distinct) < int(folds):
+            raise ValueError(
+                f"lexical prior: folds must be 2 to {len(distinct)} (the distinct texts), got {int(folds)}"
+            )
         vectorizer, x = cls.vectorize(texts, ngram_max=ngram_max, min_df=min_df)
         y = np.log1p(np.asarray(lengths, dtype=float))
         oof = np.empty(len(texts), dtype=np.float64)
-        for fit_rows, held_out in KFold(int(folds), shuffle=True, random_state=int(seed)).split(x):
-            ridge = Ridge(alpha=float(alpha)).fit(x[fit_rows], y[fit_rows])
+        fold = (np.random.default_rng(int(seed)).permutation(len(distinct)) % int(folds))[text_group]
+        for k in range(int(folds)):
+            held_out = fold == k
+            ridge = Ridge(alpha=float(alpha)).fit(x[~held_out], y[~held_out])
             oof[held_out] = x[held_out] @ ridge.coef_ + ridge.intercept_
         ridge = Ridge(alpha=float(alpha)).fit(x, y)
         return cls(vectorizer, ridge.coef_, ridge.intercept_), oof

@@ -197,6 +197,27 @@ def capacity_section(cap: dict[str, Any]) -> list[str]:
             f"{_num(w.get('mu_measured'))} | {_num(100 * w['gap'], '.2f') + ' %' if 'gap' in w else '–'} | "
             f"{w.get('measured_by', '')} |"
         )
+    project = cap.get("project") or {}
+    plans = {k: v for k, v in (project.get("plans") or {}).items() if "error" not in v}
+    if plans:
+        lines += [
+            "",
+            f"Replicas for {project.get('model')}'s answers ({project.get('requests')} requests): one replica's "
+            "capacity is min(μ, slot rate), the slot rate = max_num_seqs / (b̄·E[steps per request]); "
+            "*guaranteed* replicas keep each below its safe rate with the margin.",
+            "",
+            "| setting | μ (req/s) | slot rate (req/s) | bound by | "
+            + " | ".join(f"{r['rate']:g} req/s: min / guaranteed" for r in next(iter(plans.values()))["replicas"])
+            + " |",
+            "|---|---|---|---|" + "---|" * len(next(iter(plans.values()))["replicas"]),
+        ]
+        for name, plan in plans.items():
+            lines.append(
+                f"| {name} (M {plan.get('M')}, max_num_seqs {plan.get('max_num_seqs')}) | {_num(plan.get('mu'))} | "
+                f"{_num(plan.get('slot_rate'))} | {plan.get('bound_by', 'KV memory')} | "
+                + " | ".join(f"{r['minimum']} / {r['guaranteed']}" for r in plan["replicas"])
+                + " |"
+            )
     return lines + [""]
 
 

@@ -27,8 +27,8 @@ class RawRecord:
     answers: dict[str, str] = field(default_factory=dict)
     # why the record is unusable, if it is: "non_utf8", "malformed", "missing_text"
     problem: str | None = None
-    # (dataset, prompt text) of another prompt whose split this one takes, e.g. a conversation's
-    # first turn for its later turns, so that one conversation never spans train and test
+    # (namespace, key) hashed for the split instead of the prompt's own id, e.g. one ShareGPT
+    # conversation's id for all its parts and turns, so that a conversation never spans train and test
     split_with: tuple[str, str] | None = None
 
 

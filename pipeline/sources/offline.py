@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import re
 from typing import Iterator
 
 from pipeline.sources.base import RawRecord, Source, SourceUnavailable, package_file, read_jsonl
@@ -87,6 +88,17 @@ def sharegpt_conversations() -> Iterator[object]:
         yield rec
 
 
+# The packaged ShareGPT V3 "_split" file cuts long conversations into parts with ids `<conv>_0`,
+# `<conv>_1`, ...: a split must follow the whole conversation, not its part.
+_PART_SUFFIX = re.compile(r"_\d+$")
+SHAREGPT_CONVERSATION = "sharegpt-conversation"  # the split key's namespace (see RawRecord.split_with)
+
+
+def conversation_split_key(record_id: object) -> tuple[str, str]:
+    """The split key every part and turn of one ShareGPT conversation shares."""
+    return SHAREGPT_CONVERSATION, _PART_SUFFIX.sub("", str(record_id))
+
+
 def _human_turns(rec) -> list[tuple[int, object]]:
     turns = (rec.get("conversations") or []) if isinstance(rec, dict) else []
     return [(i, t) for i, t in enumerate(turns) if isinstance(t, dict) and t.get("from") == "human"]
@@ -101,7 +113,8 @@ def _chatgpt_reply(rec: dict, i: int) -> dict[str, str]:
 
 
 class ShareGPT(Source):
-    """ShareGPT V3: first human turn of each conversation, and ChatGPT's reply to it."""
+    """ShareGPT V3: first human turn of each conversation part, and ChatGPT's reply to it. Every
+    part of one conversation takes the same split (`conversation_split_key`)."""
 
     name = "sharegpt"
     answer_models = ("chatgpt",)
@@ -121,7 +134,7 @@ class ShareGPT(Source):
             if not isinstance(prompt, str):
                 yield RawRecord(source_id, None, problem="missing_text")
                 continue
-            yield RawRecord(source_id, prompt, _chatgpt_reply(rec, i))
+            yield RawRecord(source_id, prompt, _chatgpt_reply(rec, i), split_with=conversation_split_key(source_id))
 
 
 class ShareGPTLaterTurns(Source):
@@ -129,9 +142,9 @@ class ShareGPTLaterTurns(Source):
     train conversations): extra training signal for ChatGPT's lengths. The model sees the turn
     alone, not the conversation before it, as a scheduler does with a first turn.
 
-    Each turn takes the split of its conversation's first turn (as the `sharegpt` source ids
-    it), so no conversation spans train and test; `splits: [train]` keeps val and test first
-    turns only, the workload a scheduler serves."""
+    Each turn takes the split of its whole conversation (all its parts, as the `sharegpt` source
+    splits them), so no conversation spans train and test; `splits: [train]` keeps val and test
+    first turns only, the workload a scheduler serves."""
 
     name = "sharegpt_turns"
     answer_models = ("chatgpt",)
@@ -139,16 +152,16 @@ class ShareGPTLaterTurns(Source):
     def records(self) -> Iterator[RawRecord]:
         for rec in sharegpt_conversations():
             humans = _human_turns(rec)
-            if len(humans) < 2 or not isinstance(humans[0][1].get("value"), str):
-                continue  # no later turn, or no first turn to take a split from
-            first = humans[0][1]["value"]
+            if len(humans) < 2:
+                continue  # no later turn
+            split_key = conversation_split_key(rec.get("id", "?"))
             for i, turn in humans[1:]:
                 source_id = f"{rec.get('id', '?')}:{i}"
                 prompt = turn.get("value")
                 if not isinstance(prompt, str):
                     yield RawRecord(source_id, None, problem="missing_text")
                     continue
-                yield RawRecord(source_id, prompt, _chatgpt_reply(rec, i), split_with=("sharegpt", first))
+                yield RawRecord(source_id, prompt, _chatgpt_reply(rec, i), split_with=split_key)
 
 
 class HumanEval(Source):
