@@ -395,8 +395,9 @@ def parse_lengths(spec: str, flag: str) -> tuple[int, int]:
     return lo, hi
 
 
-def read_engine_fit(path: str | Path) -> tuple[int, int, float]:
-    """(M, chunk, b_bar) from the engine_fit stage's JSON (pars engine-fit), naming the file and key on a defect."""
+def read_engine_fit(path: str | Path) -> tuple[int, int, float, int | None]:
+    """(M, chunk, b_bar, max_num_seqs) from the engine_fit stage's JSON (pars engine-fit), naming the file and
+    key on a defect; max_num_seqs is None in fits written before it was recorded."""
     try:
         fit = read_json(path)
     except RecursionError:
@@ -407,21 +408,23 @@ def read_engine_fit(path: str | Path) -> tuple[int, int, float]:
         raise PARSError(
             f"{path}: expected keys M_tokens, chunk and step_time.mean_s (`pars engine-fit` writes them)"
         ) from None
+    slots = fit.get("max_num_seqs")
     return (
         _setting(values[0], f"{path}: M_tokens", True),
         _setting(values[1], f"{path}: chunk", True),
         _setting(values[2], f"{path}: step_time.mean_s", False),
+        None if slots is None else _setting(slots, f"{path}: max_num_seqs", True),
     )
 
 
 def read_stage_engine_fit(path: str | Path) -> dict[str, Any]:
     """The whole engine-fit JSON the stage reports and plots, every key it reads checked."""
-    read_engine_fit(path)
+    if read_engine_fit(path)[3] is None:  # the stage plans with the fit's own batch-slot cap
+        raise PARSError(f"{path}: has no 'max_num_seqs' (rerun `pars engine-fit`)")
     fit = read_json(path)
     for key in ("workload", "engine", "model"):
         if key not in fit:
             raise PARSError(f"{path}: has no {key!r} (rerun `pars engine-fit`)")
-    _setting(fit.get("max_num_seqs"), f"{path}: max_num_seqs", True)
     numbers = [(fit, k, k) for k in ("expected_g", "delta", "mu_theory", "mu_measured", "gap", "mu_simulated")]
     numbers += [(fit["step_time"], k, f"step_time.{k}") for k in ("c0_s", "c1_s_per_token", "median_s")]
     for where, key, name in numbers:
@@ -483,11 +486,9 @@ def main(argv: list[str] | None = None) -> int:
     m_from = f"{p.where}.M"  # where M came from, for the message when a request does not fit
     margin = _margin(p["margin"], f"{p.where}.margin") if args.margin is None else _margin(args.margin, "--margin")
     if args.engine_fit:
-        M, chunk, b = read_engine_fit(args.engine_fit)
+        M, chunk, b, fit_slots = read_engine_fit(args.engine_fit)
         m_from = f"{args.engine_fit}: M_tokens"
-        fit_slots = read_json(args.engine_fit).get("max_num_seqs")
-        if fit_slots is not None:  # fits written before it was recorded keep the params' value
-            slots = _setting(fit_slots, f"{args.engine_fit}: max_num_seqs", True)
+        slots = fit_slots or slots  # fits written before it was recorded keep the params' value
     if args.max_num_seqs is not None:
         slots = _setting(args.max_num_seqs, "--max-num-seqs", True)
     if args.M is not None:

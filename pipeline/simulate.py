@@ -382,13 +382,12 @@ def run_workload(name: str, w: dict[str, Any], p: dict[str, Any], cfg, data_root
         policies.insert(0, "fcfs")
     n_prompts = samples.prompt_id.nunique()
     wl = th.Workload.empirical(w["model"], samples.s.to_numpy(), samples.o.to_numpy())
-    cap = th.capacity(wl, cfg.M, cfg.chunk, float(cfg.step_time(0)))
+    # loads are fractions of the real capacity: memory (mu) or, for short requests, batch slots
+    cap = th.capacity(wl, cfg.M, cfg.chunk, float(cfg.step_time(0)), max_num_seqs=cfg.max_num_seqs)
     if cfg.step_c1 > 0:
         notes.append("mu for the load scale uses the step time of an empty step (c0); loads are approximate")
-    # loads are fractions of the real capacity: memory (mu) or, for short requests, batch slots
-    slots = th.slot_rate(wl, cfg.max_num_seqs, cfg.chunk, float(cfg.step_time(0)))
-    capacity_rate = min(cap.mu, slots)
-    binding = "KV memory (mu)" if cap.mu <= slots else f"max_num_seqs={cfg.max_num_seqs} (batch slots)"
+    slots, capacity_rate = cap.slot_rate, cap.limit
+    binding = "KV memory (mu)" if cap.bound_by == "KV memory" else f"max_num_seqs={cfg.max_num_seqs} (batch slots)"
     notes.append(f"capacity {capacity_rate:.3f} req/s, bound by {binding}; mu = {cap.mu:.3f}, slot rate = {slots:.3f}")
     for note in notes:
         print(f"{name}: note: {note}")
