@@ -216,7 +216,11 @@ def test_capacity_stage_plans_for_the_models_answers(capsys, capacity_dir):
     [
         ("{\n", ":2:1: not valid JSON"),
         ("[]", "must hold an object in JSON"),
-        ('{"M_tokens": 8192, "chunk": 128, "step_time": {"mean_s": 0.01}}', "has no 'workload'"),
+        ('{"M_tokens": 8192, "chunk": 128, "step_time": {"mean_s": 0.01}}', "has no 'max_num_seqs'"),
+        (
+            '{"M_tokens": 8192, "chunk": 128, "step_time": {"mean_s": 0.01}, "max_num_seqs": 256}',
+            "has no 'workload'",
+        ),
     ],
 )
 def test_capacity_stage_engine_fit_file_checked_before_the_sweep(capsys, capacity_dir, blob, named):
