@@ -20,6 +20,10 @@ whole val split:
                      as pipeline/train.py does)
 - `frozen<k>+buckets+bf16+adamw_loop` the default with torch's per-parameter AdamW loop instead of
                      its fused AdamW (pipeline.ranking.lightning: fused wherever no GradScaler runs)
+- `frozen<k>+shuffle` frozen as above, random batches (`length_buckets: 1`): in-batch pairs join
+                     prompts of any size, each batch padded to its longest prompt
+- `frozen<k>+micro<m>` the same random batches, each padded in m length-sorted parts
+                     (`micro_batches`, `--micro-batches`, default 4) and scored as one batch
 - `per_pair`         the paper's batches: `batch_size / 2` rows of train.parquet per step, both
                      prompts encoded (the same number of encodings per step), full fine-tuning
 
@@ -66,7 +70,7 @@ COLUMNS = [
 
 def configurations(args) -> dict[str, dict]:
     """Name -> settings of every configuration this command line can run (in table order)."""
-    buckets, k = args.length_buckets, args.frozen_layers
+    buckets, k, m = args.length_buckets, args.frozen_layers, args.micro_batches
     fp32, bf16 = {"precision": "32-true"}, {"precision": "bf16-mixed"}
     return {
         "full": {"pairwise_mode": "in_batch", "frozen_layers": 0, "length_buckets": 0, **fp32},
@@ -94,6 +98,14 @@ def configurations(args) -> dict[str, dict]:
             "length_buckets": buckets,
             "adamw_loop": True,
             **bf16,
+        },
+        f"frozen{k}+shuffle": {"pairwise_mode": "in_batch", "frozen_layers": k, "length_buckets": 1, **fp32},
+        f"frozen{k}+micro{m}": {
+            "pairwise_mode": "in_batch",
+            "frozen_layers": k,
+            "length_buckets": 1,
+            "micro_batches": m,
+            **fp32,
         },
         "per_pair": {"pairwise_mode": "per_pair", "frozen_layers": 0, "length_buckets": 0, **fp32},
     }
@@ -123,6 +135,7 @@ def run_config(name: str, cfg: dict, args, data, tokenizer) -> dict:
         seed=args.seed,
         head_fraction=args.head_fraction,
         length_buckets=cfg["length_buckets"],
+        micro_batches=cfg.get("micro_batches", 1),
     )
     model = LengthRanker.from_pretrained_encoder(args.encoder)
     model.last_layer_all_positions = bool(cfg.get("last_layer_all_positions", False))
@@ -250,6 +263,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--head-fraction", type=float, default=0.5)
     ap.add_argument("--frozen-layers", type=int, default=3, help="k of the frozen<k>+buckets configuration")
     ap.add_argument("--length-buckets", type=int, default=50, help="length_buckets of the +buckets configurations")
+    ap.add_argument("--micro-batches", type=int, default=4, help="micro_batches of the +micro configuration")
     ap.add_argument(
         "--max-train-prompts",
         type=int,

@@ -112,7 +112,7 @@ def check_params(params: Mapping[str, Any], methods: list[str]) -> Section:
     """The train section checked before any slow work: a bad value fails in one line naming its
     key, instead of a Lightning or numpy error (or a silently different run) minutes later."""
     cfg = params if isinstance(params, Section) else Section(params, "train")
-    for key in ("epochs", "batch_size", "eval_batch_size", "torch_threads"):
+    for key in ("epochs", "batch_size", "eval_batch_size", "torch_threads", "micro_batches"):
         cfg.integer(key, minimum=1)
     for key in ("length_buckets", "num_workers"):  # 0: off / load in this process
         cfg.integer(key, minimum=0)
@@ -327,6 +327,7 @@ def train_methods(
         num_workers=int(cfg["num_workers"]),
         head_fraction=head_fraction,
         length_buckets=int(cfg["length_buckets"]),
+        micro_batches=int(cfg["micro_batches"]),
     )
     # every method's loaders now: a method the data cannot train is refused before the slow work
     loaders = {method: shared.with_method(method) for method in methods}
@@ -449,6 +450,7 @@ def train_methods(
                             "dropout",
                             "frozen_layers",
                             "length_buckets",
+                            "micro_batches",
                         )
                     }
                 },

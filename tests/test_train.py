@@ -401,6 +401,80 @@ def test_length_bucket_batches_cover_every_prompt_once_and_pad_less():
     assert list(sampler) != batches  # a new order each epoch
 
 
+def test_least_padding_parts_match_a_brute_force_search():
+    from itertools import combinations
+
+    from pipeline.ranking.data import least_padding_parts
+
+    rng = np.random.default_rng(1)
+    for _ in range(30):
+        sizes = np.sort(rng.integers(1, 129, int(rng.integers(1, 11))))
+        parts = int(rng.integers(1, 5))
+        got = least_padding_parts(sizes, parts)
+        assert got[0].start == 0 and got[-1].stop == len(sizes) and len(got) <= parts
+        assert all(a.stop == b.start for a, b in zip(got, got[1:]))
+        padded = sum((p.stop - p.start) * sizes[p.stop - 1] for p in got)
+        best = min(
+            sum((b - a) * sizes[b - 1] for a, b in zip((0, *cuts), (*cuts, len(sizes))))
+            for k in range(min(parts, len(sizes)))
+            for cuts in combinations(range(1, len(sizes)), k)
+        )
+        assert padded == best
+
+
+@pytest.mark.parametrize("frozen", [0, 1])
+def test_micro_batches_pad_apart_but_score_and_pair_the_whole_batch(tiny_bert_config, frozen):
+    """micro_batches: the batch is sorted by prompt size and padded in parts, each to its own
+    longest prompt, yet scores, in-batch pairs and so the loss and its gradient are those of the
+    whole batch padded at once (pairs cross the parts)."""
+    from pipeline.ranking.data import PromptCollate, PromptTable
+    from pipeline.ranking.lightning import RankerModule
+    from pipeline.ranking.model import LengthRanker
+
+    rng = np.random.default_rng(0)
+    sizes = [3, 40, 7, 5, 33, 12, 9, 28, 4, 16]
+    table = PromptTable(
+        ids=np.array([f"p{i}" for i in range(len(sizes))]),
+        input_ids=[[101, *rng.integers(1000, 2000, n - 2).tolist(), 102] for n in sizes],
+        lengths=rng.uniform(1, 1000, len(sizes)),
+        truncated=np.zeros(len(sizes), bool),
+    )
+    torch.manual_seed(0)
+    model = LengthRanker.from_config(tiny_bert_config, dropout=0.0).eval()
+    if frozen:
+        table.hidden = [
+            model.hidden_after(torch.tensor([x]), torch.ones(1, len(x), dtype=torch.long), 1)[0].detach()
+            for x in table.input_ids
+        ]
+    module = RankerModule(model, "pairwise", margin=0.0, margin_per_log_length=1.0, frozen_layers=frozen)
+    rows = list(range(len(sizes)))
+    whole = PromptCollate(table, 0, delta=0.2)(rows)
+    split = PromptCollate(table, 0, delta=0.2, micro_batches=3)(rows)
+    assert [p["attention_mask"].shape[1] for p in split["parts"]] == [7, 16, 40]
+    assert split["index"].tolist() == sorted(rows, key=lambda r: sizes[r])
+
+    def pairs_of(batch):
+        index = batch["index"].tolist()
+        return sorted(tuple(sorted((index[a], index[b]))) for a, b in batch["pairs"].tolist())
+
+    assert pairs_of(split) == pairs_of(whole) and len(pairs_of(whole)) > 10
+    losses, grads = [], []
+    for batch in (whole, split):
+        model.zero_grad()
+        scores = module.batch_scores(batch)
+        loss = module.loss_fn(scores, batch["lengths"].to(scores.dtype), batch["pairs"])
+        loss.backward()
+        losses.append(loss.detach())
+        grads.append(model.head.weight.grad.clone())
+        by_row = dict(zip(batch["index"].tolist(), scores.detach().tolist()))
+        if batch is whole:
+            reference = by_row
+        else:
+            assert by_row == pytest.approx(reference, abs=1e-5)
+    torch.testing.assert_close(losses[0], losses[1], atol=1e-6, rtol=1e-5)
+    torch.testing.assert_close(grads[0], grads[1], atol=1e-6, rtol=1e-4)
+
+
 def test_frozen_layers_cache_trains_the_top_and_serves_the_same(toy_root, tiny_encoder_dir, monkeypatch):
     """frozen_layers=1: the lower layer is run once and cached; only the top layer and head move;
     the exported checkpoint scores val prompts exactly as validation did on the cached path."""

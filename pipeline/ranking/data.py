@@ -179,13 +179,34 @@ def _pad_hidden(rows: Sequence[torch.Tensor]) -> tuple[torch.Tensor, torch.Tenso
     return out, mask
 
 
+def least_padding_parts(sizes: Sequence[int], parts: int) -> list[slice]:
+    """Cut prompts sorted by size into at most `parts` contiguous groups so that the padded
+    total (group size x its longest prompt) is least: dynamic programming over the cut points."""
+    n, parts = len(sizes), max(1, min(int(parts), len(sizes)))
+    cost = np.full((parts + 1, n + 1), np.inf)
+    cut = np.zeros((parts + 1, n + 1), np.int64)
+    cost[0, 0] = 0.0
+    for k in range(1, parts + 1):
+        for end in range(1, n + 1):
+            starts = np.arange(end)
+            total = cost[k - 1, :end] + (end - starts) * sizes[end - 1]
+            cut[k, end] = int(np.argmin(total))
+            cost[k, end] = total[cut[k, end]]
+    k, end, out = int(np.argmin(cost[1:, n])) + 1, n, []
+    while end > 0:
+        out.append(slice(int(cut[k, end]), end))
+        k, end = k - 1, int(cut[k, end])
+    return out[::-1]
+
+
 class LengthBucketBatches(Sampler):
     """Batches of prompts of similar token length: each epoch shuffles, cuts the order into
     chunks of `bucket` batches, sorts each chunk by length, cuts it into batches and shuffles the
     batches. Batches stay random in content but are padded far less (measured in
     benchmarks/train_throughput.py). With `groups` (a cross-model set) every batch holds prompts of
     one group, so each in-batch pair is comparable; otherwise a small model's prompts would rarely
-    meet a partner of their own model in a batch dominated by the largest one."""
+    meet a partner of their own model in a batch dominated by the largest one. A bucket of one
+    batch sorts nothing: random batches (of one group each)."""
 
     def __init__(
         self,
@@ -221,13 +242,29 @@ class LengthBucketBatches(Sampler):
 
 
 class PromptCollate:
-    """Distinct prompts -> batch; with `delta` set, every δ-valid pair among them (in-batch pairs)."""
+    """Distinct prompts -> batch; with `delta` set, every δ-valid pair among them (in-batch pairs).
 
-    def __init__(self, table: PromptTable, pad_id: int, delta: float | None = None):
-        self.table, self.pad_id, self.delta = table, pad_id, delta
+    With `micro_batches` > 1 the prompts are sorted by token length and padded in up to that many
+    groups ("parts", cut where they pad least): the model scores each part at its own width and the loss sees the scores of the
+    whole batch, so pairs still join a 9-token prompt with a 128-token one while the padding
+    approaches that of length-sorted batches (whose pairs almost never cross lengths)."""
+
+    def __init__(self, table: PromptTable, pad_id: int, delta: float | None = None, micro_batches: int = 1):
+        self.table, self.pad_id, self.delta, self.micro_batches = table, pad_id, delta, int(micro_batches)
+
+    def _padded(self, rows: Sequence[int]) -> dict[str, torch.Tensor]:
+        if self.table.hidden is not None:
+            hidden, mask = _pad_hidden([self.table.hidden[r] for r in rows])
+            return {"hidden": hidden, "attention_mask": mask}
+        ids, mask = pad_batch([self.table.input_ids[r] for r in rows], self.pad_id)
+        return {"input_ids": ids, "attention_mask": mask}
 
     def __call__(self, rows: list[int]) -> dict[str, torch.Tensor]:
         rows_arr = np.asarray(rows, dtype=np.int64)
+        if self.micro_batches > 1:
+            sizes = np.array([len(self.table.input_ids[r]) for r in rows_arr])
+            order = np.argsort(sizes, kind="stable")
+            rows_arr, sizes = rows_arr[order], sizes[order]
         lengths = self.table.lengths[rows_arr]
         if self.delta is None:
             pairs = np.zeros((0, 2), dtype=np.int64)
@@ -241,12 +278,12 @@ class PromptCollate:
         }
         if self.table.prior is not None:
             batch["prior"] = torch.as_tensor(self.table.prior[rows_arr], dtype=torch.float32)
-        if self.table.hidden is not None:
-            batch["hidden"], batch["attention_mask"] = _pad_hidden([self.table.hidden[r] for r in rows])
+        if self.micro_batches > 1:
+            batch["parts"] = [
+                self._padded(rows_arr[p].tolist()) for p in least_padding_parts(sizes, self.micro_batches)
+            ]
         else:
-            batch["input_ids"], batch["attention_mask"] = pad_batch(
-                [self.table.input_ids[r] for r in rows], self.pad_id
-            )
+            batch.update(self._padded(rows_arr.tolist()))
         return batch
 
 
@@ -311,6 +348,7 @@ class RankingDataModule(L.LightningDataModule):
         num_workers: int = 0,
         head_fraction: float = 1.0,
         length_buckets: int = 0,
+        micro_batches: int = 1,
     ):
         super().__init__()
         _check_trainable(data, method)
@@ -320,7 +358,7 @@ class RankingDataModule(L.LightningDataModule):
         self.max_length, self.batch_size, self.eval_batch_size = max_length, batch_size, eval_batch_size
         self.pairwise_mode, self.num_workers = pairwise_mode, num_workers
         self.per_pair = method == "pairwise" and pairwise_mode == "per_pair"
-        self.seed, self.length_buckets = seed, int(length_buckets)
+        self.seed, self.length_buckets, self.micro_batches = seed, int(length_buckets), int(micro_batches)
         # the settings as given: `with_method` builds another method's loaders from them
         self._settings = {
             "max_length": max_length,
@@ -332,6 +370,7 @@ class RankingDataModule(L.LightningDataModule):
             "num_workers": num_workers,
             "head_fraction": head_fraction,
             "length_buckets": length_buckets,
+            "micro_batches": micro_batches,
         }
 
         labels = data.labels
@@ -470,9 +509,9 @@ class RankingDataModule(L.LightningDataModule):
             collate = PairCollate(self.train_table, self.train_pair_idx[:, 0], self.train_pair_idx[:, 1], self.pad_id)
             return self._loader(_Rows(len(self.train_pair_idx)), collate, True, self.batch_size)
         delta = self.data.delta if self.method == "pairwise" else None
-        collate = PromptCollate(self.train_table, self.pad_id, delta)
-        if self.length_buckets > 1 and self._single_process():  # under DDP Lightning shards a plain shuffle
-            sampler = LengthBucketBatches(
+        collate = PromptCollate(self.train_table, self.pad_id, delta, self.micro_batches)
+        if self.length_buckets > 0 and self._single_process():  # under DDP Lightning shards a plain shuffle
+            sampler = LengthBucketBatches(  # a bucket of 1 batch: random batches, each of one group
                 [len(x) for x in self.train_table.input_ids],
                 self.batch_size,
                 self.length_buckets,
@@ -490,5 +529,8 @@ class RankingDataModule(L.LightningDataModule):
 
     def val_dataloader(self) -> DataLoader:
         return self._loader(
-            _Rows(len(self.val_table)), PromptCollate(self.val_table, self.pad_id), False, self.eval_batch_size
+            _Rows(len(self.val_table)),
+            PromptCollate(self.val_table, self.pad_id, micro_batches=self.micro_batches),
+            False,
+            self.eval_batch_size,
         )

@@ -97,18 +97,21 @@ class RankerModule(L.LightningModule):
     def batch_scores(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
         """The encoder's scores, plus the batch's lexical prior when it carries one: the encoder
         then learns what the prior misses (serving adds the same prior: `attach_lexical`)."""
-        if "hidden" in batch:
-            scores = self.model.score_from(batch["hidden"], batch["attention_mask"], self.frozen_layers).float()
-        else:
-            scores = self(batch["input_ids"], batch["attention_mask"]).float()
+        parts = batch.get("parts", [batch])  # micro-batches padded apart, scored as one batch
+        scores = torch.cat([self._part_scores(part) for part in parts])
         if "prior" in batch:
             scores = scores + batch["prior"].to(scores.device, scores.dtype)
         return scores
 
+    def _part_scores(self, part: dict[str, torch.Tensor]) -> torch.Tensor:
+        if "hidden" in part:
+            return self.model.score_from(part["hidden"], part["attention_mask"], self.frozen_layers).float()
+        return self(part["input_ids"], part["attention_mask"]).float()
+
     def training_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> torch.Tensor:
         scores = self.batch_scores(batch)
         loss = self.loss_fn(scores, batch["lengths"].to(scores.dtype), batch["pairs"])
-        n, m = int(batch["attention_mask"].shape[0]), int(batch["pairs"].shape[0])
+        n, m = int(batch["lengths"].shape[0]), int(batch["pairs"].shape[0])
         self.prompts_encoded += n
         self.pairs_seen += m if self.method == "pairwise" else 0
         self._epoch_loss[0] += float(loss.detach()) * n
