@@ -253,7 +253,8 @@ def main(argv: list[str] | None = None) -> int:
         "--configs",
         default=None,
         help="comma list of configurations to run (default all: full, full+buckets, frozen<k>+buckets, "
-        "frozen<k>+buckets+bf16 and its +all_positions, +torch_dropout and +adamw_loop variants, per_pair)",
+        "frozen<k>+buckets+bf16 and its +all_positions, +torch_dropout and +adamw_loop variants, "
+        "frozen<k>+shuffle, frozen<k>+micro<m>, per_pair)",
     )
     ap.add_argument("--steps", type=int, default=60, help="optimiser steps per configuration")
     ap.add_argument("--batch-size", type=int, default=32, help="prompts encoded per step, every configuration")
@@ -289,6 +290,8 @@ def main(argv: list[str] | None = None) -> int:
         ap.error(f"unknown configuration(s) {unknown}; choose from {list(available)}")
     if args.repeats < 1 or len(set(names)) != len(names):
         ap.error("--repeats must be >= 1 and --configs must name each configuration once")
+    if args.micro_batches < 2:
+        ap.error("--micro-batches must be >= 2 (1 is the +shuffle configuration)")
 
     import torch
 

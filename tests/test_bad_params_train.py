@@ -48,6 +48,7 @@ TRAIN_BAD = [
     ({"batch_size": "big"}, "train.batch_size"),
     ({"eval_batch_size": 0}, "train.eval_batch_size"),
     ({"length_buckets": -3}, "train.length_buckets"),
+    ({"micro_batches": 0}, "train.micro_batches"),
     ({"patience": -1}, "train.patience"),
     ({"warmup_fraction": 2.0}, "train.warmup_fraction"),
     ({"lr": "fast"}, "train.lr"),
