@@ -3,7 +3,9 @@ DataModule parametrised by method.
 
 Batches are dicts: input_ids / attention_mask (n, T) for the n prompts encoded in the step,
 lengths (n,) their label lengths, pairs (m, 2) the index pairs the pairwise loss compares, and
-index (n,) the prompts' rows in their table (validation gathers scores by it).
+index (n,) the prompts' rows in their table (validation gathers scores by it). With
+`micro_batches` > 1 the rows are sorted by token count and `parts` holds a list of such
+input_ids (or hidden) / attention_mask dicts, each padded to its own longest prompt, in row order.
 
 - in-batch pairwise, pointwise, listwise: a batch is `batch_size` distinct prompts; for pairwise
   every pair among them that passes the δ filter (pipeline.ranking.labels.keep_mask) is compared, each
@@ -206,7 +208,7 @@ class LengthBucketBatches(Sampler):
     benchmarks/train_throughput.py). With `groups` (a cross-model set) every batch holds prompts of
     one group, so each in-batch pair is comparable; otherwise a small model's prompts would rarely
     meet a partner of their own model in a batch dominated by the largest one. A bucket of one
-    batch sorts nothing: random batches (of one group each)."""
+    batch mixes nothing across batches: random batches (of one group each)."""
 
     def __init__(
         self,
