@@ -23,7 +23,7 @@ whole val split:
 - `frozen<k>+shuffle` frozen as above, random batches (`length_buckets: 1`): in-batch pairs join
                      prompts of any size, each batch padded to its longest prompt
 - `frozen<k>+micro<m>` the same random batches, each padded in m length-sorted parts
-                     (`micro_batches`, `--micro-batches`, default 4) and scored as one batch
+                     (`micro_batches`; `--micro-batches` a comma list of m, default 4) and scored as one batch
 - `per_pair`         the paper's batches: `batch_size / 2` rows of train.parquet per step, both
                      prompts encoded (the same number of encodings per step), full fine-tuning
 
@@ -70,7 +70,7 @@ COLUMNS = [
 
 def configurations(args) -> dict[str, dict]:
     """Name -> settings of every configuration this command line can run (in table order)."""
-    buckets, k, m = args.length_buckets, args.frozen_layers, args.micro_batches
+    buckets, k = args.length_buckets, args.frozen_layers
     fp32, bf16 = {"precision": "32-true"}, {"precision": "bf16-mixed"}
     return {
         "full": {"pairwise_mode": "in_batch", "frozen_layers": 0, "length_buckets": 0, **fp32},
@@ -100,12 +100,15 @@ def configurations(args) -> dict[str, dict]:
             **bf16,
         },
         f"frozen{k}+shuffle": {"pairwise_mode": "in_batch", "frozen_layers": k, "length_buckets": 1, **fp32},
-        f"frozen{k}+micro{m}": {
-            "pairwise_mode": "in_batch",
-            "frozen_layers": k,
-            "length_buckets": 1,
-            "micro_batches": m,
-            **fp32,
+        **{
+            f"frozen{k}+micro{m}": {
+                "pairwise_mode": "in_batch",
+                "frozen_layers": k,
+                "length_buckets": 1,
+                "micro_batches": m,
+                **fp32,
+            }
+            for m in args.micro_batches
         },
         "per_pair": {"pairwise_mode": "per_pair", "frozen_layers": 0, "length_buckets": 0, **fp32},
     }
@@ -264,7 +267,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--head-fraction", type=float, default=0.5)
     ap.add_argument("--frozen-layers", type=int, default=3, help="k of the frozen<k>+buckets configuration")
     ap.add_argument("--length-buckets", type=int, default=50, help="length_buckets of the +buckets configurations")
-    ap.add_argument("--micro-batches", type=int, default=4, help="micro_batches of the +micro configuration")
+    ap.add_argument(
+        "--micro-batches",
+        type=lambda text: [int(m) for m in text.split(",")],
+        default=[4],
+        help="micro_batches of the +micro configurations, a comma list (e.g. 4,8: frozen3+micro4, frozen3+micro8)",
+    )
     ap.add_argument(
         "--max-train-prompts",
         type=int,
@@ -290,7 +298,7 @@ def main(argv: list[str] | None = None) -> int:
         ap.error(f"unknown configuration(s) {unknown}; choose from {list(available)}")
     if args.repeats < 1 or len(set(names)) != len(names):
         ap.error("--repeats must be >= 1 and --configs must name each configuration once")
-    if args.micro_batches < 2:
+    if min(args.micro_batches) < 2:
         ap.error("--micro-batches must be >= 2 (1 is the +shuffle configuration)")
 
     import torch

@@ -240,6 +240,21 @@ def run(
     identity = backend.identity()
     cache = GenerationCache(out_dir / "cache.jsonl")
     keys = {r.prompt_id: cache_key(identity, backend.cache_text(r)) for r in selected.itertuples()}
+    # an entry under this key with another number of samples than k (a hand-edited or foreign line)
+    # is not these answers: generated again, and said
+    k = identity.get("k")
+    short = [
+        pid
+        for pid, key in keys.items()
+        if key in cache.entries and k is not None and len(cache.entries[key]["samples"]) != k
+    ]
+    for pid in short:
+        del cache.entries[keys[pid]]
+    if short:
+        print(
+            f"generate {model}: warning: {len(short)} cached entr{'y' if len(short) == 1 else 'ies'} in "
+            f"{cache.path} with a number of samples other than k={k} (e.g. prompt {short[0]}): generated again"
+        )
     todo = [
         PromptItem(r.prompt_id, r.prompt, r.dataset, r.source_id)
         for r in selected.itertuples()

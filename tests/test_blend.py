@@ -135,6 +135,19 @@ def test_blend_chooses_on_val_and_serves_what_it_chose(toy_models):
     np.testing.assert_allclose(together[1], blended.score(test), rtol=1e-4, atol=1e-5)
     lengths = np.array([300.0 if "essay" in t else 40.0 for t in test])
     assert kendall_tau_b(blended.score(test), lengths) > 0.6
+    # a prompt that reaches the server decomposed (NFD) and padded scores as the stored (NFC) one:
+    # the lexical prior would otherwise see other words ("café" NFD splits into "caf" and an accent)
+    import unicodedata
+
+    from pipeline.serving.scorer import as_stored
+
+    accented = ["écris un essai détaillé sur le café", "résumé: oui"]
+    raw = [" " + unicodedata.normalize("NFD", t) + "\n" for t in accented]
+    assert as_stored(raw) == accented
+    french = TfidfRidge.fit_grid(accented, [300.0, 40.0], alphas=[1.0], ngram_max=1, min_df=1)[0]
+    assert french.predict(raw).tolist() != french.predict(accented).tolist()  # why it matters
+    np.testing.assert_array_equal(blended.score(raw), blended.score(accented))
+    np.testing.assert_array_equal(score_together([source, blended], raw)[1], blended.score(accented))
     # the same lexical model in two checkpoints predicts once; the same tokenizer tokenizes once
     from pipeline.serving.scorer import shared_lexical_predictions, shared_token_ids
 

@@ -25,6 +25,10 @@ def test_split_reasoning():
     assert split_reasoning("<think>step 1\nstep 2</think>\nThe answer is 4.") == ("step 1\nstep 2", "The answer is 4.")
     assert split_reasoning("plan first</think>done") == ("plan first", "done")  # template opened <think>
     assert split_reasoning("no trace here") == ("", "no trace here")
+    # a trace cut at max_tokens before </think> is all reasoning, not an answer without a trace
+    assert split_reasoning("<think>step 1\nstep 2, and then") == ("step 1\nstep 2, and then", "")
+    assert split_reasoning("step 1, and then", opened=True) == ("step 1, and then", "")
+    assert split_reasoning("plan</think>done", opened=True) == ("plan", "done")
 
 
 def test_cache_survives_a_line_cut_by_a_kill(tmp_path):
@@ -118,6 +122,46 @@ def test_recorded_backend_imports_answers(tmp_path):
     stats = json.loads((tmp_path / "stats.json").read_text())
     assert stats["prompts_generated"] == 0 and stats["prompts_cached"] == 12 and stats["output_tokens"] == 0
     assert meta["this_run"]["prompts_generated"] == 12 and meta["this_run"]["output_tokens"] > 0
+
+
+def test_cached_entry_with_another_sample_count_than_k_is_generated_again(tmp_path, capsys):
+    """A cache line under the right key but holding other than k samples (hand-edited, or written by
+    another tool) is not taken as the answers: that prompt is generated again, and the run says so."""
+    from pipeline.prepare import load_source
+
+    prompts, _ = load_source("alpaca_eval", {"cap": 3}, {"train": 1.0}, 16000)
+    spec = {"backend": "recorded", "source": "alpaca_eval:gpt-4-1106-preview"}
+    out = tmp_path / "gpt-4-turbo"
+    run("gpt-4-turbo", spec, prompts, out, recorded_tokenizer="minilm-l6")
+    first = (out / "generations.parquet").read_bytes()
+    lines = (out / "cache.jsonl").read_text().splitlines()
+    entry = json.loads(lines[1])
+    entry["samples"] = entry["samples"] * 2  # k is 1 for recorded answers
+    lines[1] = json.dumps(entry)
+    (out / "cache.jsonl").write_text("\n".join(lines) + "\n")
+    meta = run("gpt-4-turbo", spec, prompts, out, recorded_tokenizer="minilm-l6")
+    assert meta["this_run"]["prompts_generated"] == 1 and meta["this_run"]["prompts_cached"] == 2
+    assert f"1 cached entry in {out / 'cache.jsonl'} with a number of samples other than k=1" in capsys.readouterr().out
+    assert (out / "generations.parquet").read_bytes() == first
+
+
+def test_engine_args_and_extra_body_key_the_cache_only_when_set(monkeypatch):
+    """vLLM engine_args and an endpoint's extra_body can change the answers: set, they are in the
+    cache key; unset, the key is the one caches made before them hold."""
+    import pipeline.backends.vllm_backend as vb
+    from pipeline.backends.openai_backend import OpenAIBackend
+
+    monkeypatch.setattr(vb, "_on_cpu", lambda: True)
+    base = {"model": "m", "k": 4, "max_tokens": 256}
+    plain = vb.VllmBackend(base).identity()
+    assert "engine_args" not in plain and vb.VllmBackend({**base, "engine_args": {}}).identity() == plain
+    quantized = vb.VllmBackend({**base, "engine_args": {"kv_cache_dtype": "fp8"}}).identity()
+    assert cache_key(quantized, "p") != cache_key(plain, "p")
+    endpoint = {"model": "m", "base_url": "http://localhost:8000/v1", "k": 2}
+    plain = OpenAIBackend(endpoint).identity()
+    assert "extra_body" not in plain
+    effort = OpenAIBackend({**endpoint, "extra_body": {"reasoning_effort": "high"}}).identity()
+    assert effort["extra_body"] == {"reasoning_effort": "high"} and cache_key(effort, "p") != cache_key(plain, "p")
 
 
 def test_recorded_backend_reads_one_models_answers_from_several_datasets(tmp_path, monkeypatch):

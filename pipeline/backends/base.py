@@ -11,12 +11,20 @@ from typing import Any, Iterable, Iterator
 _THINK = re.compile(r"^\s*(?:<think>)?(.*?)</think>\s*(.*)$", re.DOTALL)
 
 
-def split_reasoning(text: str) -> tuple[str, str]:
-    """(reasoning, answer) from a generated text; reasoning is '' when there is no trace."""
+def split_reasoning(text: str, opened: bool = False) -> tuple[str, str]:
+    """(reasoning, answer) from a generated text; reasoning is '' when there is no trace.
+
+    A trace cut before </think> (at max_tokens) is all reasoning and no answer: the text opens
+    <think>, or the prompt did (`opened`: the chat template ends with <think>)."""
     match = _THINK.match(text)
-    if not match:
-        return "", text
-    return match.group(1).strip(), match.group(2)
+    if match:
+        return match.group(1).strip(), match.group(2)
+    head = text.lstrip()
+    if head.startswith("<think>"):
+        return head[len("<think>") :].strip(), ""
+    if opened:
+        return text.strip(), ""
+    return "", text
 
 
 @dataclass

@@ -81,7 +81,7 @@ class OpenAIBackend(Backend):
 
     def identity(self) -> dict[str, Any]:
         s = self.spec
-        return {
+        ident = {
             "backend": self.name,
             "base_url": self.base_url,
             "model": s["model"],
@@ -90,6 +90,11 @@ class OpenAIBackend(Backend):
             "top_p": float(s.get("top_p", 1.0)),
             "max_tokens": int(s.get("max_tokens", 1024)),
         }
+        # request fields such as reasoning_effort change the answers: in the key when set (so
+        # caches made without them keep their keys)
+        if s.get("extra_body"):
+            ident["extra_body"] = dict(s["extra_body"])
+        return ident
 
     def describe(self) -> dict[str, Any]:
         return {

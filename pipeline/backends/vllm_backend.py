@@ -84,6 +84,10 @@ class VllmBackend(Backend):
         # params name is theirs, outside the key as before, so existing caches keep their keys.
         if self.spec.get("dtype") == "native" and self.dtype != "float32":
             ident["dtype"] = self.dtype
+        # engine arguments can change the answers (quantization, a KV cache dtype, a tokenizer mode):
+        # in the key when set, so caches made without them keep their keys
+        if s.get("engine_args"):
+            ident["engine_args"] = dict(s["engine_args"])
         return ident
 
     def describe(self) -> dict[str, Any]:
@@ -148,7 +152,7 @@ class VllmBackend(Backend):
         tokenizer = llm.get_tokenizer()
         params = self._sampling()
         limit = int(self.spec.get("max_model_len", 4096)) - params.max_tokens
-        pending: dict[str, int] = {}
+        pending: dict[str, tuple[int, bool]] = {}  # prompt tokens, template opened <think>
         for item in items:
             ids = tokenizer.apply_chat_template(
                 [{"role": "user", "content": item.prompt}], add_generation_prompt=True, tokenize=True
@@ -159,21 +163,26 @@ class VllmBackend(Backend):
                 self.skipped[item.prompt_id] = f"prompt has {len(ids)} tokens > max_model_len - max_tokens = {limit}"
                 continue
             engine.add_request(item.prompt_id, {"prompt_token_ids": list(ids)}, params)
-            pending[item.prompt_id] = len(ids)
+            # a template that opens <think> itself: the completion holds only the closing tag, if any
+            pending[item.prompt_id] = (len(ids), tokenizer.decode(ids[-8:]).rstrip().endswith("<think>"))
         while engine.has_unfinished_requests():
             for out in engine.step():
                 if not out.finished:
                     continue
                 samples = []
+                n_prompt, opened = pending[out.request_id]
                 for completion in out.outputs:
-                    reasoning, answer = split_reasoning(completion.text)
-                    n_reason = len(tokenizer.encode(reasoning, add_special_tokens=False)) if reasoning else 0
+                    reasoning, answer = split_reasoning(completion.text, opened=opened)
+                    if reasoning and "</think>" not in completion.text:
+                        n_reason = len(completion.token_ids)  # cut mid-trace: every token is reasoning
+                    else:
+                        n_reason = len(tokenizer.encode(reasoning, add_special_tokens=False)) if reasoning else 0
                     samples.append(
                         Sample(
                             output_tokens=len(completion.token_ids),
                             reasoning_tokens=n_reason,
                             finish_reason=normalise_finish_reason(completion.finish_reason),
-                            prompt_tokens=pending[out.request_id],
+                            prompt_tokens=n_prompt,
                             text=answer,
                             reasoning=reasoning,
                         )
