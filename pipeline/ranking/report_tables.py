@@ -174,6 +174,13 @@ def render_markdown(ranking: dict, estimated_ceilings: list[dict] | None = None)
             f"{which} with a lexical prior: a TF-IDF + ridge regression fitted on its own train prompts is "
             "added to the encoder's score, in training (out-of-fold) and in serving (`train.lexical_prior`)."
         )
+    excluded = settings.get("excluded_test_prompts") or {}
+    if excluded.get("n_prompts"):
+        by = ", ".join(f"{ds} {n}" for ds, n in excluded.get("by_dataset", {}).items())
+        notes.append(
+            f"Left out of every test figure: {excluded['n_prompts']} test prompts ({by}) whose text is also a "
+            "train or val prompt of some dataset (lowercased, whitespace collapsed): predictors saw them with a label."
+        )
     notes.append(
         f"Prompt length counted with the `{settings.get('baseline_tokenizer', 'minilm-l6')}` tokenizer; "
         f"pair accuracy on pairs with relative length gap ≥ δ={settings.get('delta')}."
