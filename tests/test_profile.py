@@ -5,9 +5,11 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
+import pytest
 import yaml
 
-from pipeline.profile import apply_profile, deep_merge
+from pipeline.errors import PARSError
+from pipeline.profile import apply_profile, deep_merge, evaluate_model_deps
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -46,3 +48,43 @@ def test_production_profile_switches_every_stage(tmp_path):
     # knobs the profile does not touch keep their default
     assert merged["train"]["seed"] == default["train"]["seed"]
     assert merged["pairs"]["delta"] == default["pairs"]["delta"] == 0.2
+
+
+def _evaluate_deps(dvc_yaml: Path) -> list[str]:
+    return yaml.safe_load(dvc_yaml.read_text())["stages"]["evaluate"]["deps"]
+
+
+def test_evaluate_model_deps_follow_params_and_the_profile_rewrites_them(tmp_path):
+    """DVC cannot build a dep list from params: dvc.yaml spells the evaluate stage's models out.
+    By default they are exactly what params `evaluate` reads; `pars profile` rewrites them (and
+    nothing else of dvc.yaml) for the profile's models, or refuses before writing anything."""
+    default_deps = _evaluate_deps(ROOT / "dvc.yaml")
+    default = yaml.safe_load((ROOT / "params.yaml").read_text())
+    models = [d for d in default_deps if d.startswith(("data/generations/", "models/"))]
+    assert models == evaluate_model_deps(default["evaluate"])
+
+    for name in ("params.yaml", "dvc.yaml"):
+        shutil.copy(ROOT / name, tmp_path / name)
+    merged = apply_profile(ROOT / "profiles" / "production.yaml", tmp_path / "params.yaml")
+    switched = yaml.safe_load((tmp_path / "dvc.yaml").read_text())
+    deps = switched["stages"]["evaluate"]["deps"]
+    assert [d for d in deps if d.startswith(("data/generations/", "models/"))] == evaluate_model_deps(
+        merged["evaluate"]
+    )
+    assert "models/all/pairwise" in deps and "models/all/pairwise+tfidf" in deps
+    assert "models/chatgpt/pairwise" not in deps and "data/generations/llama-3-1-8b" in deps
+    assert [d for d in deps if not d.startswith(("data/generations/", "models/"))] == [
+        d for d in default_deps if not d.startswith(("data/generations/", "models/"))
+    ]
+    original = yaml.safe_load((ROOT / "dvc.yaml").read_text())
+    original["stages"]["evaluate"]["deps"] = deps
+    assert switched == original  # every other stage as it was
+
+    # a dvc.yaml without the markers: refused, and neither file is touched
+    broken = (ROOT / "dvc.yaml").read_text().replace("# END evaluate models", "")
+    (tmp_path / "dvc.yaml").write_text(broken)
+    shutil.copy(ROOT / "params.yaml", tmp_path / "params.yaml")
+    with pytest.raises(PARSError, match="END evaluate models"):
+        apply_profile(ROOT / "profiles" / "production.yaml", tmp_path / "params.yaml")
+    assert (tmp_path / "dvc.yaml").read_text() == broken
+    assert (tmp_path / "params.yaml").read_text() == (ROOT / "params.yaml").read_text()
