@@ -42,6 +42,9 @@ def test_production_profile_switches_every_stage(tmp_path):
         ("evaluate", "eval_models"),
     ):
         assert set(merged[section][key]) <= set(models), (section, key)
+    # and every single model a stage reads answers of (capacity's dep is data/generations/<model>)
+    assert merged["capacity"]["model"] in models and merged["export"]["model"] in merged["train"]["cross_models"]
+    assert {w["model"] for w in merged["simulate"]["workloads"].values()} <= set(models)
     # every cross-model set the blend and evaluate stages name is trained
     assert set(merged["blend"]["predictors"]) <= set(merged["train"]["cross_models"]) | set(models)
     assert {b.split("/")[0] for b in merged["evaluate"]["blends"]} <= set(merged["blend"]["predictors"])
