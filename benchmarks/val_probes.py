@@ -34,7 +34,7 @@ def _splits(model: str, data_root: str):
 
 
 def _z(a: np.ndarray) -> np.ndarray:
-    return (a - a.mean()) / a.std()
+    return (a - a.mean()) / (a.std() or 1.0)  # constant scores stay constant
 
 
 def _tau(scores, lengths) -> float:
@@ -74,30 +74,30 @@ def knn(args) -> dict:
             predictions[(k, p)] = (weight * y_train[idx]).sum(1) / weight.sum(1)
             out["knn_val_tau_b"][f"k{k}_p{p}"] = _tau(predictions[(k, p)], y_val)
     if args.checkpoint:
-        encoder = _checkpoint_scores(args.checkpoint[0], val["prompt"].tolist())
-        best = max(predictions, key=lambda kp: out["knn_val_tau_b"][f"k{kp[0]}_p{kp[1]}"])
-        knn_best = predictions[best]
+        encoder = _checkpoint_scores(args.checkpoint, val["prompt"].tolist())
         perm = np.random.default_rng(0).permutation(len(val))
         halves = [perm[: len(val) // 2], perm[len(val) // 2 :]]
         held_out = []
-        for h in range(2):
+        for h in range(2):  # k, p and the weight chosen on one half, read on the other
             fit, read = halves[h], halves[1 - h]
             grid = {
-                float(w): _tau(w * _z(encoder[fit]) + (1 - w) * _z(knn_best[fit]), y_val[fit])
+                (kp, float(w)): _tau(w * _z(encoder[fit]) + (1 - w) * _z(pred[fit]), y_val[fit])
+                for kp, pred in predictions.items()
                 for w in np.round(np.arange(0.5, 1.001, 0.05), 2)
             }
-            w = max(grid, key=grid.get)
+            (k, p), w = max(grid, key=grid.get)
+            pred = predictions[(k, p)]
             held_out.append(
                 {
+                    "knn": f"k{k}_p{p}",
                     "weight": w,
-                    "blend_val_tau_b": _tau(w * _z(encoder[read]) + (1 - w) * _z(knn_best[read]), y_val[read]),
+                    "blend_val_tau_b": _tau(w * _z(encoder[read]) + (1 - w) * _z(pred[read]), y_val[read]),
                     "checkpoint_val_tau_b": _tau(encoder[read], y_val[read]),
                 }
             )
         out["blend_with_checkpoint"] = {
-            "checkpoint": args.checkpoint[0],
+            "checkpoint": args.checkpoint,
             "checkpoint_val_tau_b": _tau(encoder, y_val),
-            "knn": f"k{best[0]}_p{best[1]}",
             "held_out_halves": held_out,
         }
     return out
@@ -157,7 +157,7 @@ def main() -> None:
     ap.add_argument("probe", choices=sorted(PROBES))
     ap.add_argument("--model", default="chatgpt", help="generation model whose val answers to rank")
     ap.add_argument("--data", default="data")
-    ap.add_argument("--checkpoint", action="append", default=[], help="knn: a trained checkpoint dir to blend with")
+    ap.add_argument("--checkpoint", default=None, help="knn: a trained checkpoint dir to blend with")
     ap.add_argument("--k", type=lambda s: [int(x) for x in s.split(",")], default=[5, 10, 20, 50, 100])
     ap.add_argument("--alphas", type=lambda s: [float(x) for x in s.split(",")], default=[1.0, 3.0, 10.0])
     ap.add_argument("--json", default=None)

@@ -287,7 +287,7 @@ def train_twins(prompts: pd.DataFrame) -> pd.Series:
     lowercased with whitespace collapsed: AlpacaEval holds prompts taken from ShareGPT, and ShareGPT's
     short first turns ("continue", "5 more") recur as later turns of train conversations. A
     predictor (the cross-model one above all) has seen those texts with a length label, so they are
-    left out of every test figure (their scores are still written: the simulator replays them as traffic)."""
+    left out of every tau_b figure (their scores are still written: the simulator replays them as traffic)."""
     text = prompts["prompt"].str.lower().str.split().str.join(" ")
     seen = set(text[prompts["split"].isin(["train", "val"])])
     return prompts.loc[(prompts["split"] == "test") & text.isin(seen), "prompt_id"]
@@ -323,7 +323,10 @@ def evaluate(
         labels = prompt_labels(gens[gens["prompt_id"].isin(test.index)], where=f"generations of {eval_model}")
         labels = labels.set_index("prompt_id").join(test["dataset"], how="inner").sort_index()
         if labels.empty:
-            raise ValueError(f"evaluate: {eval_model} has no answers to test-split prompts")
+            raise ValueError(
+                f"evaluate: {eval_model} has no answers to test-split prompts"
+                + (f" (besides {len(twins)} left out as twins of train/val prompts)" if len(twins) else "")
+            )
         groups = {OVERALL: labels}
         groups.update({ds: grp for ds, grp in labels.groupby("dataset", sort=True)})
         samples = M.sample_length_matrix(gens, labels.index)

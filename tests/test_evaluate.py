@@ -434,9 +434,9 @@ def test_report_shows_tfidf_row_marks_and_method_differences():
     assert "1 of the predictors (`kw/pairwise`) score with a lexical prior" in render_markdown(r)
     r["settings"]["lexical_prior"] = [f"{m}/{meth}" for m, by in r["predictors"].items() for meth in by]
     assert "Every predictor scores with a lexical prior" in render_markdown(r)
-    assert "Left out of every test figure" not in md
+    assert "Left out of every τ_b" not in md
     r["settings"]["excluded_test_prompts"] = {"n_prompts": 3, "by_dataset": {"a": 1, "b": 2}}
-    assert "Left out of every test figure: 3 test prompts (a 1, b 2)" in render_markdown(r)
+    assert "Left out of every τ_b above: 3 test prompts (a 1, b 2)" in render_markdown(r)
     # an eval model without the reference: n/a, and no ‡ for it
     few = evaluate(
         prompts,

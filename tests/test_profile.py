@@ -91,3 +91,28 @@ def test_evaluate_model_deps_follow_params_and_the_profile_rewrites_them(tmp_pat
         apply_profile(ROOT / "profiles" / "production.yaml", tmp_path / "params.yaml")
     assert (tmp_path / "dvc.yaml").read_text() == broken
     assert (tmp_path / "params.yaml").read_text() == (ROOT / "params.yaml").read_text()
+
+
+def test_profile_keeps_a_crlf_dvc_yaml_and_refuses_markers_outside_the_evaluate_deps(tmp_path):
+    production = ROOT / "profiles" / "production.yaml"
+    shutil.copy(ROOT / "params.yaml", tmp_path / "params.yaml")
+    crlf = (ROOT / "dvc.yaml").read_text().replace("\n", "\r\n")
+    (tmp_path / "dvc.yaml").write_bytes(crlf.encode())
+    merged = apply_profile(production, tmp_path / "params.yaml")
+    raw = (tmp_path / "dvc.yaml").read_bytes()
+    assert raw.count(b"\n") == raw.count(b"\r\n")  # no line lost its CR
+    assert "models/all/pairwise" in _evaluate_deps(tmp_path / "dvc.yaml")
+    assert evaluate_model_deps(merged["evaluate"])[-1] == "models/all/pairwise+tfidf"
+
+    # the markers moved into another stage's deps: refused, nothing written
+    text = (ROOT / "dvc.yaml").read_text()
+    begin = "      # BEGIN evaluate models: `pars profile` rewrites these lines from params `evaluate`\n"
+    end = "      # END evaluate models\n"
+    moved = text.replace(begin, "").replace(end, "")
+    moved = moved.replace("      - pipeline/lengths.py\n", "      - pipeline/lengths.py\n" + begin + end, 1)
+    (tmp_path / "dvc.yaml").write_text(moved)
+    shutil.copy(ROOT / "params.yaml", tmp_path / "params.yaml")
+    with pytest.raises(PARSError, match="not inside stages.evaluate.deps"):
+        apply_profile(production, tmp_path / "params.yaml")
+    assert (tmp_path / "dvc.yaml").read_text() == moved
+    assert (tmp_path / "params.yaml").read_text() == (ROOT / "params.yaml").read_text()

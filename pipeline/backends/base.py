@@ -14,8 +14,9 @@ _THINK = re.compile(r"^\s*(?:<think>)?(.*?)</think>\s*(.*)$", re.DOTALL)
 def split_reasoning(text: str, opened: bool = False) -> tuple[str, str]:
     """(reasoning, answer) from a generated text; reasoning is '' when there is no trace.
 
-    A trace cut before </think> (at max_tokens) is all reasoning and no answer: the text opens
-    <think>, or the prompt did (`opened`: the chat template ends with <think>)."""
+    A trace that never closes (cut at max_tokens, or a model that stopped inside it) is all
+    reasoning and no answer: the text opens <think>, or the prompt did (`opened`: the chat
+    template ends with <think>)."""
     match = _THINK.match(text)
     if match:
         return match.group(1).strip(), match.group(2)

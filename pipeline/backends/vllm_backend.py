@@ -174,7 +174,7 @@ class VllmBackend(Backend):
                 for completion in out.outputs:
                     reasoning, answer = split_reasoning(completion.text, opened=opened)
                     if reasoning and "</think>" not in completion.text:
-                        n_reason = len(completion.token_ids)  # cut mid-trace: every token is reasoning
+                        n_reason = len(completion.token_ids)  # a trace that never closed: every token
                     else:
                         n_reason = len(tokenizer.encode(reasoning, add_special_tokens=False)) if reasoning else 0
                     samples.append(

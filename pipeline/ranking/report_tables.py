@@ -178,8 +178,9 @@ def render_markdown(ranking: dict, estimated_ceilings: list[dict] | None = None)
     if excluded.get("n_prompts"):
         by = ", ".join(f"{ds} {n}" for ds, n in excluded.get("by_dataset", {}).items())
         notes.append(
-            f"Left out of every test figure: {excluded['n_prompts']} test prompts ({by}) whose text is also a "
-            "train or val prompt of some dataset (lowercased, whitespace collapsed): predictors saw them with a label."
+            f"Left out of every τ_b above: {excluded['n_prompts']} test prompts ({by}) whose text is also a "
+            "train or val prompt of some dataset (lowercased, whitespace collapsed): predictors saw them with a label "
+            "(the serving simulation still replays them as traffic)."
         )
     notes.append(
         f"Prompt length counted with the `{settings.get('baseline_tokenizer', 'minilm-l6')}` tokenizer; "
