@@ -76,12 +76,17 @@ END_EVALUATE_MODELS = "# END evaluate models"
 
 def evaluate_model_deps(evaluate: dict[str, Any]) -> list[str]:
     """The paths the evaluate stage reads for params `evaluate`: each eval model's generations, then
-    each predictor's checkpoint (as `pipeline.evaluate` lists and finds them)."""
-    from pipeline.contracts import predictor_dir
-    from pipeline.evaluate import evaluated_predictors
-
+    each predictor's checkpoint, in the order `pipeline.evaluate.evaluated_predictors` lists them
+    (a test pins the two together; this tool does not import a stage)."""
     deps = [f"data/generations/{m}" for m in evaluate.get("eval_models") or []]
-    deps += [predictor_dir(model, method).as_posix() for model, method in evaluated_predictors(evaluate)]
+    predictors = [(m, method) for m in evaluate.get("train_models") or [] for method in evaluate.get("methods") or []]
+    predictors += [(m, "pairwise") for m in evaluate.get("cross_models") or []]
+    for entry in evaluate.get("blends") or []:
+        model, sep, method = str(entry).partition("/")
+        if not (sep and model and method) or "/" in method:
+            raise PARSError(f"params evaluate.blends: {entry!r} is not '<train model>/<method>'")
+        predictors.append((model, method))
+    deps += [f"models/{model}/{method}" for model, method in predictors]
     return list(dict.fromkeys(deps))
 
 

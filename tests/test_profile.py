@@ -53,6 +53,12 @@ def test_production_profile_switches_every_stage(tmp_path):
     assert merged["pairs"]["delta"] == default["pairs"]["delta"] == 0.2
 
 
+def _copy_params(folder: Path) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    shutil.copy(ROOT / "params.yaml", folder / "params.yaml")
+    return folder / "params.yaml"
+
+
 def _evaluate_deps(dvc_yaml: Path) -> list[str]:
     return yaml.safe_load(dvc_yaml.read_text())["stages"]["evaluate"]["deps"]
 
@@ -65,6 +71,16 @@ def test_evaluate_model_deps_follow_params_and_the_profile_rewrites_them(tmp_pat
     default = yaml.safe_load((ROOT / "params.yaml").read_text())
     models = [d for d in default_deps if d.startswith(("data/generations/", "models/"))]
     assert models == evaluate_model_deps(default["evaluate"])
+    # the same predictors, in the same order, as the evaluate stage scores (default and production)
+    from pipeline.contracts import predictor_dir
+    from pipeline.evaluate import evaluated_predictors
+
+    production = apply_profile(ROOT / "profiles" / "production.yaml", _copy_params(tmp_path / "p"))["evaluate"]
+    for section in (default["evaluate"], production):
+        expected = [predictor_dir(m, k).as_posix() for m, k in evaluated_predictors(section)]
+        assert [d for d in evaluate_model_deps(section) if d.startswith("models/")] == expected
+    with pytest.raises(PARSError, match="evaluate.blends"):
+        evaluate_model_deps({**production, "blends": ["all"]})
 
     for name in ("params.yaml", "dvc.yaml"):
         shutil.copy(ROOT / name, tmp_path / name)
