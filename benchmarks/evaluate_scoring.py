@@ -35,8 +35,8 @@ def main() -> None:
     import pandas as pd
 
     from pipeline.contracts import predictor_dir
-    from pipeline.evaluate import evaluated_predictors
     from pipeline.params import load_params
+    from pipeline.ranking.predictors import evaluated_predictors
     from pipeline.serving.scorer import Scorer, score_together, share_groups
 
     params = load_params("evaluate")

@@ -49,6 +49,7 @@ from pipeline.errors import PARSError
 from pipeline.params import Section, load_params
 from pipeline.ranking import metrics as M
 from pipeline.ranking.labels import prompt_labels
+from pipeline.ranking.predictors import evaluated_predictors
 from pipeline.ranking.report_tables import OVERALL, ranking_rows, render_markdown
 from pipeline.serving.scorer import PRECISIONS, resolve_precision
 
@@ -121,19 +122,6 @@ def check_outputs(data_root: Path, models_root: Path, metrics_dir: Path, plots_d
     for other in (Path.cwd(), data_root, models_root, metrics_dir):
         if plots == other.resolve() or plots in other.resolve().parents:
             raise PARSError(f"plots directory {plots_dir} holds {other}; it is deleted and rewritten whole")
-
-
-def evaluated_predictors(params) -> list[tuple[str, str]]:
-    """(train model, method) of every predictor the evaluate section names: per-model ones, then
-    cross-model ones (pairwise only), then blended ones ("<train model>/<method>", the blend stage's)."""
-    predictors = [(m, meth) for m in params["train_models"] for meth in params["methods"]]
-    predictors += [(m, "pairwise") for m in params["cross_models"] or []]
-    for entry in params.get("blends") or []:
-        model, sep, method = str(entry).partition("/")
-        if not (sep and model and method) or "/" in method:
-            raise ValueError(f"params evaluate.blends: {entry!r} is not '<train model>/<method>'")
-        predictors.append((model, method))
-    return predictors
 
 
 def score_predictors(

@@ -20,6 +20,7 @@ import yaml
 
 from pipeline.errors import PARSError
 from pipeline.params import read_yaml
+from pipeline.ranking.predictors import evaluated_predictors
 
 
 def deep_merge(base: dict, overlay: dict, replace: set[str], prefix: str = "") -> dict:
@@ -76,17 +77,9 @@ END_EVALUATE_MODELS = "# END evaluate models"
 
 def evaluate_model_deps(evaluate: dict[str, Any]) -> list[str]:
     """The paths the evaluate stage reads for params `evaluate`: each eval model's generations, then
-    each predictor's checkpoint, in the order `pipeline.evaluate.evaluated_predictors` lists them
-    (a test pins the two together; this tool does not import a stage)."""
+    each predictor's checkpoint, in the order the stage scores them."""
     deps = [f"data/generations/{m}" for m in evaluate.get("eval_models") or []]
-    predictors = [(m, method) for m in evaluate.get("train_models") or [] for method in evaluate.get("methods") or []]
-    predictors += [(m, "pairwise") for m in evaluate.get("cross_models") or []]
-    for entry in evaluate.get("blends") or []:
-        model, sep, method = str(entry).partition("/")
-        if not (sep and model and method) or "/" in method:
-            raise PARSError(f"params evaluate.blends: {entry!r} is not '<train model>/<method>'")
-        predictors.append((model, method))
-    deps += [f"models/{model}/{method}" for model, method in predictors]
+    deps += [f"models/{m}/{method}" for m, method in evaluated_predictors(evaluate)]
     return list(dict.fromkeys(deps))
 
 

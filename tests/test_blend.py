@@ -189,11 +189,12 @@ def test_blend_settings_and_lexical_meta_are_checked(toy_models):
 
 
 def test_evaluate_names_blended_predictors_as_model_and_method():
-    from pipeline.evaluate import evaluated_predictors
+    from pipeline.errors import PARSError
+    from pipeline.ranking.predictors import evaluated_predictors
 
     params = {"train_models": ["a"], "methods": ["pairwise"], "cross_models": ["r"], "blends": ["r/pairwise+tfidf"]}
     assert evaluated_predictors(params) == [("a", "pairwise"), ("r", "pairwise"), ("r", "pairwise+tfidf")]
-    with pytest.raises(ValueError, match="blends"):
+    with pytest.raises(PARSError, match="blends"):
         evaluated_predictors({**params, "blends": ["r"]})
 
 

@@ -73,7 +73,7 @@ def test_evaluate_model_deps_follow_params_and_the_profile_rewrites_them(tmp_pat
     assert models == evaluate_model_deps(default["evaluate"])
     # the same predictors, in the same order, as the evaluate stage scores (default and production)
     from pipeline.contracts import predictor_dir
-    from pipeline.evaluate import evaluated_predictors
+    from pipeline.ranking.predictors import evaluated_predictors
 
     production = apply_profile(ROOT / "profiles" / "production.yaml", _copy_params(tmp_path / "p"))["evaluate"]
     for section in (default["evaluate"], production):
