@@ -178,6 +178,14 @@ def test_arrival_helpers_and_validation():
         simulate([0.0], [5000], [10], config=SMALL)  # larger than M
     with pytest.raises(ValueError):
         policy_key("pars", np.zeros(3), np.ones(3))  # needs scores
+    # what an int64 cast would silently turn into another workload
+    with pytest.raises(ValueError, match="arrival times must be finite"):
+        simulate([0.0, math.nan], [5, 5], [10, 10], config=SMALL)
+    with pytest.raises(ValueError, match="answer lengths must be whole"):
+        simulate([0.0, 1.0], [5, 5], [10.0, 2.5], config=SMALL)
+    with pytest.raises(ValueError, match="prompt lengths must be whole"):
+        simulate([0.0, 1.0], [5.0, math.nan], [10, 10], config=SMALL)
+    assert simulate([0.0, 1.0], [5.0, 5.0], [10.0, 10.0], config=SMALL).finish.size == 2  # whole floats are fine
 
 
 def _synthetic_project(root, with_scores: bool, rng):

@@ -714,6 +714,14 @@ def _new_requests(arrival: np.ndarray, s: np.ndarray, o: np.ndarray, key: np.nda
     return req
 
 
+def _token_counts(x, what: str) -> np.ndarray:
+    """Lengths as int64, refusing what a cast would silently change (NaN, 2.5 tokens, text)."""
+    x = np.asarray(x)
+    if x.dtype.kind not in "iuf" or (x.dtype.kind == "f" and not (np.isfinite(x).all() and (x == np.floor(x)).all())):
+        raise ValueError(f"{what} lengths must be whole numbers of tokens")
+    return x.astype(np.int64)
+
+
 def simulate(
     arrival,
     s,
@@ -734,8 +742,9 @@ def simulate(
     keys known so far (`first_provisional` before any: the scheduler's checkpoint typical score),
     then moves to its place."""
     arrival = np.asarray(arrival, dtype=np.float64)
-    s = np.asarray(s, dtype=np.int64)
-    o = np.asarray(o, dtype=np.int64)
+    if not np.isfinite(arrival).all():
+        raise ValueError("arrival times must be finite")
+    s, o = _token_counts(s, "prompt"), _token_counts(o, "answer")
     n = arrival.size
     if not (s.size == o.size == n):
         raise ValueError("arrival, s and o must have the same length")
