@@ -306,12 +306,15 @@ class Scorer:
         Prompts are tokenized once (cut to max_length head + tail, as in training), then batched in
         order of token length so each batch is padded only to its own longest prompt: on mixed
         lengths this does much less padded work than batching in input order."""
-        texts = as_stored(texts)
+        return self._score_stored(as_stored(texts), batch_size, progress)
+
+    def _score_stored(self, texts: list[str], batch_size: int | None, progress: bool) -> np.ndarray:
+        """`score` of texts already normalised by `as_stored`."""
         out = np.empty(len(texts), dtype=np.float32)
         # the decoder prior, if any, is added once over the whole list: it batches by its own token
         # lengths, not the encoder's (12.7 against 10.8 prompts/s on ChatGPT val,
         # metrics/choices/decoder_scoring-recorded.json)
-        for rows, scores in self.score_parts(texts, batch_size, progress, with_decoder=False):
+        for rows, scores in self._parts_of_stored(texts, batch_size, progress, with_decoder=False):
             out[rows] = scores
         return self.add_decoder(out, texts, progress)
 
@@ -325,9 +328,14 @@ class Scorer:
         """(rows of `texts`, their scores) for each forward batch as it finishes, shortest prompts
         first: what `score` computes, delivered incrementally (the scheduler's background worker).
         `with_decoder=False` leaves out the decoder prior (the caller adds it with `add_decoder`)."""
+        yield from self._parts_of_stored(as_stored(texts), batch_size, progress, with_decoder)
+
+    def _parts_of_stored(
+        self, texts: list[str], batch_size: int | None, progress: bool, with_decoder: bool
+    ) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+        """`score_parts` of texts already normalised by `as_stored`."""
         import torch
 
-        texts = as_stored(texts)
         ids = self.encode(texts)
         for rows, input_ids, attention_mask in _length_sorted_batches(
             ids, self.pad_id, int(batch_size or self.batch_size), progress
@@ -467,7 +475,7 @@ def score_together(
     lexical = shared_lexical_predictions(scorers, texts)
     for members, n_shared in share_groups(scorers, ids):
         if len(members) == 1:
-            outs[members[0]][:] = scorers[members[0]].score(texts, batch_size, progress)
+            outs[members[0]][:] = scorers[members[0]]._score_stored(texts, batch_size, progress)
             continue
         lead = scorers[members[0]]
         for rows, input_ids, attention_mask in _length_sorted_batches(
