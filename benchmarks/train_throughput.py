@@ -23,7 +23,10 @@ whole val split:
 - `frozen<k>+shuffle` frozen as above, random batches (`length_buckets: 1`): in-batch pairs join
                      prompts of any size, each batch padded to its longest prompt
 - `frozen<k>+micro<m>` the same random batches, each padded in m length-sorted parts
-                     (`micro_batches`; `--micro-batches` a comma list of m, default 4) and scored as one batch
+                     (`micro_batches`; `--micro-batches` a comma list of m, default 4) and scored as one batch:
+                     the pipeline's default
+- `frozen<k>+shuffle+bf16`, `frozen<k>+micro<m>+bf16` the same two in bfloat16 mixed precision, as
+                     `precision: auto` trains them where bfloat16 is native
 - `per_pair`         the paper's batches: `batch_size / 2` rows of train.parquet per step, both
                      prompts encoded (the same number of encodings per step), full fine-tuning
 
@@ -99,15 +102,21 @@ def configurations(args) -> dict[str, dict]:
             "adamw_loop": True,
             **bf16,
         },
-        f"frozen{k}+shuffle": {"pairwise_mode": "in_batch", "frozen_layers": k, "length_buckets": 1, **fp32},
+        # random batches padded at once, or in m parts (the default, `micro_batches`); +bf16: as
+        # `precision: auto` trains them where bfloat16 is native
         **{
-            f"frozen{k}+micro{m}": {
+            f"frozen{k}+shuffle{tag}": {"pairwise_mode": "in_batch", "frozen_layers": k, "length_buckets": 1, **prec}
+            for tag, prec in (("", fp32), ("+bf16", bf16))
+        },
+        **{
+            f"frozen{k}+micro{m}{tag}": {
                 "pairwise_mode": "in_batch",
                 "frozen_layers": k,
                 "length_buckets": 1,
                 "micro_batches": m,
-                **fp32,
+                **prec,
             }
+            for tag, prec in (("", fp32), ("+bf16", bf16))
             for m in args.micro_batches
         },
         "per_pair": {"pairwise_mode": "per_pair", "frozen_layers": 0, "length_buckets": 0, **fp32},
@@ -257,7 +266,7 @@ def main(argv: list[str] | None = None) -> int:
         default=None,
         help="comma list of configurations to run (default all: full, full+buckets, frozen<k>+buckets, "
         "frozen<k>+buckets+bf16 and its +all_positions, +torch_dropout and +adamw_loop variants, "
-        "frozen<k>+shuffle, frozen<k>+micro<m>, per_pair)",
+        "frozen<k>+shuffle, frozen<k>+micro<m>, each of those two +bf16, per_pair)",
     )
     ap.add_argument("--steps", type=int, default=60, help="optimiser steps per configuration")
     ap.add_argument("--batch-size", type=int, default=32, help="prompts encoded per step, every configuration")
