@@ -439,6 +439,31 @@ def test_openai_spec_numbers_are_named(bad, key):
         OpenAIBackend({"base_url": "http://localhost:1", "model": "m", **bad})
 
 
+def test_vllm_cache_key_follows_a_local_model_directory_s_content(tmp_path, monkeypatch):
+    """New weights at the same path are other answers: a local model directory keys the cache by
+    its files' content (names and bytes), a hub id by its name."""
+    import pipeline.backends.vllm_backend as vb
+
+    monkeypatch.setattr(vb, "_on_cpu", lambda: True)
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text('{"hidden_size": 8}')
+    (model / "model.safetensors").write_bytes(b"weights-1")
+    spec = {"model": str(model), "k": 4, "max_tokens": 256}
+    first = vb.VllmBackend(spec).identity()
+    assert len(first["model_digest"]) == 64
+    assert vb.VllmBackend(spec).identity() == first  # the same files: the same key
+    (model / ".cache").mkdir()
+    (model / ".cache" / "lock").write_text("x")  # hidden files are not the model
+    assert vb.VllmBackend(spec).identity() == first
+    (model / "model.safetensors").write_bytes(b"weights-2")  # same size, other bytes
+    assert cache_key(vb.VllmBackend(spec).identity(), "p") != cache_key(first, "p")
+    (model / "model.safetensors").write_bytes(b"weights-1")
+    (model / "tokenizer.json").write_text("{}")  # a file more
+    assert vb.VllmBackend(spec).identity() != first
+    assert "model_digest" not in vb.VllmBackend({**spec, "model": "org/hub-model"}).identity()
+
+
 def test_vllm_identity_adds_repetition_penalty_only_when_set():
     from pipeline.backends.vllm_backend import VllmBackend
 

@@ -6,8 +6,10 @@ but the prompts in flight)."""
 
 from __future__ import annotations
 
+import hashlib
 import math
 import os
+from pathlib import Path
 from typing import Any, Iterable, Iterator
 
 from pipeline.backends.base import Backend, PromptItem, Sample, normalise_finish_reason, split_reasoning
@@ -44,6 +46,21 @@ def resolve_dtype(dtype: str, cpu: bool) -> str:
     return "bfloat16" if current_platform.has_device_capability(80) else "float16"
 
 
+def model_digest(path: Path) -> str:
+    """sha256 over a local model directory's files (names, sizes, contents; hidden files left out):
+    the answers come from these weights, tokenizer and template, whatever path they are read from."""
+    digest = hashlib.sha256()
+    files = sorted(
+        f for f in path.rglob("*") if f.is_file() and not any(p.startswith(".") for p in f.relative_to(path).parts)
+    )
+    for f in files:
+        digest.update(f"{f.relative_to(path).as_posix()}\0{f.stat().st_size}\0".encode())
+        with f.open("rb") as fh:
+            while chunk := fh.read(1 << 22):
+                digest.update(chunk)
+    return digest.hexdigest()
+
+
 class VllmBackend(Backend):
     name = "vllm"
 
@@ -57,6 +74,7 @@ class VllmBackend(Backend):
             raise ValueError("vllm backend: set the model's `dtype`, not engine_args.dtype")
         self.dtype = resolve_dtype(self.spec.get("dtype", "auto"), self.cpu)
         self._llm = None
+        self._model_digest: str | None = None
         self.skipped: dict[str, str] = {}
 
     def identity(self) -> dict[str, Any]:
@@ -88,6 +106,13 @@ class VllmBackend(Backend):
         # in the key when set, so caches made without them keep their keys
         if s.get("engine_args"):
             ident["engine_args"] = dict(s["engine_args"])
+        # a local model directory keys the cache by its content: new weights written to the same
+        # path (materialize from another package, a fine-tuned checkpoint) are never answered from
+        # the old ones' cache. A hub id is its name (engine_args can pin a revision).
+        if Path(str(s["model"])).is_dir():
+            if self._model_digest is None:
+                self._model_digest = model_digest(Path(str(s["model"])))
+            ident["model_digest"] = self._model_digest
         return ident
 
     def describe(self) -> dict[str, Any]:
