@@ -27,11 +27,11 @@ import numpy as np  # noqa: E402
 
 def main() -> None:
     from pipeline.contracts import predictor_dir, write_json
-    from pipeline.evaluate import evaluated_predictors
     from pipeline.hardware import cpu_has_native_bf16
     from pipeline.params import load_params
     from pipeline.ranking.data import RankingData
     from pipeline.ranking.metrics import kendall_tau_b
+    from pipeline.ranking.predictors import evaluated_predictors
     from pipeline.serving.scorer import Scorer, score_together
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])

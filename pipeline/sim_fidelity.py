@@ -154,8 +154,8 @@ def replay(
     from pipeline.queueing.simulator import burst, simulate
 
     w = validation["workload"]
-    s = np.asarray(w["prompt_tokens"], dtype=np.int64)
-    o = np.asarray(w["output_tokens"], dtype=np.int64)
+    s = np.asarray(w["prompt_tokens"])  # simulate() refuses 2.5 tokens rather than truncating them
+    o = np.asarray(w["output_tokens"])
     scores = np.asarray(w["pars_scores"], dtype=np.float64)
     arrival = burst(len(s))
     # when each PARS score reached the queue, batched as the run's scorer did (files from before

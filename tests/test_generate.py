@@ -462,6 +462,11 @@ def test_vllm_cache_key_follows_a_local_model_directory_s_content(tmp_path, monk
     (model / "tokenizer.json").write_text("{}")  # a file more
     assert vb.VllmBackend(spec).identity() != first
     assert "model_digest" not in vb.VllmBackend({**spec, "model": "org/hub-model"}).identity()
+    gguf = tmp_path / "model.gguf"  # a single-file model: its bytes
+    gguf.write_bytes(b"gguf-1")
+    one = vb.VllmBackend({**spec, "model": str(gguf)}).identity()["model_digest"]
+    gguf.write_bytes(b"gguf-2")
+    assert vb.VllmBackend({**spec, "model": str(gguf)}).identity()["model_digest"] != one
 
 
 def test_vllm_identity_adds_repetition_penalty_only_when_set():

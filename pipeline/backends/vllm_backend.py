@@ -47,14 +47,22 @@ def resolve_dtype(dtype: str, cpu: bool) -> str:
 
 
 def model_digest(path: Path) -> str:
-    """sha256 over a local model directory's files (names, sizes, contents; hidden files left out):
-    the answers come from these weights, tokenizer and template, whatever path they are read from."""
+    """sha256 over a local model: a file's bytes, or a directory's files (names, sizes, contents;
+    hidden ones left out, symlinks followed). The answers come from these weights, tokenizer and
+    template; any change to them (even a config's `transformers_version` after materialize runs
+    under another transformers) makes the cache generate again rather than risk stale answers."""
     digest = hashlib.sha256()
-    files = sorted(
-        f for f in path.rglob("*") if f.is_file() and not any(p.startswith(".") for p in f.relative_to(path).parts)
-    )
+    if path.is_file():
+        files = [path]
+    else:
+        files = []
+        for root, dirs, names in os.walk(path, followlinks=True):
+            dirs[:] = [d for d in dirs if not d.startswith(".")]
+            files += [Path(root) / n for n in names if not n.startswith(".")]
+        files.sort(key=lambda f: f.relative_to(path).as_posix())
     for f in files:
-        digest.update(f"{f.relative_to(path).as_posix()}\0{f.stat().st_size}\0".encode())
+        name = f.name if f == path else f.relative_to(path).as_posix()
+        digest.update(f"{name}\0{f.stat().st_size}\0".encode())
         with f.open("rb") as fh:
             while chunk := fh.read(1 << 22):
                 digest.update(chunk)
@@ -78,6 +86,19 @@ class VllmBackend(Backend):
         self.skipped: dict[str, str] = {}
 
     def identity(self) -> dict[str, Any]:
+        ident = self._settings()
+        # a local model (a directory or a GGUF file) keys the cache by its content: new weights at
+        # the same path (materialize from another package, a fine-tuned checkpoint) are never
+        # answered from the old ones' cache. A hub id is its name (engine_args can pin a revision).
+        model = Path(str(self.spec["model"]))
+        if model.exists():
+            if self._model_digest is None:
+                self._model_digest = model_digest(model)
+            ident["model_digest"] = self._model_digest
+        return ident
+
+    def _settings(self) -> dict[str, Any]:
+        """The identity without the model's digest: what the sampling and the engine are given."""
         s = self.spec
         ident = {
             "backend": self.name,
@@ -106,13 +127,6 @@ class VllmBackend(Backend):
         # in the key when set, so caches made without them keep their keys
         if s.get("engine_args"):
             ident["engine_args"] = dict(s["engine_args"])
-        # a local model directory keys the cache by its content: new weights written to the same
-        # path (materialize from another package, a fine-tuned checkpoint) are never answered from
-        # the old ones' cache. A hub id is its name (engine_args can pin a revision).
-        if Path(str(s["model"])).is_dir():
-            if self._model_digest is None:
-                self._model_digest = model_digest(Path(str(s["model"])))
-            ident["model_digest"] = self._model_digest
         return ident
 
     def describe(self) -> dict[str, Any]:
@@ -159,7 +173,7 @@ class VllmBackend(Backend):
         from vllm import SamplingParams
         from vllm.sampling_params import RequestOutputKind
 
-        ident = self.identity()
+        ident = self._settings()  # not identity(): hashing the model is not sampling work
         # No per-request seed: the CPU build rejects it; the engine is seeded instead.
         # FINAL_ONLY: one output per prompt holding all n samples, as LLM.generate does.
         return SamplingParams(
