@@ -398,10 +398,17 @@ def parse_lengths(spec: str, flag: str) -> tuple[int, int]:
 def read_engine_fit(path: str | Path) -> tuple[int, int, float, int | None]:
     """(M, chunk, b_bar, max_num_seqs) from the engine_fit stage's JSON (pars engine-fit), naming the file and
     key on a defect; max_num_seqs is None in fits written before it was recorded."""
+    return _engine_settings(_read_fit(path), path)
+
+
+def _read_fit(path: str | Path) -> Any:
     try:
-        fit = read_json(path)
+        return read_json(path)
     except RecursionError:
         raise PARSError(f"{path}: not a JSON file (nested too deeply)") from None
+
+
+def _engine_settings(fit: Any, path: str | Path) -> tuple[int, int, float, int | None]:
     try:
         values = fit["M_tokens"], fit["chunk"], fit["step_time"]["mean_s"]
     except (KeyError, TypeError, IndexError):
@@ -419,9 +426,9 @@ def read_engine_fit(path: str | Path) -> tuple[int, int, float, int | None]:
 
 def read_stage_engine_fit(path: str | Path) -> dict[str, Any]:
     """The whole engine-fit JSON the stage reports and plots, every key it reads checked."""
-    if read_engine_fit(path)[3] is None:  # the stage plans with the fit's own batch-slot cap
+    fit = _read_fit(path)
+    if _engine_settings(fit, path)[3] is None:  # the stage plans with the fit's own batch-slot cap
         raise PARSError(f"{path}: has no 'max_num_seqs' (rerun `pars engine-fit`)")
-    fit = read_json(path)
     for key in ("workload", "engine", "model"):
         if key not in fit:
             raise PARSError(f"{path}: has no {key!r} (rerun `pars engine-fit`)")

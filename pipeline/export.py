@@ -20,8 +20,9 @@ import math
 from pathlib import Path
 
 from pipeline.errors import PARSError
+from pipeline.hashing import sha256_file
 from pipeline.params import load_params
-from pipeline.ranking.checkpoint import META, TYPICAL_SCORE, copy_checkpoint, plain_name, read_meta, sha256_file
+from pipeline.ranking.checkpoint import META, TYPICAL_SCORE, copy_checkpoint, plain_name, read_meta
 
 
 def export_dir(name: str, root: str | Path = "models/export") -> Path:

@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 
 from pipeline.export import export_metrics
-from pipeline.ranking.checkpoint import META, WEIGHTS, CheckpointError, sha256_file
+from pipeline.hashing import sha256_file
+from pipeline.ranking.checkpoint import META, WEIGHTS, CheckpointError
 
 RANKING = {
     "predictors": {
@@ -176,3 +177,16 @@ def test_export_records_the_median_val_score_where_unscored_requests_wait(traine
     with pytest.raises(ValueError, match="no val prompts"):
         _export(trained, prompts_file=no_val)
     assert json.loads((dst / META).read_text()) == meta  # the last export stays whole
+
+
+def test_sha256_file_matches_hashlib_across_chunks(tmp_path):
+    import hashlib
+
+    from pipeline.hashing import CHUNK
+
+    data = bytes(range(256)) * (CHUNK // 256 * 2 + 3)  # two whole chunks and a partial one
+    path = tmp_path / "weights.bin"
+    path.write_bytes(data)
+    assert sha256_file(path) == hashlib.sha256(data).hexdigest()
+    path.write_bytes(data[:-1] + b"\x00")
+    assert sha256_file(path) != hashlib.sha256(data).hexdigest()

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any, Iterable, Iterator
 
 from pipeline.backends.base import Backend, PromptItem, Sample, normalise_finish_reason, split_reasoning
+from pipeline.hashing import update_from_file
 
 # what generate.models.<m>.dtype may be: vLLM's spellings, and `native` (resolve_dtype)
 DTYPES = ("native", "auto", "half", "float16", "bfloat16", "float", "float32")
@@ -63,9 +64,7 @@ def model_digest(path: Path) -> str:
     for f in files:
         name = f.name if f == path else f.relative_to(path).as_posix()
         digest.update(f"{name}\0{f.stat().st_size}\0".encode())
-        with f.open("rb") as fh:
-            while chunk := fh.read(1 << 22):
-                digest.update(chunk)
+        update_from_file(digest, f)
     return digest.hexdigest()
 
 

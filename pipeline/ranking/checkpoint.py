@@ -13,10 +13,11 @@ decoder/            (optional) a frozen causal LM + ridge whose prediction is ad
 
 from __future__ import annotations
 
-import hashlib
 import json
 from pathlib import Path
 from typing import Any
+
+from pipeline.hashing import sha256_file
 
 FORMAT_VERSION = 1
 WEIGHTS = "model.safetensors"
@@ -34,14 +35,6 @@ DECODER = "decoder"
 
 class CheckpointError(RuntimeError):
     """A checkpoint directory that cannot be served: missing, incomplete, unknown or corrupt."""
-
-
-def sha256_file(path: str | Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for block in iter(lambda: fh.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def save_checkpoint(

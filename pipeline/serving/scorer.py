@@ -10,6 +10,7 @@ from typing import Iterator, Sequence
 
 import numpy as np
 
+from pipeline.hashing import sha256_file
 from pipeline.ranking.checkpoint import (
     DECODER,
     LEXICAL,
@@ -18,7 +19,6 @@ from pipeline.ranking.checkpoint import (
     WEIGHTS,
     CheckpointError,
     read_meta,
-    sha256_file,
 )
 
 # save_pretrained of a fast BERT tokenizer writes tokenizer.json; a slow one writes vocab.txt
