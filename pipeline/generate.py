@@ -22,7 +22,7 @@ from typing import Any
 
 import pandas as pd
 
-from pipeline.backends import PromptItem, Sample, make_backend
+from pipeline.backends import OPTIONS, PromptItem, Sample, make_backend
 from pipeline.backends.vllm_backend import DTYPES
 from pipeline.contracts import (
     FINISH_REASONS,
@@ -170,6 +170,12 @@ def check_spec(model: str, spec: dict[str, Any]) -> Section:
         spec = Section(spec, f"generate.models.{model}")
     where = spec.where
     backend = spec.choice("backend", BACKENDS)
+    unknown = sorted(set(spec) - {"backend", "datasets", "max_prompts_per_dataset"} - OPTIONS[backend])
+    if unknown:
+        raise PARSError(
+            f"{where}.{unknown[0]}: not an option of the {backend} backend; its options: "
+            f"{', '.join(sorted(OPTIONS[backend]))}, datasets, max_prompts_per_dataset"
+        )
     datasets = spec.get("datasets")
     if datasets is not None and not (
         isinstance(datasets, list) and datasets and all(isinstance(d, str) for d in datasets)
@@ -288,7 +294,12 @@ def run(
         for i, s in enumerate(entry["samples"]):
             rows.append({"prompt_id": pid, "sample": i, **s})
     if not rows:
-        raise ValueError(f"model {model!r}: no answers were produced (skipped: {getattr(backend, 'skipped', {})})")
+        skipped = getattr(backend, "skipped", {})
+        first = next(iter(skipped.items()), None)
+        raise ValueError(
+            f"model {model!r}: no answers were produced"
+            + (f"; {len(skipped)} prompt(s) skipped, e.g. {first[0]}: {first[1]}" if first else "")
+        )
     df = pd.DataFrame(rows)
     write_table(df, out_dir / "generations.parquet", GENERATIONS)
     skipped = getattr(backend, "skipped", {})

@@ -183,6 +183,17 @@ def main(argv: list[str] | None = None) -> int:
         if counts["kept"] == 0:
             raise ValueError(f"source {name!r} gave no usable prompt ({counts})")
     prompts = pd.concat(frames, ignore_index=True)
+    # two entries that name one dataset (option `dataset`) may hold the same text: one id twice, which
+    # generate would answer twice and pairs refuse far from the cause, or which could sit in two splits
+    entries = pd.Series([name for name, df in zip(sources, frames) for _ in range(len(df))])
+    repeated = prompts["prompt_id"].duplicated(keep=False).to_numpy()
+    if repeated.any():
+        first = prompts["prompt_id"][repeated].iloc[0]
+        both = sorted(set(entries[(prompts["prompt_id"] == first).to_numpy()]))
+        raise PARSError(
+            f"{params.where}.sources: {int(repeated.sum())} rows share a prompt id across entries of one dataset "
+            f"(e.g. {first} in {' and '.join(both)}); give each entry its own `dataset` name"
+        )
     out = Path(args.out)
     write_table(prompts, out, PROMPTS)
     report["_total"] = {"prompts": len(prompts), **prompts["split"].value_counts().to_dict()}

@@ -63,7 +63,8 @@ def gen_env(tmp_path, monkeypatch):
 
 def test_default_params_pass_the_checks(gen_env):
     _, _, params = gen_env
-    for model, spec in params["generate"]["models"].items():
+    production = yaml.safe_load((PARAMS.parent / "profiles" / "production.yaml").read_text())
+    for model, spec in [*params["generate"]["models"].items(), *production["generate"]["models"].items()]:
         generate.check_spec(model, spec)
 
 
@@ -93,6 +94,8 @@ def test_default_params_pass_the_checks(gen_env):
         ("model", "models/base/nosuch"),
         ("model", "/no/such/model"),
         ("backend", "gpu"),
+        ("temprature", 0.1),  # a misspelt option would run with the default
+        ("base_url", "http://localhost:8000/v1"),  # the openai backend's, not vllm's
     ],
 )
 def test_a_bad_model_entry_is_one_line_before_any_backend(gen_env, capsys, key, value):

@@ -253,8 +253,9 @@ def test_recorded_backend_names_a_bad_source():
 class _Script:
     """Per-request status codes the server answers before it succeeds."""
 
-    def __init__(self, statuses):
+    def __init__(self, statuses, refuse_word=None):
         self.statuses = list(statuses)
+        self.refuse_word = refuse_word  # a prompt holding it is refused (400), as one over the context length
         self.calls = 0
         self.lock = threading.Lock()
 
@@ -269,6 +270,8 @@ def _serve(script: _Script):
             with script.lock:
                 script.calls += 1
                 status = script.statuses.pop(0) if script.statuses else 200
+            if script.refuse_word and script.refuse_word in body["messages"][0]["content"]:
+                status = 400
             if status != 200:
                 self.send_response(status)
                 self.send_header("Retry-After", "0")
@@ -305,8 +308,8 @@ def _serve(script: _Script):
 def endpoint():
     servers = []
 
-    def start(statuses):
-        script = _Script(statuses)
+    def start(statuses, refuse_word=None):
+        script = _Script(statuses, refuse_word)
         server = _serve(script)
         servers.append(server)
         return f"http://127.0.0.1:{server.server_address[1]}/v1", script
@@ -339,9 +342,32 @@ def test_openai_retries_429_and_5xx_then_succeeds(endpoint):
 
 
 def test_openai_client_error_stops_with_the_message(endpoint):
-    url, _ = endpoint([400])
-    with pytest.raises(EndpointError, match="refused the request.*400.*scripted failure"):
+    url, _ = endpoint([401])
+    with pytest.raises(EndpointError, match="refused the request.*401.*scripted failure"):
         list(_backend(url, concurrency=1).generate([PromptItem("a", "hi")]))
+
+
+def test_openai_refused_prompt_is_skipped_and_the_run_goes_on(endpoint, tmp_path):
+    """A 400 for one prompt (over the context length, flagged by a filter) skips that prompt, listed
+    with the endpoint's message; the others are answered and cached. A run whose every prompt is
+    refused stops with one line naming a refusal."""
+    url, _ = endpoint([], refuse_word="huge")
+    backend = _backend(url)
+    items = [PromptItem("a", "one two"), PromptItem("b", "a huge pasted text"), PromptItem("c", "three")]
+    results = dict(backend.generate(items))
+    assert set(results) == {"a", "c"}
+    assert list(backend.skipped) == ["b"] and "HTTP 400" in backend.skipped["b"]
+
+    prompts = pd.DataFrame(
+        {"prompt_id": ["b"], "dataset": ["d"], "source_id": ["0"], "prompt": ["a huge pasted text"], "split": ["test"]}
+    )
+    with pytest.raises(ValueError, match="no answers were produced; 1 prompt\\(s\\) skipped, e.g. b: refused"):
+        run(
+            "m",
+            {"backend": "openai", "base_url": url, "model": "m", "k": 1, "backoff_s": 0.01},
+            prompts,
+            tmp_path / "m",
+        )
 
 
 def test_openai_gives_up_after_max_retries(endpoint):
@@ -484,23 +510,27 @@ def test_vllm_identity_adds_repetition_penalty_only_when_set():
             VllmBackend({**base, "repetition_penalty": bad}).identity()
 
 
-def test_vllm_native_dtype_is_bf16_only_where_native_and_keys_the_cache(monkeypatch):
-    """`dtype: native` is bfloat16 on a CPU with native bf16 and float32 on one without; a dtype
-    `native` picked (other than float32) is part of the cache key, a dtype the params name is not
-    (caches made before the knob keep their keys)."""
+def test_vllm_dtype_keys_the_cache_and_native_is_bf16_only_where_native(monkeypatch):
+    """`dtype: native` is bfloat16 on a CPU with native bf16 and float32 on one without; every dtype
+    but float32 is part of the cache key, named in the params or picked by `native` (a float32
+    cache never answers for bfloat16), and float32 keeps the key of caches made before the knob."""
     import pipeline.backends.vllm_backend as vb
     import pipeline.hardware as hardware
 
     monkeypatch.setattr(vb, "_on_cpu", lambda: True)
     base = {"model": "m", "k": 4, "max_tokens": 256}
-    unset = vb.VllmBackend(base).identity()
-    for dtype in ("float32", "bfloat16", "auto"):
-        assert vb.VllmBackend({**base, "dtype": dtype}).identity() == unset
+    before_the_knob = cache_key(vb.VllmBackend({**base, "dtype": "float32"}).identity(), "p")
+    assert cache_key(vb.VllmBackend({**base, "dtype": "float"}).identity(), "p") == before_the_knob
+    keys = {
+        dtype: cache_key(vb.VllmBackend({**base, "dtype": dtype}).identity(), "p")
+        for dtype in ("bfloat16", "half", "auto")
+    }
+    assert len(set(keys.values()) | {before_the_knob}) == 4
     for native, expected in ((True, "bfloat16"), (False, "float32")):
         monkeypatch.setattr(hardware, "cpu_has_native_bf16", lambda native=native: native)
         backend = vb.VllmBackend({**base, "dtype": "native"})
         assert backend.dtype == expected
-        assert (cache_key(backend.identity(), "p") == cache_key(unset, "p")) is (expected == "float32")
+        assert cache_key(backend.identity(), "p") == (keys["bfloat16"] if native else before_the_knob)
     with pytest.raises(ValueError, match="not engine_args.dtype"):
         vb.VllmBackend({**base, "engine_args": {"dtype": "half"}})
 
@@ -515,3 +545,13 @@ def test_vllm_native_dtype_on_a_gpu_needs_compute_capability_8(monkeypatch):
         monkeypatch.setattr(current_platform, "has_device_capability", lambda cap, capable=capable: capable)
         assert resolve_dtype("native", cpu=False) == expected
     assert resolve_dtype("half", cpu=False) == "half"
+
+
+def test_a_cut_answer_is_length_whatever_cut_it():
+    """Cut at max_tokens, by a content filter or an abort: a lower bound (the pairs' censoring rule)."""
+    from pipeline.backends.base import normalise_finish_reason
+
+    for reason in ("length", "content_filter", "abort"):
+        assert normalise_finish_reason(reason) == "length"
+    for reason in ("stop", "tool_calls", "eos", None):
+        assert normalise_finish_reason(reason) == "stop"

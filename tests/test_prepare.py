@@ -204,3 +204,27 @@ def test_a_misspelt_option_of_a_packaged_source_is_one_line(tmp_path, monkeypatc
         f"pars prepare: error: {params}: prepare.sources.humaneval: unknown option "
         f"'cpa' (known: cap, dataset, source, splits)\n"
     )
+
+
+def test_two_entries_of_one_dataset_with_a_shared_text_are_one_line(tmp_path, monkeypatch, capsys):
+    """Two entries that name one dataset and hold the same text would give one prompt id twice:
+    refused at prepare, naming both entries, not later by pairs (or silently by a merge)."""
+    from pipeline.cli import main as pars
+
+    a, b = tmp_path / "a.jsonl", tmp_path / "b.jsonl"
+    _write_jsonl(a, [json.dumps({"prompt": f"question {i}"}).encode() for i in range(4)])
+    _write_jsonl(b, [json.dumps({"prompt": f"question {i}"}).encode() for i in (3, 9)])
+    params = tmp_path / "params.yaml"
+    params.write_text(
+        "prepare:\n  sources:\n"
+        f"    first: {{path: {a}, dataset: mine}}\n    second: {{path: {b}, dataset: mine}}\n"
+        "  split: {train: 1}\n  max_prompt_chars: 100\n"
+    )
+    monkeypatch.setenv("PARS_PARAMS", str(params))
+    out = tmp_path / "p.parquet"
+    assert pars(["prepare", "--out", str(out)]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "2 rows share a prompt id" in err and "in first and second" in err
+    assert not out.exists()
+    params.write_text(params.read_text().replace("dataset: mine}\n  split", "dataset: yours}\n  split"))
+    assert pars(["prepare", "--out", str(out)]) == 0 and len(pd.read_parquet(out)) == 6

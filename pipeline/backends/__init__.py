@@ -12,6 +12,21 @@ from __future__ import annotations
 
 from pipeline.backends.base import Backend, PromptItem, Sample, split_reasoning
 
+# what each backend reads of its generate.models.<model> entry (besides generate's own `backend`,
+# `datasets` and `max_prompts_per_dataset`): any other key is refused, so a misspelt
+# `temprature` cannot run silently with the default
+OPTIONS = {
+    "vllm": frozenset(
+        "model k temperature top_p max_tokens seed repetition_penalty dtype max_num_seqs max_model_len"
+        " enforce_eager cpu_kv_cache_gib gpu_memory_utilization tensor_parallel_size engine_args".split()
+    ),
+    "openai": frozenset(
+        "base_url model api_key_env k temperature top_p max_tokens max_tokens_field extra_body concurrency"
+        " max_retries timeout_s connect_timeout_s backoff_s".split()
+    ),
+    "recorded": frozenset({"source"}),
+}
+
 
 def make_backend(name: str, spec: dict) -> Backend:
     if name == "vllm":
@@ -29,4 +44,4 @@ def make_backend(name: str, spec: dict) -> Backend:
     raise ValueError(f"unknown generation backend {name!r}; known: vllm, openai, recorded")
 
 
-__all__ = ["Backend", "PromptItem", "Sample", "make_backend", "split_reasoning"]
+__all__ = ["OPTIONS", "Backend", "PromptItem", "Sample", "make_backend", "split_reasoning"]

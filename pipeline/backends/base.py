@@ -40,7 +40,7 @@ class PromptItem:
 class Sample:
     output_tokens: int  # every generated token, reasoning trace included
     reasoning_tokens: int
-    finish_reason: str  # "stop" or "length"
+    finish_reason: str  # "stop" or "length" (cut: normalise_finish_reason)
     prompt_tokens: int
     text: str  # the answer, trace removed
     reasoning: str
@@ -49,9 +49,14 @@ class Sample:
         return asdict(self)
 
 
+# finish reasons of an answer that was cut: at max_tokens, by a content filter (OpenAI's
+# content_filter), or aborted (vLLM's abort); its length is a lower bound (pairs' censoring rule)
+CUT_REASONS = frozenset({"length", "content_filter", "abort"})
+
+
 def normalise_finish_reason(reason: str | None) -> str:
-    # "length" (cut at max_tokens) is the one that matters: that length is a lower bound.
-    return "length" if reason == "length" else "stop"
+    """The contract's reason: "length" for an answer that was cut (CUT_REASONS), else "stop"."""
+    return "length" if reason in CUT_REASONS else "stop"
 
 
 class Backend:

@@ -27,10 +27,17 @@ from pipeline.backends.base import Backend, PromptItem, Sample, normalise_finish
 from pipeline.errors import PARSError
 
 RETRYABLE = {408, 409, 429, 500, 502, 503, 504}
+# refusals of the request itself (a prompt over the context length, one a content filter flags):
+# that prompt is skipped and listed in meta.json, the run goes on; other 4xx (401, 403, 404) stop it
+PROMPT_REFUSED = {400, 413, 422}
 
 
 class EndpointError(PARSError, RuntimeError):
     """The endpoint is unreachable, refused a request (4xx) or kept failing after every retry."""
+
+
+class PromptRefused(EndpointError):
+    """The endpoint refused this prompt's request (PROMPT_REFUSED): the prompt is skipped."""
 
 
 class OpenAIBackend(Backend):
@@ -145,6 +152,8 @@ class OpenAIBackend(Backend):
                         ) from None
                     return self._parse(data, self.base_url)
                 last = f"HTTP {resp.status_code}: {resp.text[:300]}"
+                if resp.status_code in PROMPT_REFUSED:
+                    raise PromptRefused(last)
                 if resp.status_code not in RETRYABLE:
                     raise EndpointError(f"{self.base_url} refused the request ({last})")
             if attempt == self.max_retries:
@@ -214,8 +223,17 @@ class OpenAIBackend(Backend):
                 await self._probe(client)
 
             async def prompt_task(item: PromptItem):
-                samples = await asyncio.gather(*(self._one(client, sem, item.prompt) for _ in range(self.k)))
-                out.put((item.prompt_id, list(samples)))
+                samples = await asyncio.gather(
+                    *(self._one(client, sem, item.prompt) for _ in range(self.k)), return_exceptions=True
+                )
+                errors = [s for s in samples if isinstance(s, BaseException)]
+                for error in errors:
+                    if not isinstance(error, PromptRefused):
+                        raise error
+                if errors:  # every refused prompt is listed; a run with no answer at all stops (generate)
+                    self.skipped[item.prompt_id] = f"refused by the endpoint ({errors[0]})"
+                else:
+                    out.put((item.prompt_id, samples))
 
             tasks = [asyncio.create_task(prompt_task(it)) for it in items]
             try:

@@ -117,10 +117,10 @@ class VllmBackend(Backend):
             raise ValueError(f"vllm backend: repetition_penalty must be a number > 0, got {raw!r}")
         if penalty != 1.0:  # only when set, so caches made before the knob existed stay valid
             ident["repetition_penalty"] = penalty
-        # A dtype that `native` picked on this machine, other than float32, is in the key: a run on
-        # another machine (or a float32 cache) never passes its answers off as these. A dtype the
-        # params name is theirs, outside the key as before, so existing caches keep their keys.
-        if self.spec.get("dtype") == "native" and self.dtype != "float32":
+        # The dtype changes the answers: any but float32 is in the key (float32, the CPU's default,
+        # stays out so caches made before the knob keep their keys), whether the params name it or
+        # `native` picked it on this machine; a float32 cache never answers for bfloat16, nor back.
+        if self.dtype not in ("float32", "float"):
             ident["dtype"] = self.dtype
         # engine arguments can change the answers (quantization, a KV cache dtype, a tokenizer mode):
         # in the key when set, so caches made without them keep their keys
