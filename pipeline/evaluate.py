@@ -348,6 +348,8 @@ def evaluate(
                 s = score_of[(model, method)].reindex(lab.index)
                 if s.isna().any():
                     raise ValueError(f"evaluate: {model}/{method} has no score for some {eval_model} test prompts")
+                if not np.isfinite(s.to_numpy(dtype=float)).all():  # inf - inf would void every bootstrap
+                    raise ValueError(f"evaluate: {model}/{method} gives an infinite score to some {eval_model} prompts")
                 stat, boot = _tau_block(s, lab, idx_of[group], level, delta)
                 gain_low, gain_high = M.percentile_ci(boot - base_boot[group], level)
                 stat.update(

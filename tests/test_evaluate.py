@@ -434,6 +434,11 @@ def test_report_shows_tfidf_row_marks_and_method_differences():
     assert "1 of the predictors (`kw/pairwise`) score with a lexical prior" in render_markdown(r)
     r["settings"]["lexical_prior"] = [f"{m}/{meth}" for m, by in r["predictors"].items() for meth in by]
     assert "Every predictor scores with a lexical prior" in render_markdown(r)
+    assert "of which cut" not in md  # every answer stopped
+    for group in r["references"]["kw"].values():
+        group["n_truncated"] = 2
+    cut = render_markdown(r)
+    assert "| *of which cut ¶* | 2 |" in cut and "¶: prompts with at least one answer cut" in cut
     assert "Left out of every τ_b" not in md
     r["settings"]["excluded_test_prompts"] = {"n_prompts": 3, "by_dataset": {"a": 1, "b": 2}}
     assert "Left out of every τ_b above: 3 test prompts (a 1, b 2)" in render_markdown(r)
@@ -457,6 +462,17 @@ def test_report_shows_tfidf_row_marks_and_method_differences():
     del few["method_differences"]
     old = render_markdown(few)
     assert "TF-IDF" not in old and "Pairwise minus" not in old and "| pairwise (PARS) |" in old
+
+
+def test_evaluate_refuses_an_infinite_score():
+    """inf - inf voids every bootstrap resample: a null interval and no gain, silently; refused instead."""
+    from pipeline.evaluate import evaluate
+
+    prompts, gens, scores, ptoks = _keyword_project()
+    scores = scores.reset_index(drop=True)
+    scores.loc[(scores["method"] == "pairwise").to_numpy().nonzero()[0][:2], "score"] = np.inf
+    with pytest.raises(ValueError, match="kw/pairwise gives an infinite score to some kw prompts"):
+        evaluate(prompts, gens, scores, ptoks, delta=0.2, n_boot=20, seed=0, level=0.95, tfidf_ridge=TFIDF)
 
 
 def test_report_shows_an_estimated_noise_ceiling_only_where_evaluate_has_none():

@@ -97,6 +97,17 @@ def test_replicas_needed():
     assert th.replicas_needed(0.0, cap)["guaranteed"] == 1
 
 
+@pytest.mark.parametrize("max_num_seqs", [None, 4])
+def test_guaranteed_replicas_stay_strictly_below_the_bound_with_no_margin(max_num_seqs):
+    """With margin 0 a rate that is a whole multiple of the safe rate would load each replica exactly
+    to it, where the theorem (strict) guarantees nothing and the slot bound says unstable."""
+    w = th.Workload.empirical("e", [64, 64], [16, 48])
+    cap = th.capacity(w, M=100_000, chunk=64, step_time=0.01, max_num_seqs=max_num_seqs)
+    r = th.replicas_needed(2 * cap.safe_below, cap, margin=0.0)
+    assert r["guaranteed"] == 3 and r["guaranteed"] >= r["minimum"]
+    assert th.verdict(r["per_replica_rate"], cap) == th.STABLE
+
+
 def test_batch_slots_bound_capacity_when_they_saturate_first():
     """Short requests: the 4 slots saturate before the KV memory; the verdict and the replicas use
     min(mu, slot rate), and without max_num_seqs the memory theorem alone applies as before."""

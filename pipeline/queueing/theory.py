@@ -265,6 +265,8 @@ def replicas_needed(rate: float, cap: Capacity, margin: float = 0.1) -> dict[str
     if rate < 0:
         raise ValueError("arrival rate must be >= 0")
     guaranteed = max(1, math.ceil(rate / ((1 - margin) * cap.safe_below) - 1e-12))
+    if rate / guaranteed >= cap.safe_below:  # margin 0, a rate that is a multiple of it: the bound is strict
+        guaranteed += 1
     minimum = max(1, math.ceil(rate / cap.limit - 1e-12))
     if cap.slot_rate is not None and rate / minimum >= cap.slot_rate:  # exactly at the slot rate
         minimum += 1

@@ -141,12 +141,23 @@ def render_markdown(ranking: dict, estimated_ceilings: list[dict] | None = None)
     lines.append(
         "| *test prompts* | " + " | ".join(str(ranking["references"][m][g]["n_prompts"]) for m, g in cols) + " |"
     )
+    cut = [ranking["references"][m][g].get("n_truncated") for m, g in cols]
+    if any(cut):
+        lines.append("| *of which cut ¶* | " + " | ".join("–" if n is None else str(n) for n in cut) + " |")
     lines.append("")
-    notes = ["✗: does not beat the prompt-length baseline (paired bootstrap 95% CI of the gain includes 0)."]
+    notes = [
+        "✗: does not beat the prompt-length baseline (paired bootstrap 95% CI of the gain includes 0 or lies below it)."
+    ]
+    if any(cut):
+        notes.append(
+            "¶: prompts with at least one answer cut at the generation's max_tokens: their label (the mean "
+            "of the samples) is a lower bound (pairs keep such a prompt only as the longer member)."
+        )
     if has_tfidf:
         ngram_max = (ranking.get("settings", {}).get("tfidf_ridge") or {}).get("ngram_max", "?")
         notes.append(
-            "‡: does not beat the TF-IDF + ridge reference (paired bootstrap 95% CI of the gain includes 0); "
+            "‡: does not beat the TF-IDF + ridge reference (paired bootstrap 95% CI of the gain includes 0 "
+            "or lies below it); "
             f"TF-IDF of word 1–{ngram_max}-grams + ridge on log answer length, fitted on the eval model's "
             "train-split prompts, alpha chosen on its val split."
         )
