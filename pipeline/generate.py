@@ -170,11 +170,13 @@ def check_spec(model: str, spec: dict[str, Any]) -> Section:
         spec = Section(spec, f"generate.models.{model}")
     where = spec.where
     backend = spec.choice("backend", BACKENDS)
-    unknown = sorted(set(spec) - {"backend", "datasets", "max_prompts_per_dataset"} - OPTIONS[backend])
+    # the recorded backend answers every prompt of its source's datasets: no selection keys
+    selection = set() if backend == "recorded" else {"datasets", "max_prompts_per_dataset"}
+    unknown = sorted(set(spec) - {"backend"} - selection - OPTIONS[backend])
     if unknown:
         raise PARSError(
             f"{where}.{unknown[0]}: not an option of the {backend} backend; its options: "
-            f"{', '.join(sorted(OPTIONS[backend]))}, datasets, max_prompts_per_dataset"
+            f"{', '.join(sorted(OPTIONS[backend] | selection))}"
         )
     datasets = spec.get("datasets")
     if datasets is not None and not (

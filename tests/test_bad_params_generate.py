@@ -296,3 +296,15 @@ def test_write_table_output_still_reads_back(tmp_path):
 
     path = _generations(tmp_path, reasoning=pa.array([None] * 4, pa.null()))
     assert len(read_table(path, GENERATIONS)) == 4
+
+
+def test_the_recorded_backend_refuses_selection_keys_it_would_ignore():
+    """It answers every prompt of its source's datasets: a cap there would silently import them all."""
+    from pipeline.errors import PARSError
+
+    with pytest.raises(
+        PARSError, match="generate.models.chatgpt.max_prompts_per_dataset: not an option of the recorded"
+    ):
+        generate.check_spec(
+            "chatgpt", {"backend": "recorded", "source": "sharegpt:chatgpt", "max_prompts_per_dataset": 9}
+        )

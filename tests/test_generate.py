@@ -270,13 +270,14 @@ def _serve(script: _Script):
             with script.lock:
                 script.calls += 1
                 status = script.statuses.pop(0) if script.statuses else 200
+            message = b"scripted failure"
             if script.refuse_word and script.refuse_word in body["messages"][0]["content"]:
-                status = 400
+                status, message = 400, b"This model's maximum context length is 2048 tokens."
             if status != 200:
                 self.send_response(status)
                 self.send_header("Retry-After", "0")
                 self.end_headers()
-                self.wfile.write(b'{"error": {"message": "scripted failure"}}')
+                self.wfile.write(b'{"error": {"message": "' + message + b'"}}')
                 return
             words = body["messages"][0]["content"].split()
             payload = {
@@ -341,22 +342,26 @@ def test_openai_retries_429_and_5xx_then_succeeds(endpoint):
     assert backend.retries == 3 and script.calls == 4 + 3
 
 
-def test_openai_client_error_stops_with_the_message(endpoint):
-    url, _ = endpoint([401])
-    with pytest.raises(EndpointError, match="refused the request.*401.*scripted failure"):
+@pytest.mark.parametrize("status", [401, 404, 400, 422])
+def test_openai_client_error_stops_with_the_message(endpoint, status):
+    """A 4xx that is not about this prompt (a bad key, model name or request field: 400/422 without
+    a context-length or content-filter message) would fail every prompt alike: it stops the run."""
+    url, _ = endpoint([status])
+    with pytest.raises(EndpointError, match=f"refused the request.*{status}.*scripted failure"):
         list(_backend(url, concurrency=1).generate([PromptItem("a", "hi")]))
 
 
 def test_openai_refused_prompt_is_skipped_and_the_run_goes_on(endpoint, tmp_path):
-    """A 400 for one prompt (over the context length, flagged by a filter) skips that prompt, listed
-    with the endpoint's message; the others are answered and cached. A run whose every prompt is
-    refused stops with one line naming a refusal."""
+    """A 400 saying a prompt is over the context length skips that prompt, listed with the endpoint's
+    message; the others are answered. A run whose every prompt is refused stops with one line naming
+    a refusal."""
     url, _ = endpoint([], refuse_word="huge")
     backend = _backend(url)
     items = [PromptItem("a", "one two"), PromptItem("b", "a huge pasted text"), PromptItem("c", "three")]
     results = dict(backend.generate(items))
     assert set(results) == {"a", "c"}
     assert list(backend.skipped) == ["b"] and "HTTP 400" in backend.skipped["b"]
+    assert "maximum context length" in backend.skipped["b"]
 
     prompts = pd.DataFrame(
         {"prompt_id": ["b"], "dataset": ["d"], "source_id": ["0"], "prompt": ["a huge pasted text"], "split": ["test"]}
@@ -511,21 +516,23 @@ def test_vllm_identity_adds_repetition_penalty_only_when_set():
 
 
 def test_vllm_dtype_keys_the_cache_and_native_is_bf16_only_where_native(monkeypatch):
-    """`dtype: native` is bfloat16 on a CPU with native bf16 and float32 on one without; every dtype
-    but float32 is part of the cache key, named in the params or picked by `native` (a float32
-    cache never answers for bfloat16), and float32 keeps the key of caches made before the knob."""
+    """`dtype: native` is bfloat16 on a CPU with native bf16 and float32 on one without; a dtype named
+    in the params or picked by `native` is part of the cache key (a float32 cache never answers for
+    bfloat16), one key per dtype however spelt; float32 and auto keep the key of caches made before
+    the knob."""
     import pipeline.backends.vllm_backend as vb
     import pipeline.hardware as hardware
 
     monkeypatch.setattr(vb, "_on_cpu", lambda: True)
     base = {"model": "m", "k": 4, "max_tokens": 256}
-    before_the_knob = cache_key(vb.VllmBackend({**base, "dtype": "float32"}).identity(), "p")
-    assert cache_key(vb.VllmBackend({**base, "dtype": "float"}).identity(), "p") == before_the_knob
+    before_the_knob = cache_key(vb.VllmBackend(base).identity(), "p")
+    for unkeyed in ("float32", "float", "auto"):  # auto: vLLM resolves it only once the model loads
+        assert cache_key(vb.VllmBackend({**base, "dtype": unkeyed}).identity(), "p") == before_the_knob
     keys = {
-        dtype: cache_key(vb.VllmBackend({**base, "dtype": dtype}).identity(), "p")
-        for dtype in ("bfloat16", "half", "auto")
+        dtype: cache_key(vb.VllmBackend({**base, "dtype": dtype}).identity(), "p") for dtype in ("bfloat16", "half")
     }
-    assert len(set(keys.values()) | {before_the_knob}) == 4
+    assert len(set(keys.values()) | {before_the_knob}) == 3
+    assert cache_key(vb.VllmBackend({**base, "dtype": "float16"}).identity(), "p") == keys["half"]
     for native, expected in ((True, "bfloat16"), (False, "float32")):
         monkeypatch.setattr(hardware, "cpu_has_native_bf16", lambda native=native: native)
         backend = vb.VllmBackend({**base, "dtype": "native"})
@@ -555,3 +562,24 @@ def test_a_cut_answer_is_length_whatever_cut_it():
         assert normalise_finish_reason(reason) == "length"
     for reason in ("stop", "tool_calls", "eos", None):
         assert normalise_finish_reason(reason) == "stop"
+
+
+def test_which_refusals_are_the_prompts():
+    from pipeline.backends.openai_backend import refuses_the_prompt
+
+    for status, body in [
+        (400, '{"error": {"code": "context_length_exceeded", "message": "..."}}'),
+        (400, "This model's maximum context length is 8192 tokens. However, you requested 9000"),
+        (400, '{"error": {"code": "content_filter"}}'),
+        (400, '{"error": {"code": "invalid_prompt", "message": "flagged as potentially violating"}}'),
+        (413, "Payload Too Large"),
+    ]:
+        assert refuses_the_prompt(status, body)
+    for status, body in [
+        (400, '{"error": {"message": "Unrecognized request argument supplied: reasoning_effortt"}}'),
+        (400, "Unsupported parameter: 'max_tokens' is not supported with this model."),
+        (422, '{"detail": [{"loc": ["body", "temperature"], "msg": "value is not a valid float"}]}'),
+        (401, "context length"),
+        (404, "The model does not exist"),
+    ]:
+        assert not refuses_the_prompt(status, body)

@@ -12,9 +12,9 @@ from __future__ import annotations
 
 from pipeline.backends.base import Backend, PromptItem, Sample, split_reasoning
 
-# what each backend reads of its generate.models.<model> entry (besides generate's own `backend`,
-# `datasets` and `max_prompts_per_dataset`): any other key is refused, so a misspelt
-# `temprature` cannot run silently with the default
+# what each backend reads of its generate.models.<model> entry (besides `backend`, and for vllm and
+# openai generate's `datasets` and `max_prompts_per_dataset`): any other key is refused, so a
+# misspelt `temprature` cannot run silently with the default
 OPTIONS = {
     "vllm": frozenset(
         "model k temperature top_p max_tokens seed repetition_penalty dtype max_num_seqs max_model_len"

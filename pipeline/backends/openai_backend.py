@@ -4,8 +4,10 @@ One request per sample (n=1), so `usage.completion_tokens` is that sample's exac
 per the API it includes reasoning tokens (`completion_tokens_details.reasoning_tokens`), and a
 reasoning text returned apart (`reasoning_content` / `reasoning`) or inline as <think>…</think>
 is split out. At most `concurrency` requests are in flight; timeouts, connection errors, 408,
-429 and 5xx are retried with exponential backoff (honouring Retry-After); any other 4xx stops
-the run with the server's message. Prompts finished before an error are already saved.
+429 and 5xx are retried with exponential backoff (honouring Retry-After); a prompt the server
+refuses as such (over the context length, flagged: `refuses_the_prompt`) is skipped and listed;
+any other 4xx stops the run with the server's message. Prompts finished before an error are
+already saved.
 
 Failing fast (each knob settable per model spec): before the first request the endpoint must
 answer anything at all (GET <base_url>/models, `connect_timeout_s` = 10 s, 3 tries), so an
@@ -20,6 +22,7 @@ import asyncio
 import os
 import queue
 import random
+import re
 import threading
 from typing import Any, Iterable, Iterator
 
@@ -27,9 +30,19 @@ from pipeline.backends.base import Backend, PromptItem, Sample, normalise_finish
 from pipeline.errors import PARSError
 
 RETRYABLE = {408, 409, 429, 500, 502, 503, 504}
-# refusals of the request itself (a prompt over the context length, one a content filter flags):
-# that prompt is skipped and listed in meta.json, the run goes on; other 4xx (401, 403, 404) stop it
-PROMPT_REFUSED = {400, 413, 422}
+# A refusal of this prompt, not of the params: 413, or a 400/422 whose body says the prompt is over
+# the context length or flagged (OpenAI's codes context_length_exceeded, content_filter,
+# invalid_prompt; vLLM's "maximum context length" message). That prompt is skipped and listed in
+# meta.json and the run goes on. Any other 4xx (a bad field in extra_body, a wrong model name, a
+# bad key) stops the run, as it would fail every prompt alike.
+PROMPT_REFUSALS = re.compile(
+    r"context[ _]length|maximum context|too long|content[ _]?(filter|policy|management)|invalid_prompt|flagged",
+    re.IGNORECASE,
+)
+
+
+def refuses_the_prompt(status: int, body: str) -> bool:
+    return status == 413 or (status in (400, 422) and PROMPT_REFUSALS.search(body) is not None)
 
 
 class EndpointError(PARSError, RuntimeError):
@@ -37,7 +50,7 @@ class EndpointError(PARSError, RuntimeError):
 
 
 class PromptRefused(EndpointError):
-    """The endpoint refused this prompt's request (PROMPT_REFUSED): the prompt is skipped."""
+    """The endpoint refused this prompt (refuses_the_prompt): the prompt is skipped."""
 
 
 class OpenAIBackend(Backend):
@@ -152,7 +165,7 @@ class OpenAIBackend(Backend):
                         ) from None
                     return self._parse(data, self.base_url)
                 last = f"HTTP {resp.status_code}: {resp.text[:300]}"
-                if resp.status_code in PROMPT_REFUSED:
+                if refuses_the_prompt(resp.status_code, resp.text):
                     raise PromptRefused(last)
                 if resp.status_code not in RETRYABLE:
                     raise EndpointError(f"{self.base_url} refused the request ({last})")

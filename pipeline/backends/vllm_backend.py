@@ -17,6 +17,7 @@ from pipeline.hashing import update_from_file
 
 # what generate.models.<m>.dtype may be: vLLM's spellings, and `native` (resolve_dtype)
 DTYPES = ("native", "auto", "half", "float16", "bfloat16", "float", "float32")
+DTYPE_SPELLINGS = {"half": "float16", "float": "float32"}  # one dtype, one cache key
 
 
 def _on_cpu() -> bool:
@@ -117,11 +118,13 @@ class VllmBackend(Backend):
             raise ValueError(f"vllm backend: repetition_penalty must be a number > 0, got {raw!r}")
         if penalty != 1.0:  # only when set, so caches made before the knob existed stay valid
             ident["repetition_penalty"] = penalty
-        # The dtype changes the answers: any but float32 is in the key (float32, the CPU's default,
-        # stays out so caches made before the knob keep their keys), whether the params name it or
-        # `native` picked it on this machine; a float32 cache never answers for bfloat16, nor back.
-        if self.dtype not in ("float32", "float"):
-            ident["dtype"] = self.dtype
+        # The dtype changes the answers: a named one (or the one `native` picked on this machine) is
+        # in the key, so a float32 cache never answers for bfloat16 nor back; float32 stays out, as
+        # does `auto` (the default, which vLLM resolves only once the model loads), so caches made
+        # before the knob keep their keys.
+        dtype = DTYPE_SPELLINGS.get(self.dtype, self.dtype)
+        if dtype not in ("float32", "auto"):
+            ident["dtype"] = dtype
         # engine arguments can change the answers (quantization, a KV cache dtype, a tokenizer mode):
         # in the key when set, so caches made without them keep their keys
         if s.get("engine_args"):

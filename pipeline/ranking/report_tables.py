@@ -150,7 +150,7 @@ def render_markdown(ranking: dict, estimated_ceilings: list[dict] | None = None)
     ]
     if any(cut):
         notes.append(
-            "¶: prompts with at least one answer cut at the generation's max_tokens: their label (the mean "
+            "¶: prompts with at least one answer cut (at max_tokens, by a content filter or an abort): their label (the mean "
             "of the samples) is a lower bound (pairs keep such a prompt only as the longer member)."
         )
     if has_tfidf:

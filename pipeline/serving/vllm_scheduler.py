@@ -22,8 +22,9 @@ Both share `PARSSchedulerMixin`; nothing in vLLM is forked or patched. The behav
   never waits) and re-places those requests. `scoring: inline`
   scores every arrival in one batch at the start of the next `schedule()` instead;
 - a preempted request re-enters the queue by its score, unless it was first queued more than
-  `starvation_s` ago: then it goes next, as a starved request, and is not preempted again; the
-  preemption victim is the running request with the highest score;
+  `starvation_s` ago (the wait is timed from then, running time included): then it is starved,
+  served oldest first within its priority level, and once running the last preemption victim of
+  that level; the preemption victim is the running request with the highest score;
 - a bad setting or a missing or corrupt checkpoint stops start-up (`PARSConfigError`,
   `CheckpointError`); a scoring fault at run time leaves the affected requests at their provisional
   place, is counted in `pars_stats["num_faults"]` and logged at most once a minute.
