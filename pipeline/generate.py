@@ -295,8 +295,8 @@ def run(
             continue  # skipped by the backend (e.g. oversized); reported in meta.json
         for i, s in enumerate(entry["samples"]):
             rows.append({"prompt_id": pid, "sample": i, **s})
+    skipped = getattr(backend, "skipped", {})
     if not rows:
-        skipped = getattr(backend, "skipped", {})
         first = next(iter(skipped.items()), None)
         raise ValueError(
             f"model {model!r}: no answers were produced"
@@ -304,7 +304,6 @@ def run(
         )
     df = pd.DataFrame(rows)
     write_table(df, out_dir / "generations.parquet", GENERATIONS)
-    skipped = getattr(backend, "skipped", {})
     meta = {
         **backend.describe(),
         "generation_model": model,

@@ -20,6 +20,7 @@ import re
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pandas as pd
 
 from pipeline.contracts import PROMPTS, ensure_parent, prompts_path, write_json, write_table
@@ -185,11 +186,11 @@ def main(argv: list[str] | None = None) -> int:
     prompts = pd.concat(frames, ignore_index=True)
     # two entries that name one dataset (option `dataset`) may hold the same text: one id twice, which
     # generate would answer twice and pairs refuse far from the cause, or which could sit in two splits
-    entries = pd.Series([name for name, df in zip(sources, frames) for _ in range(len(df))])
     repeated = prompts["prompt_id"].duplicated(keep=False).to_numpy()
     if repeated.any():
+        entry = np.repeat(list(sources), [len(df) for df in frames])  # each row's entry
         first = prompts["prompt_id"][repeated].iloc[0]
-        both = sorted(set(entries[(prompts["prompt_id"] == first).to_numpy()]))
+        both = sorted(set(entry[(prompts["prompt_id"] == first).to_numpy()]))
         raise PARSError(
             f"{params.where}.sources: {int(repeated.sum())} rows share a prompt id across entries of one dataset "
             f"(e.g. {first} in {' and '.join(both)}); give each entry its own `dataset` name"
