@@ -48,6 +48,7 @@ def check_params(model: str, params) -> tuple[str, str]:
     """The blend section checked before anything loads or is scored (one line naming the key):
     (the method of `model` to blend, the features)."""
     sec = params if isinstance(params, Section) else Section(params, "params: blend")
+    sec.only(("predictors", "features", "tfidf", "decoder", "encoder_weights"))
     predictors = sec.mapping("predictors")
     if model not in predictors:
         raise KeyError(f"{sec.where}.predictors has no entry {model!r} (it has {sorted(map(str, predictors))})")
@@ -63,6 +64,7 @@ def check_params(model: str, params) -> tuple[str, str]:
     else:
         tfidf = sec.mapping("tfidf")
         tfidf = tfidf if isinstance(tfidf, Section) else Section(tfidf, f"{sec.where}.tfidf")
+        tfidf.only(("ngram_max", "min_df", "alphas"))
         tfidf.integer("ngram_max", minimum=1)
         tfidf.integer("min_df", minimum=1)
         number_list(tfidf["alphas"], f"{tfidf.where}.alphas", positive=True)

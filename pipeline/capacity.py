@@ -211,6 +211,10 @@ def plot_engine(fit: dict, path: Path) -> None:
 def check_stage_params(p: dict[str, Any]) -> Section:
     """The capacity section, every key the stage reads, checked before the (minutes of) sweeps."""
     p = p if isinstance(p, Section) else Section(p, "capacity")
+    p.only(
+        ("M", "chunk", "step_time", "token_budget", "max_num_seqs", "block_size", "sweep_loads", "saturated_from")
+        + ("requests_per_point", "queue_loads", "seed", "engine_fit", "model", "rates", "margin")
+    )
     where = p.where
     for key in ("M", "chunk", "token_budget", "max_num_seqs", "block_size"):
         _setting(p[key], f"{where}.{key}", True)

@@ -73,15 +73,19 @@ def _section(value, where: str) -> Section:
 def check_params(params) -> dict:
     """The evaluate section checked before anything loads (a bad value is one line naming its key):
     the settings run() uses. A negative batch_size once gave a wrong tau_b without a word."""
-    sec = _section(params, "params: evaluate")
+    sec = _section(params, "params: evaluate").only(
+        ("train_models", "methods", "cross_models", "blends", "eval_models", "delta", "bootstrap", "batch_size")
+        + ("precision", "torch_threads", "baseline_tokenizer", "tfidf_ridge", "wandb")
+    )
     for key in ("train_models", "methods", "eval_models", "cross_models", "blends"):
         names = sec[key]
         if names is None and key in ("cross_models", "blends"):
             continue
         if not isinstance(names, list) or not all(isinstance(n, str) and n for n in names):
             raise PARSError(f"{sec.where}.{key} {names!r}: must be a list of names")
-    boot = _section(sec.mapping("bootstrap"), f"{sec.where}.bootstrap")
+    boot = _section(sec.mapping("bootstrap"), f"{sec.where}.bootstrap").only(("n", "seed", "level"))
     tfidf = _section(sec.mapping("tfidf_ridge"), f"{sec.where}.tfidf_ridge")
+    tfidf.only(("ngram_max", "min_df", "alphas", "min_train_prompts"))
     missing_keys = sorted({"ngram_max", "min_df", "alphas", "min_train_prompts"} - set(tfidf))
     if missing_keys:  # params.yaml holds these defaults
         raise KeyError(f"{tfidf.where} lacks {', '.join(missing_keys)} (see the repository's params.yaml)")
@@ -93,7 +97,7 @@ def check_params(params) -> dict:
     if not isinstance(tokenizer, str) or not tokenizer:
         raise PARSError(f"{sec.where}.baseline_tokenizer {tokenizer!r}: must be a tokenizer name")
     resolve_encoder(tokenizer, key=f"{sec.where}.baseline_tokenizer")  # a mistyped name: one line naming the key
-    wandb = _section(sec.mapping("wandb"), f"{sec.where}.wandb")
+    wandb = _section(sec.mapping("wandb"), f"{sec.where}.wandb").only(("enabled", "project", "mode"))
     if not isinstance(wandb["enabled"], bool):
         raise PARSError(f"{wandb.where}.enabled {wandb['enabled']!r}: must be true or false")
     for key in ("project", "mode") if wandb["enabled"] else ():

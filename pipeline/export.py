@@ -21,7 +21,7 @@ from pathlib import Path
 
 from pipeline.errors import PARSError
 from pipeline.hashing import sha256_file
-from pipeline.params import load_params
+from pipeline.params import Section, load_params
 from pipeline.ranking.checkpoint import META, TYPICAL_SCORE, copy_checkpoint, plain_name, read_meta
 
 
@@ -115,6 +115,7 @@ def check_params(params: dict) -> None:
     """The export section: name becomes a directory that is replaced whole, so it must be a plain
     name (`..` or an empty name would replace --out's parent, or --out itself)."""
     where = getattr(params, "where", "export")
+    Section(params, where).only(("name", "model", "method"))
     for key in ("name", "model", "method"):
         value = params[key]
         if not isinstance(value, str) or not value.strip():
@@ -153,9 +154,21 @@ def run(
     metrics, tau = export_metrics(ranking, model, method, members, ranking_path)
     # scored on the source (the same bytes as the export): a failure here replaces nothing
     typical = {} if prompts_file is None else {TYPICAL_SCORE: typical_score(Scorer.from_pretrained(src), prompts_file)}
-    dst = copy_checkpoint(
+
+    def accept(copy: Path) -> None:
+        """The acceptance test of an export, on the finished copy before it replaces the old one:
+        every file hashed into pars.json, and the serving loader takes it and gives finite scores."""
+        record_file_hashes(copy)
+        probe = Scorer.from_pretrained(copy).score(["How are you?", "Write a detailed essay on the history of Rome."])
+        if not all(map(math.isfinite, probe)):
+            raise ValueError(
+                f"the export of {src} gives non-finite scores: {export_dir(name, out_root)} left as it was"
+            )
+
+    return copy_checkpoint(
         src,
         export_dir(name, out_root),
+        accept=accept,
         name=name,
         trained_on=trained_on,
         test_tau_b=None if tau is None or math.isnan(tau) else float(tau),
@@ -163,12 +176,6 @@ def run(
         exported_from=str(src),
         **typical,
     )
-    record_file_hashes(dst)
-    # the acceptance test of an export: the serving loader takes it and gives finite scores
-    probe = Scorer.from_pretrained(dst).score(["How are you?", "Write a detailed essay on the history of Rome."])
-    if not all(map(math.isfinite, probe)):
-        raise ValueError(f"exported checkpoint {dst} gives non-finite scores")
-    return dst
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -142,6 +142,7 @@ def check_params(params: dict[str, Any]) -> tuple[float, int, int, int]:
     """The pairs section's (delta, partners, max_tries_factor, seed), checked: a bad value fails in
     one line naming its key, before any data is read or data/pairs/<model> is touched."""
     cfg = params if isinstance(params, Section) else Section(params, "pairs")
+    cfg.only(("models", "delta", "partners", "max_tries_factor", "seed"))
     delta = cfg.number("delta", positive=True, below=1)
     partners = cfg.integer("partners", minimum=1)
     factor = cfg.integer("max_tries_factor", minimum=1)

@@ -7,6 +7,7 @@ than `params.get("lr", default)`, and a key the file lacks fails in one line tha
 
 from __future__ import annotations
 
+import difflib
 import math
 import os
 from pathlib import Path
@@ -86,6 +87,17 @@ class Section(dict):
             raise PARSError(f"{self.where}.{key} {value!r}: must be one of {', '.join(map(str, options))}")
         return value
 
+    def only(self, known) -> "Section":
+        """self, refusing a key outside `known`: a mistyped key (`lrr`, set by a profile or
+        `dvc exp run -S`) would otherwise be ignored while the default it meant to change runs."""
+        known = list(known)
+        for key in self:
+            if key not in known:
+                close = difflib.get_close_matches(str(key), known, n=1)
+                hint = f"did you mean {close[0]!r}? " if close else ""
+                raise PARSError(f"{self.where}.{key}: not a setting here ({hint}known: {', '.join(known)})")
+        return self
+
     def mapping(self, key: str) -> "Section":
         """self[key], which must be a mapping (an empty one when the file leaves it blank)."""
         value = self[key]
@@ -93,7 +105,7 @@ class Section(dict):
             return Section({}, f"{self.where}.{key}")
         if not isinstance(value, dict):
             raise PARSError(f"{self.where}.{key}: must be a mapping of keys to values, not {value!r}")
-        return value
+        return value if isinstance(value, Section) else Section(value, f"{self.where}.{key}")
 
 
 def number_list(

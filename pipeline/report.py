@@ -31,8 +31,11 @@ def _render(render, path: str | Path, *args):
     """render(*args), or one line naming the metrics file that is not as its stage writes it."""
     try:
         return render(*args)
-    except DAMAGED as exc:
-        raise PARSError(f"{path}: not as its stage writes it ({type(exc).__name__}: {exc}); rerun that stage") from None
+    except DAMAGED as exc:  # chained: `pars --debug report` shows where it broke (a damaged file, or a bug)
+        raise PARSError(
+            f"{path}: not as its stage writes it ({type(exc).__name__}: {exc}); rerun that stage "
+            f"(or, if it is current, `pars --debug report` shows the traceback)"
+        ) from exc
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -34,7 +34,7 @@ import numpy as np
 
 from pipeline.contracts import read_json, write_json
 from pipeline.errors import PARSError
-from pipeline.params import load_params
+from pipeline.params import Section, load_params
 from pipeline.queueing.policies import policy_key
 from pipeline.serving.pars_config import SCORING_CHUNK_BATCHES, PARSConfig
 
@@ -224,6 +224,7 @@ def plot(validation: dict[str, Any], sims: dict[str, Any], path: Path) -> None:
 
 
 def run(p: dict[str, Any]) -> dict[str, Any]:
+    Section(p, getattr(p, "where", "sim_fidelity")).only(("calibration", "validation"))
     calibration, validation = _read(p["calibration"]), _read(p["validation"])
     if calibration["workload"]["prompt_tokens"] == validation["workload"]["prompt_tokens"]:
         raise ValueError(

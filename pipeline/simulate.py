@@ -28,7 +28,7 @@ import pandas as pd
 
 from pipeline.contracts import GENERATIONS, PROMPTS, generations_path, prompts_path, read_table, write_json
 from pipeline.errors import PARSError
-from pipeline.params import load_params
+from pipeline.params import Section, load_params
 from pipeline.queueing import theory as th
 from pipeline.queueing.policies import POLICIES, SCORE_METHODS, policy_key
 from pipeline.ranking.metrics import kendall_tau_b
@@ -164,12 +164,16 @@ def check_params(p: dict[str, Any], where: str) -> None:
         ):
             raise PARSError(f"{where}.{key} {value!r}: expected a finite number {'> 0' if positive else '>= 0'}")
 
+    Section(p, where).only(
+        ("workloads", "quality_curve", "policies", "burst", "poisson_loads", "poisson_requests", "seed", "engine")
+    )
     workloads = p["workloads"]
     if not isinstance(workloads, dict) or not workloads:
         raise PARSError(f"{where}.workloads {workloads!r}: expected a mapping of workload name to its settings")
     for name, w in workloads.items():
         if not isinstance(w, dict) or not isinstance(w.get("model"), str) or not w["model"]:
             raise PARSError(f"{where}.workloads.{name}: expected {{model: <generation model>, score_model: ...}}")
+        Section(w, f"{where}.workloads.{name}").only(("model", "score_model"))
         score_model = w.get("score_model")
         named = score_model.items() if isinstance(score_model, dict) else [(None, score_model)]
         for policy, train_model in named:
@@ -185,6 +189,8 @@ def check_params(p: dict[str, Any], where: str) -> None:
     count(p["poisson_requests"], "poisson_requests")
     count(p["seed"], "seed", minimum=0)
     curve = p.get("quality_curve") or {}
+    if isinstance(curve, dict):
+        Section(curve, f"{where}.quality_curve").only(("workload", "noise_sigma"))
     for key, values in (
         ("poisson_loads", p["poisson_loads"]),
         ("policies", p["policies"]),
@@ -207,6 +213,9 @@ def check_params(p: dict[str, Any], where: str) -> None:
     engine = p["engine"]
     if not isinstance(engine, dict):
         raise PARSError(f"{where}.engine: expected a mapping of engine settings, got {engine!r}")
+    from pipeline.queueing.simulator import EngineConfig
+
+    Section(engine, f"{where}.engine").only(EngineConfig.__dataclass_fields__)
     for key in ("M", "chunk", "token_budget", "max_num_seqs", "block_size"):
         if key in engine:
             count(engine[key], f"engine.{key}")

@@ -34,6 +34,13 @@ from pipeline.ranking.losses import METHODS
 POOLINGS = ("cls", "mean")  # pipeline.ranking.model (not imported here: it imports torch)
 PAIRWISE_MODES = ("in_batch", "per_pair")  # pipeline.ranking.data
 # Lightning's precision flags that need no optional package, and `auto` (resolve_precision)
+# every key of params.yaml's train section (the one home of defaults)
+TRAIN_KEYS = (
+    "models", "cross_models", "encoder", "max_length", "head_fraction", "pooling", "frozen_layers",
+    "length_buckets", "micro_batches", "epochs", "patience", "batch_size", "eval_batch_size", "lr",
+    "weight_decay", "warmup_fraction", "grad_clip", "margin", "margin_per_log_length", "lexical_prior",
+    "pairwise_mode", "max_train_prompts", "seed", "dropout", "num_workers", "torch_threads", "lightning", "wandb",
+)  # fmt: skip
 PRECISIONS = ("auto", "32-true", "bf16-mixed", "bf16-true", "16-mixed", "16-true", "64-true", "32", "16", "bf16", "64")
 
 
@@ -92,6 +99,7 @@ def lexical_prior_settings(raw: Any, where: str = "params train") -> dict[str, A
         return None
     if not isinstance(raw, Mapping):
         raise ValueError(f"{where}.lexical_prior: expected null or {{ngram_max, min_df, alpha, folds}}, got {raw!r}")
+    Section(raw, f"{where}.lexical_prior").only(("ngram_max", "min_df", "alpha", "folds"))
     missing = sorted({"ngram_max", "min_df", "alpha", "folds"} - set(raw))
     if missing:
         raise ValueError(f"{where}.lexical_prior: missing {', '.join(missing)}")
@@ -112,6 +120,7 @@ def check_params(params: Mapping[str, Any], methods: list[str]) -> Section:
     """The train section checked before any slow work: a bad value fails in one line naming its
     key, instead of a Lightning or numpy error (or a silently different run) minutes later."""
     cfg = params if isinstance(params, Section) else Section(params, "train")
+    cfg.only(TRAIN_KEYS)
     for key in ("epochs", "batch_size", "eval_batch_size", "torch_threads", "micro_batches"):
         cfg.integer(key, minimum=1)
     for key in ("length_buckets", "num_workers"):  # 0: off / load in this process
@@ -130,8 +139,10 @@ def check_params(params: Mapping[str, Any], methods: list[str]) -> Section:
         raise ValueError(
             f"{cfg.where}.pairwise_mode {cfg['pairwise_mode']!r}: must be one of {', '.join(PAIRWISE_MODES)}"
         )
-    cfg.mapping("cross_models")
+    check_cross_models(cfg)
     lexical_prior_settings(cfg["lexical_prior"], cfg.where)
+    if "wandb" in cfg:
+        cfg.mapping("wandb").only(("project", "entity", "dir"))
 
     # the encoder: a mistyped name fails now; its config.json (when on this machine) bounds the layers
     config = encoder_config(resolve_encoder(cfg["encoder"], key=f"{cfg.where}.encoder")) or {}
@@ -144,11 +155,16 @@ def check_params(params: Mapping[str, Any], methods: list[str]) -> Section:
             f"{cfg.where}.frozen_layers {frozen}: needs pairwise_mode in_batch (per-pair batches cannot use the cache)"
         )
 
-    lt = Section(cfg.mapping("lightning"), f"{cfg.where}.lightning")
+    lt = cfg.mapping("lightning").only(("accelerator", "devices", "num_nodes", "precision", "strategy"))
     lt.integer("num_nodes", minimum=1)
     if str(lt["precision"]) not in PRECISIONS:  # str: YAML's 32 is Lightning's "32"
         raise PARSError(f"{lt.where}.precision {lt['precision']!r}: must be one of {', '.join(PRECISIONS)}")
     check_devices(lt, check_accelerator(lt))  # imports Lightning (seconds): last
+    if str(lt["precision"]) in ("16-mixed", "16-true", "16") and not _runs_on_gpu(lt["accelerator"]):
+        # Lightning would switch to bf16-mixed with a log line, and the metrics would record 16-mixed
+        raise PARSError(
+            f"{lt.where}.precision {lt['precision']!r}: float16 needs a GPU; on a CPU use auto, bf16-mixed or 32-true"
+        )
     from lightning.pytorch.strategies import StrategyRegistry
 
     if lt["strategy"] != "auto" and lt["strategy"] not in StrategyRegistry.available_strategies():
@@ -159,6 +175,24 @@ def check_params(params: Mapping[str, Any], methods: list[str]) -> Section:
             f"{lt.where}.strategy {lt['strategy']!r} is not supported: use ddp (it runs this command once per device)"
         )
     return cfg
+
+
+def check_cross_models(cfg: Section) -> None:
+    """train.cross_models: name -> a list of distinct train model names; a name of its own (a
+    cross-model set named like a per-model predictor would silently train that one on the union)."""
+    cross = cfg.mapping("cross_models")
+    models = cfg.get("models") or []
+    for name, members in cross.items():
+        where = f"{cross.where}.{name}"
+        if name in models:
+            raise PARSError(f"{where}: {name!r} is also in {cfg.where}.models; give the cross-model set its own name")
+        if (
+            not isinstance(members, list)
+            or not members
+            or not all(isinstance(m, str) and m for m in members)
+            or len(set(members)) != len(members)
+        ):
+            raise PARSError(f"{where} {members!r}: must be a non-empty list of distinct model names")
 
 
 def check_accelerator(lt: Section) -> str:
@@ -322,7 +356,7 @@ def train_methods(
         batch_size=int(cfg["batch_size"]),
         eval_batch_size=int(cfg["eval_batch_size"]),
         pairwise_mode=cfg["pairwise_mode"],
-        max_train_prompts=cfg["max_train_prompts"],
+        max_train_prompts=cfg.integer("max_train_prompts", minimum=0, optional=True),
         seed=int(cfg["seed"]),
         num_workers=int(cfg["num_workers"]),
         head_fraction=head_fraction,
@@ -491,6 +525,8 @@ def train_methods(
                 "encoder": str(cfg["encoder"]),
                 "max_length": int(cfg["max_length"]),
                 "batch_size": int(cfg["batch_size"]),
+                "length_buckets": int(cfg["length_buckets"]),
+                "micro_batches": int(cfg["micro_batches"]),
                 "pairwise_mode": cfg["pairwise_mode"] if method == "pairwise" else None,
                 "precision": precision,
             }

@@ -20,6 +20,10 @@ flavour=${PARS_VLLM:-auto}
 if [ "$flavour" = auto ]; then
   if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then flavour=gpu; else flavour=cpu; fi
 fi
+case $flavour in
+  cpu|gpu|none) ;;
+  *) echo "setup: PARS_VLLM=$flavour: must be cpu, gpu, none or auto" >&2; exit 1 ;;
+esac
 echo "setup: vLLM flavour: $flavour"
 
 if [ "$flavour" != gpu ]; then

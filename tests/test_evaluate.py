@@ -121,6 +121,12 @@ def test_noise_ceiling():
     expected = np.mean([kendalltau(samples[:, a], samples[:, b]).statistic for a, b in combinations(range(4), 2)])
     assert ceiling["kendall_tau_b"] == pytest.approx(expected) and ceiling["n_sample_pairs"] == 6
     assert ceiling["ci_low"] <= ceiling["kendall_tau_b"] <= ceiling["ci_high"]
+    # a sample whose lengths all tie (every answer cut at max_tokens) has no tau_b with any other:
+    # the ceiling is that of the pairs that have one, as its interval already was
+    tied = np.column_stack([samples[:, :2], np.full(80, 256.0)])
+    ceiling = M.noise_ceiling(tied, n_boot=50)
+    assert ceiling["kendall_tau_b"] == pytest.approx(kendalltau(samples[:, 0], samples[:, 1]).statistic)
+    assert ceiling["ci_low"] <= ceiling["kendall_tau_b"] <= ceiling["ci_high"]
 
 
 # ---------------------------------------------------------------- synthetic project data

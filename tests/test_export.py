@@ -109,6 +109,29 @@ def test_export_refuses_corrupt_source_and_missing_metrics(trained):
         _export(trained)
 
 
+def test_an_export_that_fails_its_acceptance_test_leaves_the_previous_one(trained, tiny_ranker, tokenizer):
+    import torch
+
+    from pipeline.ranking.checkpoint import save_checkpoint
+
+    good = _export(trained)
+    before = {p.name: p.read_bytes() for p in good.iterdir()}
+    with torch.no_grad():
+        tiny_ranker.head.bias.fill_(float("nan"))  # a checkpoint whose scores are all NaN
+    save_checkpoint(
+        tiny_ranker,
+        tokenizer,
+        trained / "models/m/pairwise",
+        method="pairwise",
+        max_length=64,
+        encoder="tiny-random-bert",
+    )
+    with pytest.raises(ValueError, match="non-finite scores.*left as it was"):
+        _export(trained)
+    assert {p.name: p.read_bytes() for p in good.iterdir()} == before
+    assert sorted(p.name for p in good.parent.iterdir()) == ["pars-m"]  # no temp copy left behind
+
+
 def test_cross_model_export_metrics_take_the_lowest_member():
     stat = {"kendall_tau_b": 0.5, "ci_low": 0.4, "ci_high": 0.6, "n_prompts": 10, "pair_accuracy": 0.7}
     ranking = {

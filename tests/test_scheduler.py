@@ -370,7 +370,8 @@ def test_scoring_failure_keeps_a_provisional_place(make_scheduler, tokenizer, ca
         ({"scoring": "lazy"}, "scoring.*background"),
         ({"batchsize": 8}, "unknown key.*batchsize"),
         ({"device": "gpu0"}, "device.*not a torch device"),
-        ({"scorer_threads": -1}, "scorer_threads.*integer >= 0"),
+        ({"scorer_threads": -1}, "scorer_threads.*integer from 0"),
+        ({"scorer_threads": 10**6}, "scorer_threads.*cores, got 1000000"),
         ({"quantize": "fp4"}, "quantize.*none.*int8"),
     ],
 )

@@ -402,6 +402,86 @@ def test_length_bucket_batches_cover_every_prompt_once_and_pad_less():
     assert list(sampler) != batches  # a new order each epoch
 
 
+def test_a_trainer_gives_length_bucket_batches_a_new_order_each_epoch(tiny_bert_config):
+    """Lightning calls set_epoch on a loader's sampler, not on a batch sampler: RankerModule does,
+    or every epoch would replay the first one's batches (the same in-batch pairs twice)."""
+    import lightning as L
+    import torch
+
+    from pipeline.ranking.data import LengthBucketBatches, PromptCollate, PromptTable, _Rows
+    from pipeline.ranking.lightning import RankerModule
+
+    rng = np.random.default_rng(0)
+    sizes = rng.integers(3, 12, 48)
+    table = PromptTable(
+        ids=np.array([f"p{i}" for i in range(len(sizes))]),
+        input_ids=[[101, *rng.integers(1000, 2000, n - 2).tolist(), 102] for n in sizes],
+        lengths=rng.uniform(1, 1000, len(sizes)),
+        truncated=np.zeros(len(sizes), bool),
+    )
+    collate, seen = PromptCollate(table, 0, delta=0.2), []
+
+    def recording(rows):
+        seen.append(list(rows))
+        return collate(rows)
+
+    sampler = LengthBucketBatches(sizes, batch_size=8, bucket=1, seed=0)
+    loader = torch.utils.data.DataLoader(_Rows(len(sizes)), batch_sampler=sampler, collate_fn=recording)
+    trainer = L.Trainer(
+        max_epochs=2,
+        accelerator="cpu",
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        limit_val_batches=0,
+    )
+    from conftest import make_tiny_ranker
+
+    trainer.fit(RankerModule(make_tiny_ranker(tiny_bert_config), "pairwise"), train_dataloaders=loader)
+    first, second = seen[: len(sampler)], seen[len(sampler) :]
+    assert len(second) == len(sampler) == 6 and sampler.epoch == 1
+    for epoch in (first, second):
+        assert sorted(i for b in epoch for i in b) == list(range(len(sizes)))
+    assert {tuple(b) for b in first} != {tuple(b) for b in second}
+
+
+def test_validation_under_bf16_scores_with_the_head_in_float32_as_a_scorer_does(tiny_bert_config):
+    """bf16-mixed training keeps the head in bfloat16 (~3 digits: close prompts tie); the val tau_b
+    that picks the best epoch is computed on float32-head scores, as the exported scorer gives."""
+    import lightning as L
+    import torch
+
+    from pipeline.ranking.data import PromptCollate, PromptTable, _Rows
+    from pipeline.ranking.lightning import RankerModule
+
+    rng = np.random.default_rng(0)
+    sizes = rng.integers(3, 12, 32)
+    table = PromptTable(
+        ids=np.array([f"p{i}" for i in range(len(sizes))]),
+        input_ids=[[101, *rng.integers(1000, 2000, n - 2).tolist(), 102] for n in sizes],
+        lengths=rng.uniform(1, 1000, len(sizes)),
+        truncated=np.zeros(len(sizes), bool),
+    )
+    loader = torch.utils.data.DataLoader(_Rows(len(sizes)), batch_size=16, collate_fn=PromptCollate(table, 0))
+    from conftest import make_tiny_ranker
+
+    module, scores = RankerModule(make_tiny_ranker(tiny_bert_config), "pairwise"), []
+    step = module.validation_step
+
+    def recording(batch, batch_idx):
+        step(batch, batch_idx)
+        scores.append(module._val_parts[-1][1])
+
+    module.validation_step = recording
+    trainer = L.Trainer(accelerator="cpu", precision="bf16-mixed", logger=False, enable_progress_bar=False)
+    trainer.validate(module, dataloaders=loader, verbose=False)
+    got = torch.cat(scores)
+    assert got.dtype == torch.float32 and len(got) == len(sizes)
+    assert (got.to(torch.bfloat16).float() != got).any()  # more digits than bfloat16 holds
+    assert module.model.head_in_float32 is False  # training goes on in bf16-mixed's dtype
+
+
 def test_least_padding_parts_match_a_brute_force_search():
     from itertools import combinations
 

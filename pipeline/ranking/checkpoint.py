@@ -14,6 +14,7 @@ decoder/            (optional) a frozen causal LM + ridge whose prediction is ad
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -129,12 +130,15 @@ def check_destination(src: Path, dst: Path) -> None:
         raise CheckpointError(f"export destination {dst}: is the source checkpoint {src} or holds it")
 
 
-def copy_checkpoint(src: str | Path, dst: str | Path, **meta_updates: Any) -> Path:
+def copy_checkpoint(
+    src: str | Path, dst: str | Path, *, accept: Callable[[Path], Any] | None = None, **meta_updates: Any
+) -> Path:
     """Copy a valid checkpoint to `dst` with `meta_updates` merged into its pars.json.
 
     The source is validated first (hash included) and the copy re-hashed, so an export can never
     carry weights other than the ones evaluated. `dst` is replaced whole, via a temp dir + rename;
-    a `dst` that is not a plain-named directory of its own (check_destination) is refused first."""
+    a `dst` that is not a plain-named directory of its own (check_destination) is refused first.
+    `accept(tmp)` finishes and checks the copy before the rename: if it raises, `dst` is untouched."""
     import shutil
 
     src, dst = Path(src), Path(dst)
@@ -149,6 +153,12 @@ def copy_checkpoint(src: str | Path, dst: str | Path, **meta_updates: Any) -> Pa
     # the identity of the weights is not the caller's to change
     meta.update({k: v for k, v in meta_updates.items() if k not in ("format_version", "weights_sha256")})
     (tmp / META).write_text(json.dumps(meta, indent=2) + "\n", encoding="utf-8")
+    if accept is not None:
+        try:
+            accept(tmp)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
     shutil.rmtree(dst, ignore_errors=True)
     tmp.rename(dst)
     return dst

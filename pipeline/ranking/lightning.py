@@ -90,6 +90,11 @@ class RankerModule(L.LightningModule):
     # -- training -------------------------------------------------------------------------
     def on_train_epoch_start(self) -> None:
         self._epoch_loss = [0.0, 0]
+        # Lightning calls set_epoch on a loader's sampler only, never on a batch sampler of its own
+        # (LengthBucketBatches): without this every epoch would replay the first epoch's batches
+        batches = getattr(self.trainer.train_dataloader, "batch_sampler", None)
+        if callable(getattr(batches, "set_epoch", None)):
+            batches.set_epoch(self.current_epoch)
 
     def on_train_batch_start(self, batch: Any, batch_idx: int) -> None:
         self._t0 = time.perf_counter()
@@ -178,12 +183,16 @@ class RankerModule(L.LightningModule):
     # -- validation -----------------------------------------------------------------------
     def on_validation_epoch_start(self) -> None:
         self._val_parts = []
+        # val scores as a scorer computes them (head in float32 under bf16 autocast): the best epoch
+        # is chosen on the scores the exported model gives, not on ~3-digit bfloat16 ones
+        self.model.head_in_float32 = True
 
     def validation_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> None:
         scores = self.batch_scores(batch)
         self._val_parts.append((batch["index"], scores.detach(), batch["lengths"].to(scores.device)))
 
     def on_validation_epoch_end(self) -> None:
+        self.model.head_in_float32 = False  # training keeps the head in bf16-mixed's dtype
         if not self._val_parts:
             return
         idx = torch.cat([p[0] for p in self._val_parts])

@@ -169,7 +169,7 @@ def noise_ceiling(samples: np.ndarray, *, n_boot: int = 1000, seed: int = 42, le
         boot = np.nanmean(np.asarray(boots, dtype=float), axis=0)
     low, high = percentile_ci(boot, level)
     return {
-        "kendall_tau_b": float(np.mean(taus)),
+        "kendall_tau_b": float(np.nanmean(taus)) if np.isfinite(taus).any() else float("nan"),
         "ci_low": low,
         "ci_high": high,
         "n_prompts": int(n),

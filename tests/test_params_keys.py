@@ -1,0 +1,93 @@
+"""A mistyped params key (set in params.yaml, by a profile or `dvc exp run -S`) stops its stage in
+one line naming it: ignored, the default it meant to change would run without a word."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+
+from pipeline.errors import PARSError
+from pipeline.params import Section, load_params
+
+
+def _checks():
+    from pipeline import blend, capacity, evaluate, export, pairs, sim_fidelity, simulate, train
+
+    return {
+        "train": lambda p: train.check_params(p, ["pairwise"]),
+        "pairs": pairs.check_params,
+        "evaluate": evaluate.check_params,
+        "export": export.check_params,
+        "capacity": capacity.check_stage_params,
+        "simulate": lambda p: simulate.check_params(p, p.where),
+        "blend": lambda p: blend.check_params("recorded", {**p, "predictors": {"recorded": "pairwise"}}),
+        "sim_fidelity": sim_fidelity.run,
+    }
+
+
+# (section, path to the mapping that gets the stray key, the stray key)
+CASES = [
+    ("train", (), "lrr"),
+    ("train", ("lightning",), "acelerator"),
+    ("train", ("lexical_prior",), "ngram"),
+    ("train", ("wandb",), "projct"),
+    ("pairs", (), "detla"),
+    ("evaluate", (), "eval_model"),
+    ("evaluate", ("bootstrap",), "seeds"),
+    ("evaluate", ("tfidf_ridge",), "alpha"),
+    ("export", (), "methods"),
+    ("capacity", (), "step_times"),
+    ("simulate", (), "bursts"),
+    ("simulate", ("engine",), "max_num_seq"),
+    ("simulate", ("workloads", "chatgpt"), "score_models"),
+    ("simulate", ("quality_curve",), "sigma"),
+    ("blend", (), "feature"),
+    ("sim_fidelity", (), "calibrate"),
+]
+
+
+@pytest.mark.parametrize("section,path,key", CASES)
+def test_a_mistyped_key_is_refused_naming_it(section, path, key):
+    params = load_params(section)
+    bad = copy.deepcopy(dict(params))
+    target = bad
+    for part in path:
+        target[part] = dict(target[part])
+        target = target[part]
+    target[key] = 1
+    with pytest.raises(PARSError) as exc:
+        _checks()[section](Section(bad, params.where) if section != "blend" else bad)
+    line = str(exc.value)
+    assert "\n" not in line and f".{key}: not a setting here" in line
+    assert ".".join((section, *path, key)) in line.replace("params: ", "").replace("params.yaml: ", "")
+
+
+def test_the_suggestion_names_the_closest_key():
+    with pytest.raises(PARSError, match=r"train\.lrr: not a setting here \(did you mean 'lr'\?"):
+        Section({"lr": 1, "lrr": 2}, "train").only(("lr", "epochs"))
+    assert Section({"lr": 1}, "train").only(("lr",)) == {"lr": 1}
+
+
+@pytest.mark.parametrize(
+    "change, match",
+    [
+        ({"cross_models": {"recorded": "chatgpt"}}, r"cross_models\.recorded 'chatgpt': must be a non-empty list"),
+        ({"cross_models": {"recorded": ["chatgpt", "chatgpt"]}}, r"cross_models\.recorded .*distinct model names"),
+        ({"cross_models": {"chatgpt": ["chatgpt", "o3-mini"]}}, r"cross_models\.chatgpt: 'chatgpt' is also in"),
+        ({"lightning": {"precision": "16-mixed"}}, r"precision '16-mixed': float16 needs a GPU"),
+    ],
+)
+def test_train_refuses_settings_that_would_silently_train_something_else(change, match):
+    import torch
+
+    from pipeline import train
+
+    if "lightning" in change and torch.cuda.is_available():
+        pytest.skip("float16 is refused on a CPU only")
+    params = load_params("train")
+    bad = {**copy.deepcopy(dict(params)), **change}
+    if "lightning" in change:
+        bad["lightning"] = {**params["lightning"], **change["lightning"]}
+    with pytest.raises(PARSError, match=match):
+        train.check_params(Section(bad, params.where), ["pairwise"])
