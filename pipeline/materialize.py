@@ -25,7 +25,7 @@ def main(argv: list[str] | None = None) -> int:
     params = load_params("materialize")
     specs = {}  # every entry checked before the first (slow) conversion
     for name in params:
-        spec = params.mapping(name)
+        spec = params.mapping(name).only(("package", "gguf_file"))
         for key in ("package", "gguf_file"):
             if not isinstance(spec[key], str) or not spec[key]:
                 raise PARSError(f"{spec.where}.{key} {spec[key]!r}: must be a non-empty string")

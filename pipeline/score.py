@@ -126,6 +126,14 @@ def main(argv: list[str] | None = None) -> int:
     scorer = Scorer.from_pretrained(args.checkpoint, batch_size=args.batch_size)  # CheckpointError: one line
     scores = scorer.score([r[args.field] for r in records], progress=len(records) > 256)
     id_field = args.id_field or next((f for f in ID_FIELDS if records and all(f in r for r in records)), None)
+    partial = [f for f in ID_FIELDS if not id_field and any(f in r for r in records)]
+    if partial:  # the output's `index` still ties each score to its input record
+        having = sum(partial[0] in r for r in records)
+        print(
+            f"score: {partial[0]!r} is in {having} of {len(records)} records only: no id column written "
+            f"(--id-field {partial[0]} requires it in every record)",
+            file=sys.stderr,
+        )
     out = pd.DataFrame({"index": range(len(records))})
     if id_field:
         out[id_field] = [r.get(id_field) for r in records]

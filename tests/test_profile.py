@@ -26,8 +26,13 @@ def test_production_profile_switches_every_stage(tmp_path):
     params = tmp_path / "params.yaml"
     shutil.copy(ROOT / "params.yaml", params)
     default = yaml.safe_load(params.read_text())
+    params.write_text(params.read_text() + "# an edit of mine, not committed\n")
+    before = params.read_bytes()
     merged = apply_profile(ROOT / "profiles" / "production.yaml", params)
     assert yaml.safe_load(params.read_text()) == merged
+    # the file it replaced, comments and edits included, stays beside it; no temp file is left
+    assert (tmp_path / "params.yaml.pre-profile").read_bytes() == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["params.yaml", "params.yaml.pre-profile"]
     assert set(merged) == set(default)  # no section lost
     models = merged["generate"]["models"]
     assert "smollm2" not in models  # replaced whole, not merged

@@ -121,6 +121,15 @@ def test_pars_score_jsonl_and_parquet(tiny_checkpoint, tmp_path, capsys):
     np.testing.assert_allclose(got["score"], expected, rtol=1e-4, atol=1e-5)
 
 
+def test_pars_score_says_why_an_id_only_some_records_carry_is_not_written(tiny_checkpoint, tmp_path, capsys):
+    src = tmp_path / "in.jsonl"
+    src.write_text('{"id": "a", "prompt": "one"}\n{"prompt": "two"}\n{"id": "c", "prompt": "three"}\n')
+    assert _cli(src, "--checkpoint", tiny_checkpoint) == 0
+    out, err = capsys.readouterr()
+    assert [sorted(json.loads(line)) for line in out.splitlines()] == [["index", "score"]] * 3
+    assert "'id' is in 2 of 3 records only: no id column written" in err
+
+
 @pytest.mark.parametrize(
     "content, message",
     [
