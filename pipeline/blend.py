@@ -192,7 +192,9 @@ def decoder_settings(raw, where: str = "params: blend.decoder") -> dict:
     """blend.decoder as checked values (ValueError naming the key)."""
     if not isinstance(raw, dict):
         raise ValueError(f"{where}: expected a mapping, got {raw!r}")
-    missing = [k for k in ("path", "layers", "max_length", "alphas", "max_train_prompts", "batch_size") if k not in raw]
+    keys = ("path", "layers", "max_length", "alphas", "max_train_prompts", "batch_size")
+    Section(raw, where).only(keys)
+    missing = [k for k in keys if k not in raw]
     if missing:
         raise ValueError(f"{where}: missing {', '.join(missing)}")
     layers = raw["layers"]

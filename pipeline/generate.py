@@ -340,7 +340,7 @@ def main(argv: list[str] | None = None) -> int:
         "--metrics", default="metrics/generate", help="where <model>.json (this run's counts and speed) goes"
     )
     args = parser.parse_args(argv)
-    params = load_params("generate")
+    params = load_params("generate").only(("models", "recorded_tokenizer"))
     models = params.mapping("models")
     if args.model not in models:
         raise KeyError(f"model {args.model!r} is not in generate.models (have {sorted(map(str, models))})")

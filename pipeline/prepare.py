@@ -146,7 +146,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="pars prepare", description=__doc__.splitlines()[0])
     parser.add_argument("--out", default=str(prompts_path()))
     args = parser.parse_args(argv)
-    params = load_params("prepare")
+    params = load_params("prepare").only(("sources", "split", "max_prompt_chars"))
     ensure_parent(args.out)  # an --out under a file fails now, not after reading every source
     sources = params["sources"] or {}
     if not sources:

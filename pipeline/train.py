@@ -160,10 +160,11 @@ def check_params(params: Mapping[str, Any], methods: list[str]) -> Section:
     if str(lt["precision"]) not in PRECISIONS:  # str: YAML's 32 is Lightning's "32"
         raise PARSError(f"{lt.where}.precision {lt['precision']!r}: must be one of {', '.join(PRECISIONS)}")
     check_devices(lt, check_accelerator(lt))  # imports Lightning (seconds): last
-    if str(lt["precision"]) in ("16-mixed", "16-true", "16") and not _runs_on_gpu(lt["accelerator"]):
+    if str(lt["precision"]) in ("16-mixed", "16") and _runs_on_cpu(lt["accelerator"]):
         # Lightning would switch to bf16-mixed with a log line, and the metrics would record 16-mixed
         raise PARSError(
-            f"{lt.where}.precision {lt['precision']!r}: float16 needs a GPU; on a CPU use auto, bf16-mixed or 32-true"
+            f"{lt.where}.precision {lt['precision']!r}: mixed float16 needs a GPU; on a CPU use auto, "
+            "bf16-mixed or 32-true"
         )
     from lightning.pytorch.strategies import StrategyRegistry
 
@@ -255,6 +256,14 @@ def _runs_on_gpu(accelerator: str) -> bool:
     import torch
 
     return str(accelerator) in ("gpu", "cuda", "auto") and torch.cuda.is_available()
+
+
+def _runs_on_cpu(accelerator: str) -> bool:
+    import torch
+
+    if str(accelerator) == "cpu":
+        return True
+    return str(accelerator) == "auto" and not torch.cuda.is_available() and not torch.backends.mps.is_available()
 
 
 def resolve_precision(precision: str, accelerator: str) -> str:

@@ -9,6 +9,10 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
+case ${PARS_VLLM:-auto} in  # a typo fails here, before any install
+  auto|cpu|gpu|none) ;;
+  *) echo "setup: PARS_VLLM=$PARS_VLLM: must be cpu, gpu, none or auto" >&2; exit 1 ;;
+esac
 PYTHON=${PYTHON:-python3}
 [ -x .venv/bin/python ] || "$PYTHON" -m venv .venv
 # shellcheck disable=SC1091
@@ -20,10 +24,6 @@ flavour=${PARS_VLLM:-auto}
 if [ "$flavour" = auto ]; then
   if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then flavour=gpu; else flavour=cpu; fi
 fi
-case $flavour in
-  cpu|gpu|none) ;;
-  *) echo "setup: PARS_VLLM=$flavour: must be cpu, gpu, none or auto" >&2; exit 1 ;;
-esac
 echo "setup: vLLM flavour: $flavour"
 
 if [ "$flavour" != gpu ]; then

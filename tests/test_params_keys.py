@@ -4,6 +4,7 @@ one line naming it: ignored, the default it meant to change would run without a 
 from __future__ import annotations
 
 import copy
+from pathlib import Path
 
 import pytest
 
@@ -63,6 +64,33 @@ def test_a_mistyped_key_is_refused_naming_it(section, path, key):
     assert ".".join((section, *path, key)) in line.replace("params: ", "").replace("params.yaml: ", "")
 
 
+def test_blend_decoder_settings_refuse_a_mistyped_key():
+    from pipeline import blend
+
+    decoder = {**load_params("blend")["decoder"], "layer": 3}
+    with pytest.raises(PARSError, match=r"blend\.decoder\.layer: not a setting here \(did you mean 'layers'"):
+        blend.decoder_settings(decoder, "params.yaml: blend.decoder")
+
+
+@pytest.mark.parametrize(
+    "stage,argv,key", [("generate", ["--model", "chatgpt"], "recorded_tokeniser"), ("prepare", [], "max_prompt_char")]
+)
+def test_generate_and_prepare_refuse_a_mistyped_key(tmp_path, monkeypatch, stage, argv, key):
+    import importlib
+
+    import yaml
+
+    params = yaml.safe_load((Path(__file__).resolve().parents[1] / "params.yaml").read_text(encoding="utf-8"))
+    params[stage][key] = 1
+    path = tmp_path / "params.yaml"
+    path.write_text(yaml.safe_dump(params), encoding="utf-8")
+    monkeypatch.setenv("PARS_PARAMS", str(path))
+    with pytest.raises(PARSError, match=rf"{stage}\.{key}: not a setting here"):
+        importlib.import_module(f"pipeline.{stage}").main(
+            [*argv, "--out" if stage == "prepare" else "--out-root", str(tmp_path / "out")]
+        )
+
+
 def test_the_suggestion_names_the_closest_key():
     with pytest.raises(PARSError, match=r"train\.lrr: not a setting here \(did you mean 'lr'\?"):
         Section({"lr": 1, "lrr": 2}, "train").only(("lr", "epochs"))
@@ -75,7 +103,7 @@ def test_the_suggestion_names_the_closest_key():
         ({"cross_models": {"recorded": "chatgpt"}}, r"cross_models\.recorded 'chatgpt': must be a non-empty list"),
         ({"cross_models": {"recorded": ["chatgpt", "chatgpt"]}}, r"cross_models\.recorded .*distinct model names"),
         ({"cross_models": {"chatgpt": ["chatgpt", "o3-mini"]}}, r"cross_models\.chatgpt: 'chatgpt' is also in"),
-        ({"lightning": {"precision": "16-mixed"}}, r"precision '16-mixed': float16 needs a GPU"),
+        ({"lightning": {"precision": "16-mixed"}}, r"precision '16-mixed': mixed float16 needs a GPU"),
     ],
 )
 def test_train_refuses_settings_that_would_silently_train_something_else(change, match):
@@ -83,7 +111,7 @@ def test_train_refuses_settings_that_would_silently_train_something_else(change,
 
     from pipeline import train
 
-    if "lightning" in change and torch.cuda.is_available():
+    if "lightning" in change and (torch.cuda.is_available() or torch.backends.mps.is_available()):
         pytest.skip("float16 is refused on a CPU only")
     params = load_params("train")
     bad = {**copy.deepcopy(dict(params)), **change}

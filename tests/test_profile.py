@@ -33,6 +33,9 @@ def test_production_profile_switches_every_stage(tmp_path):
     # the file it replaced, comments and edits included, stays beside it; no temp file is left
     assert (tmp_path / "params.yaml.pre-profile").read_bytes() == before
     assert sorted(p.name for p in tmp_path.iterdir()) == ["params.yaml", "params.yaml.pre-profile"]
+    # a second switch keeps the first backup: the generated file is not what a user would go back to
+    assert apply_profile(ROOT / "profiles" / "production.yaml", params) == merged
+    assert (tmp_path / "params.yaml.pre-profile").read_bytes() == before
     assert set(merged) == set(default)  # no section lost
     models = merged["generate"]["models"]
     assert "smollm2" not in models  # replaced whole, not merged

