@@ -5,8 +5,9 @@ replaced; a dotted key listed under the profile's `_replace` is replaced whole (
 list of generation models). Comments in params.yaml are not kept. DVC cannot build a dep list
 from params, so the evaluate stage's model deps in the dvc.yaml beside params.yaml (the lines
 between its BEGIN/END evaluate models comments) are rewritten from the merged `evaluate` section.
-Before writing, each file is copied to `<file>.pre-profile` (uncommitted edits and comments
-included); `git checkout params.yaml dvc.yaml` goes back to the default profile.
+Before the first switch each file is copied to `<file>.pre-profile` (uncommitted edits and
+comments included; a later switch keeps that copy); `git checkout params.yaml dvc.yaml` goes back
+to the default profile.
 """
 
 from __future__ import annotations
@@ -172,7 +173,7 @@ def main(argv: list[str] | None = None) -> int:
     also = f"; evaluate's model deps in {dvc_yaml} follow it" if dvc_yaml.is_file() else ""
     print(f"profile: {args.profile} merged into {args.params} (sections: {', '.join(merged)}){also}")
     print(
-        f"profile: the files it replaced are kept as {args.params}{BACKUP}"
+        f"profile: the files as they were before the first switch are kept as {args.params}{BACKUP}"
         + (f" and {dvc_yaml}{BACKUP}" if also else "")
     )
     return 0

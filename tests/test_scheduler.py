@@ -556,6 +556,13 @@ def test_scorer_thread_uses_its_own_torch_threads(make_scheduler, tokenizer):
     main_threads = torch.get_num_threads()
     sched = make_scheduler(PARSScheduler)
     assert sched.pars_config.scorer_threads == 1
+    assert _scorer_threads_seen(sched, tokenizer) == [1] and torch.get_num_threads() == main_threads
+
+
+def _scorer_threads_seen(sched, tokenizer) -> list[int]:
+    """The torch thread counts the scorer thread scored a request with."""
+    import torch
+
     seen = []
     real_parts = sched.pars_scorer.score_parts
 
@@ -569,7 +576,7 @@ def test_scorer_thread_uses_its_own_torch_threads(make_scheduler, tokenizer):
     eng.step()
     assert sched.pars_worker.wait_idle(10)
     eng.run()
-    assert seen == [1] and torch.get_num_threads() == main_threads
+    return seen
 
 
 def test_scorer_threads_past_the_cores_are_cut_to_them(make_scheduler, tokenizer):
@@ -583,20 +590,8 @@ def test_scorer_threads_past_the_cores_are_cut_to_them(make_scheduler, tokenizer
 
     main_threads = torch.get_num_threads()
     sched = make_scheduler(PARSScheduler, pars={"scorer_threads": 1000})
-    seen = []
-    real_parts = sched.pars_scorer.score_parts
-
-    def recording(texts, *args, **kw):
-        seen.append(torch.get_num_threads())
-        yield from real_parts(texts, *args, **kw)
-
-    sched.pars_scorer.score_parts = recording
-    eng = FakeEngine(sched)
-    eng.add("a", 0, out_len=1, prompt_ids=tokenizer("how are you")["input_ids"])
-    eng.step()
-    assert sched.pars_worker.wait_idle(10)
-    eng.run()
-    assert seen == [len(os.sched_getaffinity(0))] and torch.get_num_threads() == main_threads
+    assert _scorer_threads_seen(sched, tokenizer) == [len(os.sched_getaffinity(0))]
+    assert torch.get_num_threads() == main_threads
 
 
 def test_bad_config_from_environment_names_the_variable(make_scheduler, monkeypatch):

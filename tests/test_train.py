@@ -402,23 +402,31 @@ def test_length_bucket_batches_cover_every_prompt_once_and_pad_less():
     assert list(sampler) != batches  # a new order each epoch
 
 
+def _random_prompt_table(n: int):
+    """(token counts, a PromptTable of n random prompts of 3 to 11 tokens with random lengths)."""
+    from pipeline.ranking.data import PromptTable
+
+    rng = np.random.default_rng(0)
+    sizes = rng.integers(3, 12, n)
+    table = PromptTable(
+        ids=np.array([f"p{i}" for i in range(n)]),
+        input_ids=[[101, *rng.integers(1000, 2000, k - 2).tolist(), 102] for k in sizes],
+        lengths=rng.uniform(1, 1000, n),
+        truncated=np.zeros(n, bool),
+    )
+    return sizes, table
+
+
 def test_a_trainer_gives_length_bucket_batches_a_new_order_each_epoch(tiny_bert_config):
     """Lightning calls set_epoch on a loader's sampler, not on a batch sampler: RankerModule does,
     or every epoch would replay the first one's batches (the same in-batch pairs twice)."""
     import lightning as L
     import torch
 
-    from pipeline.ranking.data import LengthBucketBatches, PromptCollate, PromptTable, _Rows
+    from pipeline.ranking.data import LengthBucketBatches, PromptCollate, _Rows
     from pipeline.ranking.lightning import RankerModule
 
-    rng = np.random.default_rng(0)
-    sizes = rng.integers(3, 12, 48)
-    table = PromptTable(
-        ids=np.array([f"p{i}" for i in range(len(sizes))]),
-        input_ids=[[101, *rng.integers(1000, 2000, n - 2).tolist(), 102] for n in sizes],
-        lengths=rng.uniform(1, 1000, len(sizes)),
-        truncated=np.zeros(len(sizes), bool),
-    )
+    sizes, table = _random_prompt_table(48)
     collate, seen = PromptCollate(table, 0, delta=0.2), []
 
     def recording(rows):
@@ -452,17 +460,10 @@ def test_validation_under_bf16_scores_with_the_head_in_float32_as_a_scorer_does(
     import lightning as L
     import torch
 
-    from pipeline.ranking.data import PromptCollate, PromptTable, _Rows
+    from pipeline.ranking.data import PromptCollate, _Rows
     from pipeline.ranking.lightning import RankerModule
 
-    rng = np.random.default_rng(0)
-    sizes = rng.integers(3, 12, 32)
-    table = PromptTable(
-        ids=np.array([f"p{i}" for i in range(len(sizes))]),
-        input_ids=[[101, *rng.integers(1000, 2000, n - 2).tolist(), 102] for n in sizes],
-        lengths=rng.uniform(1, 1000, len(sizes)),
-        truncated=np.zeros(len(sizes), bool),
-    )
+    sizes, table = _random_prompt_table(32)
     loader = torch.utils.data.DataLoader(_Rows(len(sizes)), batch_size=16, collate_fn=PromptCollate(table, 0))
     from conftest import make_tiny_ranker
 
