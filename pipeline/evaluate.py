@@ -85,8 +85,8 @@ def check_params(params) -> dict:
             raise PARSError(f"{sec.where}.{key} {names!r}: must be a list of names")
     boot = _section(sec.mapping("bootstrap"), f"{sec.where}.bootstrap").only(("n", "seed", "level"))
     tfidf = _section(sec.mapping("tfidf_ridge"), f"{sec.where}.tfidf_ridge")
-    tfidf.only(("ngram_max", "min_df", "alphas", "min_train_prompts"))
-    missing_keys = sorted({"ngram_max", "min_df", "alphas", "min_train_prompts"} - set(tfidf))
+    keys = ("ngram_max", "min_df", "alphas", "min_train_prompts")
+    missing_keys = sorted(set(keys) - set(tfidf.only(keys)))
     if missing_keys:  # params.yaml holds these defaults
         raise KeyError(f"{tfidf.where} lacks {', '.join(missing_keys)} (see the repository's params.yaml)")
     tfidf.integer("ngram_max", minimum=1)

@@ -33,7 +33,6 @@ from pipeline.ranking.losses import METHODS
 
 POOLINGS = ("cls", "mean")  # pipeline.ranking.model (not imported here: it imports torch)
 PAIRWISE_MODES = ("in_batch", "per_pair")  # pipeline.ranking.data
-# Lightning's precision flags that need no optional package, and `auto` (resolve_precision)
 # every key of params.yaml's train section (the one home of defaults)
 TRAIN_KEYS = (
     "models", "cross_models", "encoder", "max_length", "head_fraction", "pooling", "frozen_layers",
@@ -41,6 +40,8 @@ TRAIN_KEYS = (
     "weight_decay", "warmup_fraction", "grad_clip", "margin", "margin_per_log_length", "lexical_prior",
     "pairwise_mode", "max_train_prompts", "seed", "dropout", "num_workers", "torch_threads", "lightning", "wandb",
 )  # fmt: skip
+LEXICAL_PRIOR_KEYS = ("ngram_max", "min_df", "alpha", "folds")  # train.lexical_prior
+# Lightning's precision flags that need no optional package, and `auto` (resolve_precision)
 PRECISIONS = ("auto", "32-true", "bf16-mixed", "bf16-true", "16-mixed", "16-true", "64-true", "32", "16", "bf16", "64")
 
 
@@ -99,8 +100,8 @@ def lexical_prior_settings(raw: Any, where: str = "params train") -> dict[str, A
         return None
     if not isinstance(raw, Mapping):
         raise ValueError(f"{where}.lexical_prior: expected null or {{ngram_max, min_df, alpha, folds}}, got {raw!r}")
-    Section(raw, f"{where}.lexical_prior").only(("ngram_max", "min_df", "alpha", "folds"))
-    missing = sorted({"ngram_max", "min_df", "alpha", "folds"} - set(raw))
+    Section(raw, f"{where}.lexical_prior").only(LEXICAL_PRIOR_KEYS)
+    missing = sorted(set(LEXICAL_PRIOR_KEYS) - set(raw))
     if missing:
         raise ValueError(f"{where}.lexical_prior: missing {', '.join(missing)}")
     out: dict[str, Any] = {}
