@@ -209,8 +209,9 @@ def test_recorded_backend_reads_one_models_answers_from_several_datasets(tmp_pat
     assert gens.loc["p4", "output_tokens"] == 40 and gens.loc["p0", "output_tokens"] == 1
     assert gens.loc["p1", "output_tokens"] == 2  # its own reply, not the later record's with the same id
     assert meta["samples"] == 5 and meta["source"] == ["firsts:m", "later:m"]
-    # a blank reply is left out and listed, never a 0-token label
-    assert meta["skipped_prompts"] == 1 and "blank" in meta["skipped"]["p6"]
+    # a blank reply is left out and listed, never a 0-token label; so is a prompt with no reply on file
+    assert meta["skipped_prompts"] == 2 and "blank" in meta["skipped"]["p6"]
+    assert "no recorded reply" in meta["skipped"]["p5"]
 
 
 def test_recorded_backend_imports_a_changed_reply_again(tmp_path, monkeypatch):

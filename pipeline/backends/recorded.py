@@ -8,7 +8,8 @@ hidden reasoning trace (o3-mini's) is not in the file and so cannot be counted: 
 
 A recorded reply with no visible text (ShareGPT holds 80 ChatGPT replies that are empty or a lone
 zero-width space, to prompts asking for essays and code) is a failed reply, not a 0-token answer:
-its prompt is left out for that model and listed in meta.json's `skipped`.
+its prompt is left out for that model and listed in meta.json's `skipped`, as is a prompt the
+model has no recorded reply to.
 """
 
 from __future__ import annotations
@@ -90,9 +91,11 @@ class RecordedBackend(Backend):
         keys = list(zip(mine["dataset"], mine["source_id"], mine["prompt"]))
         has = [key in answers for key in keys]
         for pid, key, found in zip(mine["prompt_id"], keys, has):
-            if found and is_blank(answers[key]):
+            if not found:
+                self.skipped[pid] = "no recorded reply of this model to this prompt"
+            elif is_blank(answers[key]):
                 self.skipped[pid] = "recorded reply is blank (a failed reply, not a 0-token answer)"
-        usable = [found and pid not in self.skipped for pid, found in zip(mine["prompt_id"], has)]
+        usable = [pid not in self.skipped for pid in mine["prompt_id"]]
         return mine[usable].reset_index(drop=True)
 
     def cache_text(self, row) -> str:
