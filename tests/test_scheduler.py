@@ -118,18 +118,26 @@ def test_checkpoint_scores_in_one_batch_at_schedule(make_scheduler, checkpoint, 
     assert eng.order() == [f"p{i}" for i in sorted(range(len(prompts)), key=lambda i: expected[i])] + ["client"]
 
 
-def hold_scoring(sched):
-    """Hold the scheduler's real ranker until the returned event is set (the worker blocks in it)."""
+def hold_scoring(sched, batches=None, entered=None):
+    """Hold the background scorer until the returned event is set. The worker blocks as it starts a
+    batch, before it reads anything of its requests (whether they finished, their prompts), so what
+    the test does meanwhile happens before that, however the threads are scheduled. Each batch's
+    request ids are appended to `batches`; `entered` is set once the worker holds a batch."""
     import threading
 
     release = threading.Event()
-    real_parts = sched.pars_scorer.score_parts
+    worker = sched.pars_worker
+    real_batch = worker._score_batch
 
-    def held(texts, *args, **kw):
+    def held(requests):
+        if batches is not None:
+            batches.append([r.request_id for r in requests])
+        if entered is not None:
+            entered.set()
         assert release.wait(10)
-        yield from real_parts(texts, *args, **kw)
+        yield from real_batch(requests)
 
-    sched.pars_scorer.score_parts = held
+    worker._score_batch = held
     return release
 
 
@@ -455,6 +463,51 @@ def test_preempted_request_keeps_its_turn_among_requests_queued_in_the_same_tick
     assert [queue.pop_request().request_id for _ in range(4)] == ["0", "1", "2", "3"]
 
 
+def test_dead_queue_entries_hold_no_request():
+    """Removal is lazy: the heap entry of an admitted, aborted or re-keyed request stays behind an
+    old waiting request until compaction. It must not keep the request (its token lists, block
+    hashes) alive meanwhile."""
+    import gc
+    import weakref
+
+    from pipeline.serving.pars_queue import PARSRequestQueue
+
+    class Req:
+        def __init__(self, i, score):
+            self.priority, self.arrival_time, self.request_id, self.score = 0, float(i), str(i), score
+
+    def by_score(requests):
+        for r in requests:
+            r.pars_key = (0, r.score)
+
+    queue = PARSRequestQueue(by_score, starvation_s=1e9)
+    old = Req(0, 0.0)  # the oldest: it heads the age heap, so nothing queued later reaches its top
+    queue.add_request(old)
+    gone = []
+    for i in range(1, 31):  # 30 dead entries: below the compaction threshold
+        request = Req(i, -1.0 if i % 3 == 0 else float(i))
+        queue.add_request(request)
+        queue.flush()
+        if i % 3 == 0:
+            assert queue.pop_request() is request  # admitted (it heads the score heap)
+        elif i % 3 == 1:
+            queue.remove_request(request)  # aborted
+        else:
+            request.pars_key = (0, float(i) + 0.5)
+            assert queue.rekey(request)  # a late score: its old entry dies, the request stays
+            continue
+        gone.append(weakref.ref(request))
+    del request
+    gc.collect()
+    assert [ref() for ref in gone] == [None] * len(gone)
+    dead = [e[-1] for e in queue._by_age + queue._by_score if not e[-1].alive]
+    assert dead and all(entry.request is None for entry in dead)
+    # the queue still serves what is left, in order
+    assert [queue.pop_request().request_id for _ in range(len(queue))] == ["0"] + [
+        str(i) for i in range(1, 31) if i % 3 == 2
+    ]
+
+
 def test_scoring_worker_close_drops_the_backlog_and_joins():
     import threading
 
@@ -500,10 +553,8 @@ def test_scoring_worker_delivers_parts_as_they_finish():
         yield [0, 2], [0.0, 20.0]
 
     worker = ScoringWorker(parts, batch_size=3)
-    for item in ("a", "b", "c"):
-        worker.submit(item)
+    first = _submit_while_held(worker, "a", "b", "c")
     deadline = time.monotonic() + 5
-    first = []
     while not first and time.monotonic() < deadline:
         first = worker.take()
         time.sleep(0.01)
@@ -513,13 +564,88 @@ def test_scoring_worker_delivers_parts_as_they_finish():
     assert worker.wait_idle(5)
     assert [(b.items, b.scores, b.error) for b in worker.take()] == [(["a", "c"], [0.0, 20.0], None)]
     for head in ("boom", "twice", "inner", "outside"):
-        for item in (head, "x", "y"):
-            worker.submit(item)
+        got = _submit_while_held(worker, head, "x", "y")
         assert worker.wait_idle(5)
-        got = worker.take()
+        got += worker.take()
         assert [b.items for b in got] == [["x"], [head, "y"]] and got[1].scores == [None, None]
         assert isinstance(got[1].error, (RuntimeError, ValueError)) and worker.backlog == 0
     worker.close()
+
+
+def _submit_while_held(worker, *items) -> list:
+    """Submit items so that the worker takes them as one batch, however the threads are scheduled:
+    it is held scoring a batch of its own meanwhile. That batch is taken back here; the batches
+    taken with it (of the items) are returned."""
+    import threading
+
+    entered, release = threading.Event(), threading.Event()
+    real_batch = worker._score_batch
+
+    def holding(batch):
+        entered.set()
+        assert release.wait(5)
+        return [0.0] * len(batch)
+
+    worker._score_batch = holding
+    worker.submit("hold")
+    assert entered.wait(5)  # the worker holds ["hold"] alone; the items below wait in its inbox
+    worker._score_batch = real_batch  # read by the worker as it starts its next batch
+    for item in items:
+        worker.submit(item)
+    release.set()
+    taken, deadline = [], time.monotonic() + 5
+    while not taken and time.monotonic() < deadline:
+        taken = worker.take()
+        time.sleep(0.001)
+    assert taken and taken[0].items == ["hold"]
+    return taken[1:]
+
+
+def test_scoring_worker_batches_what_first_picks_ahead_of_older_items():
+    """`first(item)` items go into the next batch before older ones (arrival order within each)."""
+    from pipeline.serving.scoring_worker import ScoringWorker
+
+    worker = ScoringWorker(lambda items: [1.0] * len(items), batch_size=2, first=lambda item: item.startswith("w"))
+    got = _submit_while_held(worker, "r1", "w1", "r2", "w2", "r3")
+    assert worker.wait_idle(5)
+    got += worker.take()
+    assert [b.items for b in got] == [["w1", "w2"], ["r1", "r2"], ["r3"]]
+    worker.close()
+
+
+def test_scoring_worker_counts_an_item_once_when_close_and_a_batch_end_together():
+    """close() (the caller's thread) and the worker both add to the count of finished items. Here
+    each pauses inside its addition until the other has begun one (or 0.5 s): without a lock both
+    would add to the same old count, one item would be lost, and wait_idle would never return."""
+    import threading
+
+    from pipeline.serving.scoring_worker import ScoringWorker
+
+    both_adding = threading.Barrier(2, timeout=0.5)
+
+    class SlowCount(int):
+        def __add__(self, other):
+            try:
+                both_adding.wait()
+            except threading.BrokenBarrierError:
+                pass  # the other one waits for the lock: the additions are serialised
+            return int(self) + other
+
+    entered, release = threading.Event(), threading.Event()
+
+    def held(items):
+        entered.set()
+        assert release.wait(5)
+        return [1.0] * len(items)
+
+    worker = ScoringWorker(held, batch_size=1)
+    worker.submit("scored")
+    assert entered.wait(5)
+    worker.submit("dropped")  # stays in the inbox: close() drops it
+    worker._finished = SlowCount(0)
+    release.set()  # the worker counts "scored" while close() counts "dropped"
+    worker.close(timeout=5)
+    assert not worker._thread.is_alive() and worker.backlog == 0
 
 
 def test_a_request_aborted_before_its_score_is_no_fault(make_scheduler, tokenizer):
@@ -544,6 +670,34 @@ def test_a_request_aborted_before_its_score_is_no_fault(make_scheduler, tokenize
     stats = sched.pars_stats
     assert (stats["num_scored"], stats["num_finished_unscored"]) == (2, 1)
     assert stats["num_faults"] == 0 and stats["num_fallback"] == 0
+
+
+def test_waiting_requests_are_scored_before_running_ones(make_scheduler, tokenizer):
+    """Under a backlog the worker scores requests still waiting (their score decides when they run)
+    before one admitted on its provisional score; that one is scored after them, not dropped (its
+    score orders `running`, and so the preemption victim)."""
+    import threading
+
+    from pipeline.serving.vllm_scheduler import PARSScheduler
+
+    sched = make_scheduler(PARSScheduler, max_num_seqs=2, pars={"batch_size": 1})  # 8 per worker batch
+    batches, entered = [], threading.Event()
+    from vllm.v1.request import RequestStatus
+
+    release = hold_scoring(sched, batches, entered)
+    eng = FakeEngine(sched)
+    eng.add("w", 0, out_len=50, prompt_ids=tokenizer("keeps the worker busy")["input_ids"])
+    eng.step()
+    assert entered.wait(10)  # the worker holds ["w"]; the arrivals below queue up behind it
+    for i in range(9):
+        eng.add(f"r{i}", 0, out_len=50, prompt_ids=tokenizer(f"prompt number {i}")["input_ids"])
+    eng.step()  # admits r0 (provisional keys tie: arrival order) into the second slot
+    assert sched.requests["r0"].status == RequestStatus.RUNNING
+    release.set()
+    assert sched.pars_worker.wait_idle(10)
+    assert batches == [["w"], [f"r{i}" for i in range(1, 9)], ["r0"]]
+    eng.step()
+    assert sched.pars_stats["num_scored"] == 10 and sched.pars_stats["num_fallback"] == 0
 
 
 def test_scorer_thread_uses_its_own_torch_threads(make_scheduler, tokenizer):
@@ -602,15 +756,16 @@ def test_bad_config_from_environment_names_the_variable(make_scheduler, monkeypa
         make_scheduler(PARSScheduler)
 
 
-def test_missing_checkpoint_stops_startup(make_scheduler, tmp_path, monkeypatch):
+def test_missing_checkpoint_stops_startup(make_scheduler, model_config, tmp_path, monkeypatch):
     from pipeline.ranking.checkpoint import CheckpointError
+    from pipeline.serving.cpu_harness import build_scheduler
     from pipeline.serving.vllm_scheduler import PARSScheduler
 
     monkeypatch.delenv("PARS_CHECKPOINT", raising=False)
     with pytest.raises(CheckpointError, match="does not exist"):
         make_scheduler(PARSScheduler, pars={"checkpoint": str(tmp_path / "nope")})
     with pytest.raises(CheckpointError, match="needs a checkpoint"):
-        make_scheduler(PARSScheduler, pars={"checkpoint": None})
+        build_scheduler(PARSScheduler, model_config, pars={})
 
 
 def test_corrupt_checkpoint_stops_startup(make_scheduler, tiny_checkpoint):
@@ -637,6 +792,46 @@ def test_config_from_additional_config_and_env(make_scheduler, checkpoint, monke
     assert sched.waiting.starvation_s == 7.5
     monkeypatch.delenv("PARS_STARVATION_S")
     assert make_scheduler(PARSScheduler).pars_config.starvation_s == 120.0
+
+
+def test_a_null_or_empty_setting_is_refused_not_defaulted(make_scheduler, monkeypatch):
+    """A key given without a value is a mistake, not "the default" (nor the environment's value);
+    `"starvation_s": null` alone has a meaning: no starvation rule, as in the simulator's params."""
+    from pipeline.serving.pars_config import PARSConfig, PARSConfigError
+    from pipeline.serving.vllm_scheduler import PARSScheduler
+
+    for section, env, match in [
+        (None, {"PARS_STARVATION_S": ""}, "environment variable PARS_STARVATION_S must be a number, got ''"),
+        (None, {"PARS_SCORING": ""}, "environment variable PARS_SCORING must be one of"),
+        ({"batch_size": None}, {"PARS_BATCH_SIZE": "4"}, r"\['batch_size'\] must be a number, got None"),
+        ({"checkpoint": None}, {}, r"\['checkpoint'\] must be a non-empty string, got None"),
+        ({"fault_log_interval_s": None}, {}, r"\['fault_log_interval_s'\] must be a number, got None"),
+    ]:
+        with pytest.raises(PARSConfigError, match=match) as info:
+            PARSConfig.from_sources(section, env=env)
+        assert "\n" not in str(info.value)
+    assert PARSConfig.from_sources({"starvation_s": None}, env={"PARS_STARVATION_S": "7"}).starvation_s == math.inf
+    assert PARSConfig.from_sources(None, env={"PARS_STARVATION_S": "inf"}).starvation_s == math.inf
+    assert PARSConfig(starvation_s=None).starvation_s == math.inf
+    monkeypatch.setenv("PARS_STARVATION_S", "7")
+    assert make_scheduler(PARSScheduler, pars={"starvation_s": None}).waiting.starvation_s == math.inf
+
+
+def test_scorer_threads_with_inline_scoring_is_refused():
+    """scorer_threads sets the background scorer thread's torch threads: with inline scoring there
+    is no such thread, and the setting would be ignored without a word."""
+    from pipeline.serving.pars_config import PARSConfig, PARSConfigError
+
+    for section, env in [
+        ({"scoring": "inline", "scorer_threads": 4}, {}),
+        ({"scoring": "inline"}, {"PARS_SCORER_THREADS": "0"}),
+        (None, {"PARS_SCORING": "inline", "PARS_SCORER_THREADS": "2"}),
+    ]:
+        with pytest.raises(PARSConfigError, match="scorer_threads.*'inline'") as info:
+            PARSConfig.from_sources(section, env=env)
+        assert "\n" not in str(info.value)
+    assert PARSConfig.from_sources({"scoring": "inline"}, env={}).scorer_threads == 1  # the default: fine
+    assert PARSConfig.from_sources({"scorer_threads": 4}, env={}).scorer_threads == 4  # background
 
 
 def test_async_class_builds_sync_twin_without_async_scheduling(make_scheduler):
@@ -826,6 +1021,44 @@ def test_chat_template_is_stripped_before_scoring():
             raise ValueError("no chat template")
 
     assert _strip_chat_template(NoTemplate()) is None
+
+
+# SmolLM2-135M-Instruct's chat template (the packaged model the engine tests serve), verbatim
+SMOLLM2_CHAT_TEMPLATE = (
+    "{% for message in messages %}{% if loop.first and messages[0]['role'] != 'system' %}"
+    "{{ '<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>\n' }}"
+    "{% endif %}{{'<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n'}}"
+    "{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
+)
+
+
+def test_a_multi_turn_prompt_is_not_taken_for_the_users_message():
+    """A multi-turn chat with the default system prompt starts with the learned prefix and ends with
+    the learned suffix too: it must give None (scored whole, counted), not the turns' markup."""
+    from transformers import AutoTokenizer
+
+    from pipeline.ranking.model import resolve_encoder
+    from pipeline.serving.vllm_scheduler import _strip_chat_template
+
+    chat = AutoTokenizer.from_pretrained(resolve_encoder("minilm-l6"))  # a fresh one: the fixture is shared
+    chat.chat_template = SMOLLM2_CHAT_TEMPLATE
+    strip = _strip_chat_template(chat)
+
+    def render(messages):
+        return chat.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+
+    question = "Write a poem\nabout Rome."
+    assert strip(render([{"role": "user", "content": question}])) == question
+    turns = [
+        {"role": "user", "content": "Name a city."},
+        {"role": "assistant", "content": "Rome."},
+        {"role": "user", "content": question},
+    ]
+    multi_turn = render(turns)
+    assert multi_turn.startswith(render(turns[:1])[: -len("Name a city.<|im_end|>\n<|im_start|>assistant\n")])
+    assert multi_turn.endswith(question + "<|im_end|>\n<|im_start|>assistant\n")  # prefix and suffix match
+    assert strip(multi_turn) is None
+    assert strip(render([{"role": "system", "content": "Be brief."}, {"role": "user", "content": question}])) is None
 
 
 def test_prompts_the_chat_template_does_not_match_are_counted(make_scheduler, tokenizer):

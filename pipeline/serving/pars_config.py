@@ -5,7 +5,11 @@ then `PARS_*` environment variables, then the defaults below. Every value is che
 (and by `PARSConfig(...)` itself); a bad one stops the engine with one `PARSConfigError` line naming
 the key and where it came from (a batch size of -1 used to give every request the score 0 without a
 word). A `PARS_*` variable that is neither a setting nor read elsewhere in the project is refused:
-a misspelled one (PARS_BATCHSIZE) would otherwise be ignored without a word.
+a misspelled one (PARS_BATCHSIZE) would otherwise be ignored without a word. So is a key that is
+given but empty (`null`, `PARS_BATCH_SIZE=`): it is not taken for "the default" -- except
+`"starvation_s": null`, which turns the starvation rule off (as `null` does in the simulator's
+`engine.starvation_s`; the environment's spelling is `PARS_STARVATION_S=inf`). A setting that would
+be ignored (`scorer_threads` with `scoring: inline`) is refused too.
 No vLLM import: the config is testable and reusable without the engine.
 """
 
@@ -27,6 +31,7 @@ SCORING_MODES = ("background", "inline")
 SCORING_CHUNK_BATCHES = 8
 # far above any useful forward batch; a larger value is a typo, not a setting
 MAX_BATCH_SIZE = 65536
+DEFAULT_SCORER_THREADS = 1
 ENV_PREFIX = "PARS_"
 # PARS_* variables the rest of the project reads (the CLI, params, setup, the vLLM guard, the
 # conformance plugin): not scheduler settings, and not typos
@@ -51,7 +56,8 @@ class PARSCheckpointConfigError(PARSConfigError, CheckpointError):
 @dataclass(frozen=True)
 class PARSConfig:
     checkpoint: str | None = None
-    starvation_s: float = 120.0  # a request waiting longer than this is served next, oldest first
+    # a request waiting longer than this is served next, oldest first; inf (null in the JSON): never
+    starvation_s: float = 120.0
     batch_size: int = 32  # prompts per scoring forward pass
     device: str = "cpu"  # where the ranker runs
     score_key: str = CLIENT_SCORE_KEY  # SamplingParams.extra_args key of a client-sent score
@@ -63,8 +69,9 @@ class PARSConfig:
     # torch CPU threads of the background scorer thread (0: torch's default). One by default: a second
     # multi-thread OpenMP pool beside the engine's oversubscribes the cores, and libgomp then throttles
     # the spin-wait of every pool, the engine's included: every later vllm-cpu step got slower
-    # (benchmarks/engine_bench.py, scorer_threads 0 against 1). Applied on the scorer thread.
-    scorer_threads: int = 1
+    # (benchmarks/engine_bench.py, scorer_threads 0 against 1). Applied on the scorer thread, so only
+    # with background scoring (another value with `scoring: inline` is refused: it would do nothing).
+    scorer_threads: int = DEFAULT_SCORER_THREADS
     # "int8": the scorer's encoder with dynamically quantized int8 Linear layers (CPU only): about
     # 3x less scoring CPU, a somewhat different ranking than the evaluated float model's
     # (pipeline.serving.scorer.QUANTIZE_MODES; metrics/choices/scorer_int8.json)
@@ -83,6 +90,12 @@ class PARSConfig:
             check_quantize(self.quantize, self.device)
         except ValueError as exc:
             raise PARSConfigError(f"PARS settings quantize and device: {exc}") from None
+        if self.scoring == "inline" and self.scorer_threads != DEFAULT_SCORER_THREADS:
+            raise PARSConfigError(
+                f"PARS settings scorer_threads and scoring: scorer_threads {self.scorer_threads} sets the "
+                "background scorer thread's torch threads; with scoring 'inline' the ranker runs on the "
+                "engine's thread, so leave scorer_threads out"
+            )
 
     @classmethod
     def from_sources(cls, section: object, env: Mapping[str, str] | None = None) -> "PARSConfig":
@@ -105,9 +118,10 @@ class PARSConfig:
         values = {}
         for name in names:
             env_key = "PARS_" + name.upper()
-            if section.get(name) is not None:
+            # A key that is there is checked, null or empty included: never a silent default.
+            if name in section:
                 raw, where = section[name], f"additional_config['pars']['{name}']"
-            elif env.get(env_key):
+            elif env_key in env:
                 raw, where = env[env_key], f"environment variable {env_key}"
             else:
                 continue
@@ -139,6 +153,11 @@ def _positive_seconds(raw, where: str) -> float:
     if value <= 0:  # inf is allowed: no starvation promotion / never log
         raise PARSConfigError(f"{where} must be > 0 seconds, got {raw!r}")
     return value
+
+
+def _starvation_seconds(raw, where: str) -> float:
+    """Seconds > 0; null (None) is inf: no starvation rule, as in the simulator's params."""
+    return math.inf if raw is None else _positive_seconds(raw, where)
 
 
 def _batch_size(raw, where: str) -> int:
@@ -209,7 +228,7 @@ def _quantize(raw, where: str) -> str:
 
 _CHECKS = {
     "checkpoint": _checkpoint,
-    "starvation_s": _positive_seconds,
+    "starvation_s": _starvation_seconds,
     "batch_size": _batch_size,
     "device": _device,
     "score_key": _text,

@@ -23,7 +23,9 @@ FIRST_SCORE = -math.inf
 
 
 class _Entry:
-    """One queued request; shared by both heaps so removal is O(1) (lazy deletion)."""
+    """One queued request; shared by both heaps so removal is O(1) (lazy deletion). A dead entry
+    drops its request: it may sit in a heap long after (until it reaches a top, or compaction), and
+    must not keep the request's token lists and block hashes alive that long."""
 
     __slots__ = ("key", "arrival", "since", "first", "seq", "request", "alive")
 
@@ -147,18 +149,20 @@ class PARSRequestQueue(RequestQueue):
 
     def pop_request(self) -> Request:
         entry, starved = self._select()
+        request = entry.request  # before _kill drops it
         self._kill(entry)
         if starved:
             # A starved request keeps its place once running: it sorts first in `running`, so it is
             # the last preemption victim, not the first (its score is likely the highest). Its age
             # alone orders it if it ever waits again.
-            entry.request.pars_key = (entry.request.priority, FIRST_SCORE)
-            entry.request.pars_starved = True  # a score arriving later must not undo this
-        return entry.request
+            request.pars_key = (request.priority, FIRST_SCORE)
+            request.pars_starved = True  # a score arriving later must not undo this
+        return request
 
     def _kill(self, entry: _Entry) -> None:
         entry.alive = False
         del self._entries[entry.request]
+        entry.request = None  # nothing reads a dead entry's request (_select skips dead entries)
         self._dead += 1
         # Compact when dead entries dominate, so the heaps stay O(live).
         if self._dead > 64 and self._dead > 2 * len(self._entries):

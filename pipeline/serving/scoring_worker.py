@@ -1,7 +1,9 @@
 """Score prompts on a background thread, so the engine's schedule() never waits on the ranker.
 
 The scheduler hands over work with `submit()` (O(1)) and collects finished results with `take()`
-(non-blocking). The worker batches whatever has queued up, up to `batch_size`, in arrival order.
+(non-blocking). The worker batches whatever has queued up, up to `batch_size`, in arrival order;
+items that `first(item)` says yes to go before the others (the scheduler: requests still waiting,
+whose score decides when they run, before those admitted on a provisional score).
 A scorer may deliver a batch in parts, as each forward pass finishes, so the first scores of a
 burst reach the queue in a fraction of a second instead of after the whole batch.
 A batch that fails is reported as failed (its error travels with the results); the thread never dies.
@@ -42,6 +44,7 @@ class ScoringWorker:
         batch_size: int,
         name: str = "pars-scorer",
         thread_init: Callable[[], None] | None = None,
+        first: Callable[[Any], bool] | None = None,
     ):
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
@@ -49,10 +52,13 @@ class ScoringWorker:
         self._thread_init = thread_init  # run once on the worker thread before its first batch
         self.init_error: BaseException | None = None  # what thread_init raised, if it did
         self._batch_size = int(batch_size)
+        self._first = first  # called on the worker thread, on items it holds
         self._inbox: queue.SimpleQueue = queue.SimpleQueue()
+        self._held: list[Any] = []  # the worker thread's: taken from the inbox, not yet batched
         self._done: deque[ScoredBatch] = deque()  # append/popleft are atomic: no lock needed
         self._submitted = 0
-        self._finished = 0  # items, updated by the worker thread only
+        self._finished = 0  # items scored or dropped; both threads add to it (under _lock)
+        self._lock = threading.Lock()
         self._closed = False
         self._idle = threading.Event()
         self._idle.set()
@@ -94,12 +100,14 @@ class ScoringWorker:
         """Stop the thread: the backlog is dropped (the engine is going away), the batch in hand is
         finished, then the thread is joined (idempotent)."""
         self._closed = True
+        dropped = 0
         while True:
             try:
                 self._inbox.get_nowait()
-                self._finished += 1  # dropped, not scored: wait_idle must not wait for it
+                dropped += 1  # not scored: wait_idle must not wait for it
             except queue.Empty:
                 break
+        self._count_finished(dropped)
         if self._thread.is_alive():
             self._inbox.put(_STOP)
             self._thread.join(timeout)
@@ -108,9 +116,39 @@ class ScoringWorker:
         self, items: list[Any], scores: list[float | None], error: BaseException | None, seconds: float
     ) -> None:
         self._done.append(ScoredBatch(items, scores, error, seconds))
-        self._finished += len(items)
-        if self._finished == self._submitted:
-            self._idle.set()
+        self._count_finished(len(items))
+
+    def _count_finished(self, count: int) -> None:
+        with self._lock:  # close() (the caller's thread) and the worker both add to it
+            self._finished += count
+            if self._finished == self._submitted:
+                self._idle.set()
+
+    def _next_batch(self) -> list[Any] | None:
+        """Up to batch_size items (blocks until there is one); None when close() stopped the thread:
+        the items still held are dropped, like the inbox's."""
+        held, stop = self._held, False
+        try:
+            while not stop:
+                item = self._inbox.get(block=not held)  # waits only while nothing is held
+                stop = item is _STOP
+                if not stop:
+                    held.append(item)
+        except queue.Empty:
+            pass
+        if stop:
+            self._held = []
+            self._count_finished(len(held))
+            return None
+        if self._first is not None:
+            try:
+                firsts = [bool(self._first(x)) for x in held]
+            except Exception:  # a broken `first` costs the order, not the thread: arrival order
+                firsts = [True] * len(held)
+            # stable: arrival order within each group
+            held = [x for x, f in zip(held, firsts) if f] + [x for x, f in zip(held, firsts) if not f]
+        batch, self._held = held[: self._batch_size], held[self._batch_size :]
+        return batch
 
     def _run(self) -> None:
         if self._thread_init is not None:
@@ -119,17 +157,9 @@ class ScoringWorker:
             except Exception as exc:  # a thread setting that cannot be applied must not stop scoring
                 self.init_error = exc
         while True:
-            batch = [self._inbox.get()]
-            while len(batch) < self._batch_size and batch[-1] is not _STOP:
-                try:
-                    batch.append(self._inbox.get_nowait())
-                except queue.Empty:
-                    break
-            stop = batch[-1] is _STOP
-            if stop:
-                batch.pop()
-                if not batch:
-                    return
+            batch = self._next_batch()
+            if batch is None:
+                return
             start = time.perf_counter()
             delivered: set[int] = set()
             try:
@@ -155,5 +185,3 @@ class ScoringWorker:
                 rest = [batch[i] for i in range(len(batch)) if i not in delivered]
                 if rest:
                     self._deliver(rest, [None] * len(rest), exc, time.perf_counter() - start)
-            if stop:
-                return

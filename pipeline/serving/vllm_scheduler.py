@@ -25,6 +25,9 @@ Both share `PARSSchedulerMixin`; nothing in vLLM is forked or patched. The behav
   `starvation_s` ago (the wait is timed from then, running time included): then it is starved,
   served oldest first within its priority level, and once running the last preemption victim of
   that level; the preemption victim is the running request with the highest score;
+- `running` is kept in ascending score too, so shorter-predicted requests get each step's token
+  budget first: with long prompts and no `long_prefill_token_threshold`, a newly admitted request's
+  prefill can hold longer-predicted decodes back a step or two (vLLM's FCFS serves decodes first);
 - a bad setting or a missing or corrupt checkpoint stops start-up (`PARSConfigError`,
   `CheckpointError`); a scoring fault at run time leaves the affected requests at their provisional
   place, is counted in `pars_stats["num_faults"]` and logged at most once a minute.
@@ -108,7 +111,10 @@ def _strip_chat_template(tokenizer) -> Callable[[str], str | None] | None:
 
     Renders the template around a sentinel once to learn its prefix and suffix; a prompt that does
     not match (multi-turn, completions API, a template that renders differently per call) gives
-    None: the caller scores it whole. None instead of a function: the tokenizer has no template."""
+    None: the caller scores it whole. None instead of a function: the tokenizer has no template.
+    A multi-turn prompt with the default system prompt starts with the prefix and ends with the
+    suffix too; its earlier turns are told by the suffix's end-of-turn marker (its first non-blank
+    line: ChatML's `<|im_end|>`, Llama 3's `<|eot_id|>...`, Mistral's `[/INST]`) inside the text."""
     sentinel = "\u2063PARS\u2063"
     try:
         rendered = tokenizer.apply_chat_template(
@@ -117,10 +123,14 @@ def _strip_chat_template(tokenizer) -> Callable[[str], str | None] | None:
         prefix, suffix = rendered.split(sentinel)
     except Exception:  # no chat template: prompts are plain text already
         return None
+    end_of_turn = next((line.strip() for line in suffix.splitlines() if line.strip()), "")
 
     def strip(text: str) -> str | None:
         if prefix and text.startswith(prefix) and text.endswith(suffix):
-            return text[len(prefix) : len(text) - len(suffix)] if suffix else text[len(prefix) :]
+            inner = text[len(prefix) : len(text) - len(suffix)] if suffix else text[len(prefix) :]
+            if end_of_turn and end_of_turn in inner:
+                return None  # several turns: template markup would be scored as the user's words
+            return inner
         return None
 
     return strip
@@ -176,6 +186,7 @@ class PARSSchedulerMixin:
                 self._pars_score_parts,
                 SCORING_CHUNK_BATCHES * cfg.batch_size,
                 thread_init=self._pars_scorer_thread_init,
+                first=_not_running,
             )
             if cfg.scoring == "background"
             else None
@@ -443,6 +454,13 @@ class PARSSchedulerMixin:
     def pars_unscored(self) -> int:
         """Requests handed to the worker and not yet scored (0 in inline mode)."""
         return self.pars_worker.backlog if self.pars_worker is not None else 0
+
+
+def _not_running(request: Request) -> bool:
+    """The worker scores these first: a waiting request's score decides when it runs. A request
+    admitted on its provisional score still gets its own (it orders `running`: the preemption
+    victim), after them. Finished ones cost nothing (skipped) and leave the worker at once."""
+    return request.status != RequestStatus.RUNNING
 
 
 def _running_key(request: Request):
