@@ -3,7 +3,8 @@
 For each predictor (train model X, method) and eval model Y, per dataset and overall:
 Kendall tau_b of scores against mean answer lengths with a bootstrap 95% interval, pair accuracy
 on delta-filtered test pairs, and paired bootstraps of the gains over the prompt-length baseline
-and over the TF-IDF + ridge reference. References on the same prompts: the noise ceiling (tau_b
+and over the TF-IDF + ridge reference; for an eval model with answers cut at max_tokens, Harrell's C
+too (pairs whose order the cut leaves known). References on the same prompts: the noise ceiling (tau_b
 between two samples' lengths, models with k >= 2), the prompt-length baseline (tau_b of prompt
 tokens, counted with the packaged MiniLM tokenizer by default, untruncated, no special tokens) and
 TF-IDF + ridge (a bag-of-words regression of log answer length, fitted per eval model on its
@@ -167,22 +168,32 @@ def score_predictors(
 
 
 def _tau_block(
-    scores: pd.Series, lab: pd.DataFrame, idx: np.ndarray, level: float, delta: float
+    scores: pd.Series, lab: pd.DataFrame, idx: np.ndarray, level: float, delta: float, censored: bool = False
 ) -> tuple[dict, np.ndarray]:
-    """tau_b of `scores` against `lab`'s lengths with its bootstrap (over `idx`) and pair accuracy."""
+    """tau_b of `scores` against `lab`'s lengths with its bootstrap (over `idx`) and pair accuracy.
+    `censored` (the eval model has answers cut at max_tokens): Harrell's C too, on the same resamples,
+    since tau_b takes a cut length as exact."""
     s = scores.to_numpy(dtype=float)
     lengths = lab["length"].to_numpy()
+    truncated = lab["truncated"].to_numpy()
     boot = M.bootstrap_taus(s, lengths, idx)
     low, high = M.percentile_ci(boot, level)
-    acc, n_pairs = M.delta_pair_accuracy(s, lengths, lab["truncated"].to_numpy(), delta=delta)
-    return {
+    acc, n_pairs = M.delta_pair_accuracy(s, lengths, truncated, delta=delta)
+    block = {
         "kendall_tau_b": M.kendall_tau_b(s, lengths),
         "ci_low": low,
         "ci_high": high,
         "n_prompts": int(len(lab)),
         "pair_accuracy": acc,
         "n_pairs": n_pairs,
-    }, boot
+    }
+    if censored:
+        c, n_comparable = M.harrell_c(lengths, s, truncated)
+        c_low, c_high = M.percentile_ci(M.bootstrap_harrell_c(lengths, s, truncated, idx), level)
+        block.update(
+            {"harrell_c": c, "harrell_c_ci_low": c_low, "harrell_c_ci_high": c_high, "n_comparable_pairs": n_comparable}
+        )
+    return block, boot
 
 
 def tfidf_ridge_scores(
@@ -321,6 +332,7 @@ def evaluate(
             )
         groups = {OVERALL: labels}
         groups.update({ds: grp for ds, grp in labels.groupby("dataset", sort=True)})
+        censored = bool(labels["truncated"].any())  # some answer cut: Harrell's C in every cell of this model
         samples = M.sample_length_matrix(gens, labels.index)
         # the same resamples for the baseline, the ceiling and every predictor: paired comparisons
         idx_of = {group: M.bootstrap_indices(len(lab), n_boot, seed) for group, lab in groups.items()}
@@ -329,13 +341,15 @@ def evaluate(
         base_boot: dict[str, np.ndarray] = {}
         tfidf_boot: dict[str, np.ndarray] = {}
         for group, lab in groups.items():
-            base, base_boot[group] = _tau_block(prompt_tokens.reindex(lab.index), lab, idx_of[group], level, delta)
+            base, base_boot[group] = _tau_block(
+                prompt_tokens.reindex(lab.index), lab, idx_of[group], level, delta, censored
+            )
             rows = labels.index.get_indexer(lab.index)
             ceiling = M.noise_ceiling(samples[rows], n_boot=n_boot, seed=seed, level=level)
             tfidf_block = None
             if tfidf is not None:
                 tfidf_block, tfidf_boot[group] = _tau_block(
-                    tfidf[0].reindex(lab.index), lab, idx_of[group], level, delta
+                    tfidf[0].reindex(lab.index), lab, idx_of[group], level, delta, censored
                 )
                 tfidf_block.update(tfidf[1])
             references[eval_model][group] = {
@@ -354,7 +368,7 @@ def evaluate(
                     raise ValueError(f"evaluate: {model}/{method} has no score for some {eval_model} test prompts")
                 if not np.isfinite(s.to_numpy(dtype=float)).all():  # inf - inf would void every bootstrap
                     raise ValueError(f"evaluate: {model}/{method} gives an infinite score to some {eval_model} prompts")
-                stat, boot = _tau_block(s, lab, idx_of[group], level, delta)
+                stat, boot = _tau_block(s, lab, idx_of[group], level, delta, censored)
                 gain_low, gain_high = M.percentile_ci(boot - base_boot[group], level)
                 stat.update(
                     {

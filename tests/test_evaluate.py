@@ -98,6 +98,47 @@ def test_pair_accuracy_in_blocks_equals_one_pass_over_every_kept_pair():
         assert got[1] == expected[1] and (got[0] == expected[0] or np.isnan(expected[0]) and np.isnan(got[0]))
 
 
+def test_harrell_c_known_values():
+    # prompt:       A      B      C      D      E
+    labels = [10, 20, 30, 50, 50]
+    cut = [False, True, False, False, True]
+    scores = [2.5, 3, 2, 2, 5]
+    # comparable (labels differ, shorter uncut): A-B 1, A-C 0, A-D 0, A-E 1, C-D 1/2 (score tie), C-E 1;
+    # B (cut) is the shorter of B-C, B-D, B-E: skipped; D-E tie in label: skipped; E cut but longer: kept
+    assert M.harrell_c(labels, scores, cut) == (pytest.approx(3.5 / 6), 6)
+    # uncut, B's three pairs come in: B-C 0, B-D 0, B-E 1 -> 4.5 / 9
+    assert M.harrell_c(labels, scores, [False] * 5) == (pytest.approx(4.5 / 9), 9)
+    assert M.harrell_c([10, 20], [1, 2], [True, False])[1] == 0  # the shorter is cut: no known order
+    assert np.isnan(M.harrell_c([10, 20], [1, 2], [True, False])[0])
+    # no censoring: C = (1 + (concordant - discordant) / label-untied pairs) / 2, = (1 + tau_b) / 2 without ties
+    rng = np.random.default_rng(4)
+    x, y = rng.normal(size=60), rng.normal(size=60)
+    assert M.harrell_c(y, x, np.zeros(60, bool))[0] == pytest.approx((1 + M.kendall_tau_b(x, y)) / 2)
+    yi, xi = rng.integers(0, 6, 60).astype(float), rng.integers(0, 6, 60).astype(float)
+    i, j = np.triu_indices(60, k=1)
+    untied = yi[i] != yi[j]
+    p = (np.sign(xi[i] - xi[j]) * np.sign(yi[i] - yi[j]))[untied].sum()
+    assert M.harrell_c(yi, xi, np.zeros(60, bool)) == (pytest.approx((1 + p / untied.sum()) / 2), untied.sum())
+
+
+def test_harrell_c_bootstrap_is_harrell_c_of_each_resample_in_any_blocks():
+    rng = np.random.default_rng(5)
+    n = 30
+    labels = rng.integers(0, 10, n).astype(float)  # label ties, and copies of a prompt in a resample
+    scores = rng.integers(0, 5, n).astype(float)
+    cut = rng.random(n) < 0.3
+    idx = M.bootstrap_indices(n, 50, seed=1)
+    slow = np.array([M.harrell_c(labels[r], scores[r], cut[r])[0] for r in idx])
+    np.testing.assert_allclose(M.bootstrap_harrell_c(labels, scores, cut, idx), slow, atol=1e-12)
+    counts = M.resample_counts(idx, n)
+    for block in (1, 7, 31):
+        np.testing.assert_allclose(
+            M._harrell_sums(labels, scores, cut, counts, block_cells=block),
+            M._harrell_sums(labels, scores, cut, counts),
+            atol=1e-9,
+        )
+
+
 def test_noise_ceiling():
     gens = pd.DataFrame(
         {
@@ -126,6 +167,7 @@ def test_noise_ceiling():
     tied = np.column_stack([samples[:, :2], np.full(80, 256.0)])
     ceiling = M.noise_ceiling(tied, n_boot=50)
     assert ceiling["kendall_tau_b"] == pytest.approx(kendalltau(samples[:, 0], samples[:, 1]).statistic)
+    assert ceiling["n_sample_pairs"] == 1  # of 3: the two with the constant column have no tau_b
     assert ceiling["ci_low"] <= ceiling["kendall_tau_b"] <= ceiling["ci_high"]
 
 
@@ -176,7 +218,8 @@ def _make_data(root, n_per_dataset=24, seed=0):
 
 
 def test_evaluate_core_on_hand_made_scores(tmp_path):
-    from pipeline.evaluate import evaluate, transfer_matrix
+    from pipeline.evaluate import _no_nan, evaluate, transfer_matrix
+    from pipeline.ranking.report_tables import render_markdown
 
     prompts, _ = _make_data(tmp_path)
     gens = {m: pd.read_parquet(generations_path(m, tmp_path)) for m in ("m4", "m1")}
@@ -254,6 +297,24 @@ def test_evaluate_core_on_hand_made_scores(tmp_path):
     assert t1["overall"]["gain_over_tfidf_ridge"] is None and t1["overall"]["beats_tfidf_ridge"] is False
     assert r["method_differences"] == {}  # no pairwise predictor here
     assert r["settings"]["excluded_test_prompts"]["n_prompts"] == 0
+    # m4 has answers cut at 600 tokens: Harrell's C in every cell and reference, on tau_b's resamples
+    harrell_keys = {"harrell_c", "harrell_c_ci_low", "harrell_c_ci_high", "n_comparable_pairs"}
+    c_of, n_comparable = M.harrell_c(lab["length"], lab["length"], lab["truncated"])
+    assert lab["truncated"].any() and n_comparable < len(lab) * (len(lab) - 1) / 2
+    assert o["overall"]["harrell_c"] == 1.0 == c_of and o["overall"]["n_comparable_pairs"] == n_comparable
+    assert rev["harrell_c"] == 0.0 and rev["harrell_c_ci_low"] == rev["harrell_c_ci_high"] == 0.0
+    assert all(harrell_keys <= set(stat) for stat in o.values())
+    base = ref["prompt_length"]
+    assert base["harrell_c"] == pytest.approx(M.harrell_c(lab["length"], ptoks.reindex(lab.index), lab["truncated"])[0])
+    idx = M.bootstrap_indices(len(lab), 100, 0)  # the resamples of tau_b's interval
+    by_hand = M.percentile_ci(M.bootstrap_harrell_c(lab["length"], ptoks.reindex(lab.index), lab["truncated"], idx))
+    assert (base["harrell_c_ci_low"], base["harrell_c_ci_high"]) == pytest.approx(by_hand)
+    assert harrell_keys <= set(tf)
+    md = render_markdown(json.loads(json.dumps(_no_nan(r))))  # the report: C beside tau_b, and why
+    rows = {line.split(" | ")[0]: line for line in md.splitlines() if line.startswith("| ")}
+    assert "; C 1.000 (1.00–1.00)" in rows["| oracle"] and "; C 0.000" in rows["| reverse"]
+    assert "; C " in rows["| *prompt length (tokens)*"] and "; C " not in rows["| *noise ceiling (sample vs sample)*"]
+    assert "- C: Harrell's C beside τ_b where answers were cut at max_tokens" in md
 
     # a test prompt whose text is a train prompt of another dataset (case and spacing aside) is left
     # out of every figure; its score may be there, and nothing else moves
@@ -441,6 +502,7 @@ def test_report_shows_tfidf_row_marks_and_method_differences():
     r["settings"]["lexical_prior"] = [f"{m}/{meth}" for m, by in r["predictors"].items() for meth in by]
     assert "Every predictor scores with a lexical prior" in render_markdown(r)
     assert "of which cut" not in md  # every answer stopped
+    assert "harrell_c" not in json.dumps(r) and "C: Harrell's C" not in md  # so no Harrell's C either
     for group in r["references"]["kw"].values():
         group["n_truncated"] = 2
     cut = render_markdown(r)

@@ -1,5 +1,6 @@
 """Ranking metrics, one place each: Kendall tau_b, its paired bootstrap, pair accuracy on
-delta-filtered pairs, and the between-sample noise ceiling.
+delta-filtered pairs, Harrell's C (concordance on the pairs whose order censoring leaves known)
+and the between-sample noise ceiling.
 
 Plain numpy/scipy/pandas (no torch): evaluate uses them, and so can training's validation.
 Length labels and the pair filter are `pipeline.ranking.labels`', not redefined here.
@@ -133,6 +134,52 @@ def delta_pair_accuracy(
     return (right / kept if kept else float("nan")), kept
 
 
+def harrell_c(labels, scores, censored) -> tuple[float, int]:
+    """Harrell's C of `scores` against length `labels` where `censored` labels are lower bounds
+    (an answer cut at max_tokens). Returns (C, number of comparable pairs); C is NaN without any.
+
+    A pair is comparable when its labels differ and the shorter member is uncensored: the rule of
+    `pipeline.ranking.labels` without the delta gap (a censored longer member only grows, so its
+    order is known; a censored shorter one might overtake its partner). Over comparable pairs,
+    C = (concordant + 0.5 * score-tied) / comparable. Without censoring or ties (label or score)
+    it is (1 + tau_b) / 2; tau_b instead ranks cut lengths as exact and mixes in pairs of unknown order."""
+    n = len(np.asarray(labels))
+    agree, comparable = _harrell_sums(labels, scores, censored, np.ones((1, n)))
+    return (float(agree[0] / comparable[0]) if comparable[0] else float("nan")), int(comparable[0])
+
+
+def bootstrap_harrell_c(labels, scores, censored, indices: np.ndarray) -> np.ndarray:
+    """`harrell_c` on each bootstrap resample (rows of `indices`, as `bootstrap_taus`); NaN where a
+    resample has no comparable pair."""
+    agree, comparable = _harrell_sums(labels, scores, censored, resample_counts(indices, len(np.asarray(labels))))
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return np.where(comparable > 0, agree / np.where(comparable > 0, comparable, 1.0), np.nan)
+
+
+def _harrell_sums(labels, scores, censored, weights: np.ndarray, block_cells: int = 1 << 22):
+    """Per row r of `weights` (an item's multiplicity): (sum of w_i w_j * agreement, sum of w_i w_j)
+    over comparable pairs (i shorter, j longer), each pair once. Copies of one item tie in label, so
+    are never comparable: the sums equal `harrell_c`'s counts on the expanded multiset. Visited in
+    blocks of rows of the (n, n) pair matrix, so memory stays flat."""
+    y = np.asarray(labels, dtype=float)
+    s = np.asarray(scores, dtype=float)
+    cut = np.asarray(censored, dtype=bool)
+    if not len(y) == len(s) == len(cut):
+        raise ValueError(f"harrell_c: lengths differ ({len(y)}, {len(s)}, {len(cut)})")
+    w = np.asarray(weights, dtype=float)
+    n = len(y)
+    agree, comparable = np.zeros(len(w)), np.zeros(len(w))
+    rows = max(1, block_cells // max(n, 1))
+    for start in range(0, n, rows):
+        i = slice(start, min(start + rows, n))
+        shorter = (y[i, None] < y[None, :]) & ~cut[i, None]  # row i is the shorter member, known
+        ds = s[i, None] - s[None, :]
+        credit = np.where(ds == 0, 0.5, (ds < 0).astype(float)) * shorter  # a lower score for the shorter
+        agree += np.einsum("bi,bi->b", w[:, i] @ credit, w)
+        comparable += np.einsum("bi,bi->b", w[:, i] @ shorter.astype(float), w)
+    return agree, comparable
+
+
 def sample_length_matrix(generations: pd.DataFrame, prompt_ids) -> np.ndarray:
     """(prompts, samples) output_tokens of the given prompts; NaN where a sample is missing."""
     wide = generations.pivot_table(index="prompt_id", columns="sample", values="output_tokens", aggfunc="first")
@@ -173,7 +220,7 @@ def noise_ceiling(samples: np.ndarray, *, n_boot: int = 1000, seed: int = 42, le
         "ci_low": low,
         "ci_high": high,
         "n_prompts": int(n),
-        "n_sample_pairs": len(taus),
+        "n_sample_pairs": int(np.isfinite(taus).sum()),  # pairs with a tau_b (a constant column has none)
         "_boot": boot,
     }
 

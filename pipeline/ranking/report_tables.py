@@ -4,6 +4,7 @@ Rows are methods (plus the references), columns dataset × eval model. A cell us
 predictor trained on that column's model when there is one (in-domain, as in the paper), else the
 first trained model's predictor, marked † (a transfer). A predictor whose paired-bootstrap gain over
 the prompt-length baseline is not clearly above zero is marked ✗, over the TF-IDF + ridge reference ‡.
+An eval model with answers cut at max_tokens also shows Harrell's C beside each τ_b.
 Then the cross-model transfer tables and pairwise minus each other method (paired bootstrap).
 """
 
@@ -82,7 +83,14 @@ def _cell(stat: dict | None, refs: dict, transferred: bool = False) -> str:
     mark = ("†" if transferred else "") + ("" if stat["beats_prompt_length"] else " ✗")
     if refs.get("tfidf_ridge") and not stat.get("beats_tfidf_ridge"):
         mark += " ‡"
-    return _fmt(stat["kendall_tau_b"], (stat["ci_low"], stat["ci_high"])) + mark
+    return _fmt(stat["kendall_tau_b"], (stat["ci_low"], stat["ci_high"])) + mark + _harrell_c(stat)
+
+
+def _harrell_c(stat: dict) -> str:
+    """Harrell's C with its interval, to follow a τ_b, where evaluate wrote it (an eval model with cut answers)."""
+    if "harrell_c" not in stat:
+        return ""
+    return "; C " + _fmt(stat["harrell_c"], (stat["harrell_c_ci_low"], stat["harrell_c_ci_high"]))
 
 
 def render_markdown(ranking: dict, estimated_ceilings: list[dict] | None = None) -> str:
@@ -136,7 +144,11 @@ def render_markdown(ranking: dict, estimated_ceilings: list[dict] | None = None)
             if stat is None and ref == "noise_ceiling" and (eval_model, group) in estimated:
                 stat, mark = estimated[(eval_model, group)]["noise_ceiling"], " §"
                 estimated_shown.append(estimated[(eval_model, group)])
-            cells.append(_fmt(stat["kendall_tau_b"], (stat["ci_low"], stat["ci_high"])) + mark if stat else missing)
+            cells.append(
+                _fmt(stat["kendall_tau_b"], (stat["ci_low"], stat["ci_high"])) + mark + _harrell_c(stat)
+                if stat
+                else missing
+            )
         lines.append(f"| *{label}* | " + " | ".join(cells) + " |")
     lines.append(
         "| *test prompts* | " + " | ".join(str(ranking["references"][m][g]["n_prompts"]) for m, g in cols) + " |"
@@ -152,6 +164,13 @@ def render_markdown(ranking: dict, estimated_ceilings: list[dict] | None = None)
         notes.append(
             "¶: prompts with at least one answer cut (at max_tokens, by a content filter or an abort): their label (the mean "
             "of the samples) is a lower bound (pairs keep such a prompt only as the longer member)."
+        )
+    # evaluate writes C in every cell of a model with cut answers, its prompt-length reference included
+    if any("harrell_c" in ranking["references"][m][g]["prompt_length"] for m, g in cols):
+        notes.append(
+            "C: Harrell's C beside τ_b where answers were cut at max_tokens: a cut length is only a lower bound, "
+            "so τ_b, which takes it as exact, also scores pairs of unknown order; C counts only pairs whose order "
+            "is known (labels differ and the shorter is uncut), score ties ½, 0.5 = chance."
         )
     if has_tfidf:
         ngram_max = (ranking.get("settings", {}).get("tfidf_ridge") or {}).get("ngram_max", "?")
