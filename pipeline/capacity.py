@@ -329,6 +329,9 @@ def run_stage(p: dict[str, Any]) -> dict[str, Any]:
             "gap": fit["gap"],
             "stable_below": fit.get("stable_below"),
             "mu_theory_median_step": fit.get("mu_theory_median"),
+            # o - 1 decode steps and block-rounded KV, as vLLM counts (None from an older engine_fit)
+            "mu_theory_vllm_accounting": fit.get("mu_theory_vllm_accounting"),
+            "gap_vllm_accounting": fit.get("gap_vllm_accounting"),
             "mu_simulated": fit["mu_simulated"],
             "measured_by": "real engine burst, 20-80% of completions",
             "step_time": fit["step_time"],

@@ -80,6 +80,34 @@ def test_starvation_rule_promotes_long_waiters():
     assert rule.finish[0] < no_rule.finish[0]
 
 
+def test_starvation_promotes_waiting_requests_only():
+    """As the PARS scheduler: past the starvation time a running request keeps its key, so the
+    victim is still the highest-keyed one (not the latest arrival); preempted when overdue, it
+    re-enters promoted and goes ahead of a later, shorter-keyed arrival."""
+    # chunk > what a victim must re-prefill next to the survivor: it waits until the survivor ends
+    cfg = EngineConfig(M=200, chunk=128, token_budget=256, max_num_seqs=8, step_c0=0.01, starvation_s=0.5)
+    arrival = np.array([0.0, 0.0, 1.2])
+    key = np.array([9.0, 1.0, 0.0])  # request 2 arrives after the preemption (about 0.93 s)
+    for skip in (True, False):
+        r = simulate(arrival, np.full(3, 8), np.array([150, 150, 5]), key=key, config=cfg, skip=skip)
+        # memory runs out at about 0.93 s, past 0.5 s: the highest key (request 0) is the victim
+        assert r.preemptions.tolist() == [1, 0, 0]
+        # request 0 re-entered promoted: request 2 (key 0) waits behind it until request 1 ends
+        assert r.admitted[2] == pytest.approx(r.finish[1])
+
+
+def test_preemption_ties_go_to_the_most_recently_admitted():
+    """vLLM preempts running[-1]: among equal keys, the request admitted last, not the last arrival."""
+    cfg = EngineConfig(M=200, chunk=128, token_budget=256, max_num_seqs=8, step_c0=0.01, starvation_s=math.inf)
+    # request 0's key (5) comes at 0.05 s: until then it waits at the mean of the known keys
+    # (12.5), so request 1 (5) is admitted before it and request 2 (20, one token) after it
+    key = np.array([5.0, 5.0, 20.0])
+    ready = np.array([0.05, 0.0, 0.0])
+    r = simulate(burst(3), np.full(3, 8), np.array([150, 150, 1]), key=key, config=cfg, key_ready=ready)
+    assert r.preemptions.tolist() == [1, 0, 0]
+    assert r.finish[1] < r.finish[0]
+
+
 def test_stable_below_mu_grows_above():
     rng = np.random.default_rng(3)
     w = th.Workload.uniform("u", 10, 400, 10, 400)
@@ -284,6 +312,9 @@ def test_simulate_stage_on_synthetic_data(tmp_path, monkeypatch, with_scores):
     assert w["resampled"] and w["test_prompts"] == 20  # 300 requests from 20 test prompts
     for row in burst.values():
         assert row["mean_per_token_latency"] > 0 and row["p90_per_token_latency"] > 0
+        # a burst also reports its completion rate under load (throughput_rps is n / makespan)
+        assert row["steady_throughput_rps"] > 0 and "throughput_rps" in row
+    assert "steady_throughput_rps" not in saved["workloads"]["w"]["scenarios"]["poisson_0.5"]["fcfs"]
     assert burst["oracle"]["speedup_mean_over_fcfs"] > 1.5
     assert burst["oracle"]["kendall_tau_b"] == pytest.approx(1.0)
     if with_scores:  # informative scores beat FCFS but not the oracle
@@ -303,6 +334,32 @@ def test_simulate_stage_on_synthetic_data(tmp_path, monkeypatch, with_scores):
     assert "quality_curve" not in saved["workloads"]["mixed"]
     for name in ("w_latency_cdf", "w_speedup_vs_load", "w_burst_queue", "w_speedup_vs_tau", "mixed_latency_cdf"):
         assert (tmp_path / f"plots/simulation/{name}.png").is_file()
+
+
+def test_quality_curve_draws_the_noise_once(monkeypatch):
+    """Every sigma perturbs log(1 + o) with the same z, so the points differ only by sigma."""
+    import pandas as pd
+
+    import pipeline.queueing.simulator as sim
+    from pipeline import simulate as stage
+
+    keys = []
+    real = sim.simulate
+
+    def spy(arrival, s, o, key=None, **kwargs):
+        keys.append(np.asarray(key, dtype=np.float64))
+        return real(arrival, s, o, key=key, **kwargs)
+
+    monkeypatch.setattr(sim, "simulate", spy)
+    s, o = th.Workload.uniform("u", 5, 100, 1, 300).sample(200, np.random.default_rng(6))
+    sigmas = [0.0, 0.5, 1.0, 2.0]
+    curve = stage.quality_curve(pd.DataFrame({"s": s, "o": o}), burst(200), SMALL, sigmas, seed=0)
+    noise = [k - np.log1p(o) for k in keys[1:]]  # keys[0]: the FCFS baseline
+    np.testing.assert_allclose(noise[0], 0.0)
+    for sigma, eps in zip(sigmas[1:], noise[1:]):
+        np.testing.assert_allclose(eps / sigma, noise[1] / sigmas[1])
+    taus = [c["kendall_tau_b"] for c in curve]
+    assert taus == sorted(taus, reverse=True) and taus[0] == pytest.approx(1.0)
 
 
 def test_burst_takes_distinct_prompts_when_there_are_enough():

@@ -30,8 +30,12 @@ helper per part of a step (arrivals and promotions, sampling, the decode jump, s
 running requests with preemption, admission, the end of a step, completions).
 
 Queue order is a per-request key (lower = served first; ties by arrival). The starvation rule
-promotes a request that has waited `starvation_s` seconds since arrival ahead of every
-unpromoted one (promoted ones in arrival order).
+follows the PARS scheduler (pipeline/serving/pars_queue.py): a WAITING request that has waited
+`starvation_s` seconds since arrival (running time included) is promoted ahead of every
+unpromoted one (promoted ones in arrival order); a running request keeps its key, so the
+preemption victim stays the running request with the highest key (ties: the most recently
+admitted, vLLM's running[-1]). A request preempted when overdue re-enters promoted, and a
+promoted request once running is the last victim.
 """
 
 from __future__ import annotations
@@ -58,7 +62,7 @@ except ImportError:  # pragma: no cover - depends on the environment
 
 # request states
 NOT_ARRIVED, WAITING, RUNNING, DONE = 0, 1, 2, 3
-PROMOTED_BASE = -1e300  # a promoted request's key: ahead of all others; ties go by arrival (index)
+PROMOTED_BASE = -1e300  # a promoted request's key: ahead of all others (queue ties by arrival), last victim
 
 # The kernel works on record arrays (one row per request, heap entry or sample). One array per
 # table keeps the helpers' signatures short and fast: numba reference-counts the arrays a compiled
@@ -74,7 +78,7 @@ REQUEST = np.dtype(
         ("scheduled", np.int64),  # tokens scheduled in the current step
         ("generated", np.int64),  # answer tokens generated
         ("answer", np.int64),  # input: answer length, tokens
-        ("key", np.float64),  # queue key now: the policy key, PROMOTED_BASE once starving
+        ("key", np.float64),  # queue key now: the policy key, PROMOTED_BASE once starving while waiting
         # the rest
         ("arrival", np.float64),  # input: seconds
         ("prompt", np.int64),  # input: prompt length, tokens
@@ -223,8 +227,10 @@ def _heap_drop_stale(heap, size, req):
 @njit(cache=True)
 def _arrive_and_promote(req, t, starvation_s, next_arrival, next_promotion, heap, heap_size, provisional):
     """Queue the requests that arrived by time t (one whose key is not known yet waits with the
-    `provisional` key), then promote those that have waited `starvation_s` (in arrival order, so
-    `next_promotion` is the oldest not yet promoted). Returns (next_arrival, next_promotion, heap_size)."""
+    `provisional` key), then promote the waiting ones that have waited `starvation_s` (in arrival
+    order, so `next_promotion` is the oldest not yet looked at). A running request keeps its key (it
+    stays a preemption victim by key, as in the scheduler); if preempted later it re-enters promoted
+    (`_preempt_lowest`). Returns (next_arrival, next_promotion, heap_size)."""
     n = req.shape[0]
     while next_arrival < n and req[next_arrival].arrival <= t:
         rq = req[next_arrival]
@@ -234,8 +240,8 @@ def _arrive_and_promote(req, t, starvation_s, next_arrival, next_promotion, heap
         next_arrival += 1
     while next_promotion < next_arrival and req[next_promotion].arrival + starvation_s <= t:
         rq = req[next_promotion]
-        rq.key = PROMOTED_BASE
         if rq.state == WAITING:  # re-queue with the promoted key; the old entry goes stale
+            rq.key = PROMOTED_BASE
             rq.version += 1
             heap_size = _heap_push(heap, heap_size, req, next_promotion)
         next_promotion += 1
@@ -370,15 +376,15 @@ def _decode_stretch(req, block, running, n_run, free, kv_total, t, dt, k):
 
 
 @njit(cache=True)
-def _preempt_lowest(req, running, n_run, free, kv_total, heap, heap_size):
-    """Preempt the lowest-priority running request (highest key, latest arrival), by recompute:
-    its KV is freed, tokens it had scheduled this step are dropped, and it goes back to the
-    queue to re-prefill prompt + generated tokens.
+def _preempt_lowest(req, running, n_run, free, kv_total, heap, heap_size, t, starvation_s):
+    """Preempt the lowest-priority running request (highest key; ties: the most recently admitted,
+    as vLLM preempts running[-1]), by recompute: its KV is freed, tokens it had scheduled this step
+    are dropped, and it goes back to the queue to re-prefill prompt + generated tokens, promoted
+    if it has waited `starvation_s` since arrival by time t.
     Returns (victim, its position in running, n_run, free, kv_total, heap_size, tokens dropped)."""
     pos = 0
-    for p in range(1, n_run):
-        a, b = running[p], running[pos]
-        if req[a].key > req[b].key or (req[a].key == req[b].key and a > b):
+    for p in range(1, n_run):  # `running` is in admission order: >= moves ties to the latest
+        if req[running[p]].key >= req[running[pos]].key:
             pos = p
     v = running[pos]
     for p in range(pos, n_run - 1):
@@ -391,16 +397,18 @@ def _preempt_lowest(req, running, n_run, free, kv_total, heap, heap_size):
     rq.preemptions += 1
     rq.prefill_len = rq.prompt + rq.generated
     rq.prefilled = 0
+    if rq.arrival + starvation_s <= t:  # same test as _arrive_and_promote, which skipped it running
+        rq.key = PROMOTED_BASE
     rq.version += 1
     heap_size = _heap_push(heap, heap_size, req, v)
     return v, pos, n_run - 1, free, kv_total, heap_size, dropped
 
 
 @njit(cache=True)
-def _schedule_running(req, eng, running, n_run, free, kv_total, heap, heap_size):
-    """Schedule the running requests in admission order: a decoding request takes one token, a
-    prefilling one a chunk (at most what is left of the budget), preempting while their KV does
-    not fit. Returns (tokens, preempted, n_run, free, kv_total, heap_size)."""
+def _schedule_running(req, eng, t, running, n_run, free, kv_total, heap, heap_size):
+    """Schedule the running requests in admission order at time t: a decoding request takes one
+    token, a prefilling one a chunk (at most what is left of the budget), preempting while their KV
+    does not fit. Returns (tokens, preempted, n_run, free, kv_total, heap_size)."""
     block = eng.block_size
     tokens = 0
     preempted = False
@@ -419,7 +427,7 @@ def _schedule_running(req, eng, running, n_run, free, kv_total, heap, heap_size)
         self_preempted = False
         while need > free:
             v, pos, n_run, free, kv_total, heap_size, dropped = _preempt_lowest(
-                req, running, n_run, free, kv_total, heap, heap_size
+                req, running, n_run, free, kv_total, heap, heap_size, t, eng.starvation_s
             )
             tokens -= dropped
             preempted = True
@@ -562,7 +570,7 @@ def _simulate(req, heap, eng, series, skip, by_ready, first_provisional):
         # one ordinary step: running requests first, then (unless one was preempted, as vLLM)
         # waiting ones in policy order
         tokens, preempted, n_run, free, kv_total, heap_size = _schedule_running(
-            req, eng, running, n_run, free, kv_total, heap, heap_size
+            req, eng, t, running, n_run, free, kv_total, heap, heap_size
         )
         if not preempted:
             tokens, n_run, free, kv_total, heap_size = _admit_waiting(

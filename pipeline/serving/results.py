@@ -197,6 +197,16 @@ def capacity_section(cap: dict[str, Any]) -> list[str]:
             f"{_num(w.get('mu_measured'))} | {_num(100 * w['gap'], '.2f') + ' %' if 'gap' in w else '–'} | "
             f"{w.get('measured_by', '')} |"
         )
+    engine = cap.get("workloads", {}).get("engine") or {}
+    if engine.get("mu_theory_vllm_accounting") is not None:
+        lines += [
+            "",
+            "The engine row's μ follows the document's model (o decode steps, KV counted in tokens). "
+            "Counted as vLLM does (the first token comes with the prefill, so o − 1 decode steps; "
+            "KV in blocks, the last of each running request half empty): "
+            f"μ = {_num(engine['mu_theory_vllm_accounting'])} req/s, "
+            f"gap {_num(100 * engine['gap_vllm_accounting'], '.2f')} % to the measured rate.",
+        ]
     project = cap.get("project") or {}
     plans = {k: v for k, v in (project.get("plans") or {}).items() if "error" not in v}
     if plans:
