@@ -220,18 +220,38 @@ def _integer(value) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
+def load_decoder(settings: dict):
+    """The DecoderFeatures of blend.decoder, loaded before any scoring: a decoder without a chat
+    template, with fewer layers than `layers` reads, or of another architecture fails in seconds,
+    in one line naming blend.decoder.path."""
+    from pipeline.ranking.decoder import DecoderFeatures
+
+    cfg = decoder_settings(settings["decoder"])
+    where = f"{getattr(settings['decoder'], 'where', 'params: blend.decoder')}.path"
+    try:
+        return DecoderFeatures.load(cfg["path"], cfg["layers"], cfg["max_length"])
+    except (ValueError, OSError) as exc:
+        raise ValueError(f"{where}: {exc}") from None
+
+
 def fit_decoder_blend(
-    members: list[str], splits: dict, encoder_val: dict[str, np.ndarray], settings: dict, seed: int = 0
+    members: list[str],
+    splits: dict,
+    encoder_val: dict[str, np.ndarray],
+    settings: dict,
+    seed: int = 0,
+    features=None,
 ) -> tuple[object, dict]:
-    """(DecoderPrior, facts): the decoder ridge's alpha, then w, chosen on val as the module says."""
-    from pipeline.ranking.decoder import DecoderFeatures, DecoderPrior, DecoderRidge
+    """(DecoderPrior, facts): the decoder ridge's alpha, then w, chosen on val as the module says
+    (`features`: the decoder as load_decoder gives it, loaded here if not given)."""
+    from pipeline.ranking.decoder import DecoderPrior, DecoderRidge
 
     cfg = decoder_settings(settings["decoder"])
     weights = weight_grid(settings)
     train = pd.concat([splits[m]["train"] for m in members], ignore_index=True)
     if len(train) > cfg["max_train_prompts"]:
         train = train.sample(n=cfg["max_train_prompts"], random_state=seed).reset_index(drop=True)
-    features = DecoderFeatures.load(cfg["path"], cfg["layers"], cfg["max_length"])
+    features = features if features is not None else load_decoder(settings)
     t0 = time.perf_counter()
     print(f"blend: decoder features of {len(train)} train prompts ({cfg['path']})", flush=True)
     x_train = features.embed(train["prompt"].tolist(), cfg["batch_size"], progress=True)
@@ -322,6 +342,7 @@ def run(
     trained_on = meta.get("trained_on") or {}
     members = list(trained_on.get("members") or [trained_on.get("model") or model])
     splits = member_splits(members, data_root)
+    decoder = load_decoder(params) if features == "decoder" else None  # a bad decoder fails before scoring
 
     print(f"blend: scoring the val prompts of {', '.join(members)} with {src}", flush=True)
     scorer = Scorer.from_pretrained(src)
@@ -337,28 +358,35 @@ def run(
         attach, summary = attach_lexical, f"TF-IDF alone {facts['lexical_val_tau_b']:.3f}"
         weights = {"encoder_weight": facts["encoder_weight"], "lexical_weight": facts["lexical_weight"]}
     else:
-        added, facts = fit_decoder_blend(members, splits, encoder_val, params)
+        added, facts = fit_decoder_blend(members, splits, encoder_val, params, features=decoder)
         attach, summary = attach_decoder, f"decoder ridge alone {facts['decoder_val_tau_b']:.3f}"
         weights = {"score_weight": facts["score_weight"], "decoder_weight": facts["decoder_weight"]}
-    copy_checkpoint(src, dst, method=blended_method(method, features))  # weights copied and re-hashed
-    attach(
-        dst,
-        added,
-        **weights,
-        alpha=facts["alpha"],
-        w=facts["w"],
-        chosen_on="val split: mean over trained_on.members of val tau_b",
-        val_tau_b=facts["val_tau_b"],
-        encoder_val_tau_b=facts["encoder_val_tau_b"],
-    )
     source_weight, added_weight = weights.values()
     expected = source_weight * encoder_val[members[0]][:64] + added_weight * added.predict(probe)
-    # the stage's own acceptance test: the serving loader takes the result and reproduces the val blend
-    # (a bfloat16 decoder's features move a little with their batch-mates: a few % of the spread)
-    check = Scorer.from_pretrained(dst).score(probe)
-    atol = 1e-3 if features == "tfidf" else 0.05 * float(np.std(expected))
-    if not np.allclose(check, expected, rtol=1e-3, atol=atol):
-        raise ValueError(f"blend: {dst} does not score as the blend chosen on val")
+
+    def accept(copy: Path) -> None:
+        """The regression attached and the stage's own acceptance test, on the copy before it replaces
+        `dst`: an interruption or a failed check leaves the old `dst` (or none), never a half blend.
+        The serving loader takes the copy and reproduces the val blend (a bfloat16 decoder's
+        features move a little with their batch-mates: a few % of the spread)."""
+        attach(
+            copy,
+            added,
+            **weights,
+            alpha=facts["alpha"],
+            w=facts["w"],
+            chosen_on="val split: mean over trained_on.members of val tau_b",
+            val_tau_b=facts["val_tau_b"],
+            encoder_val_tau_b=facts["encoder_val_tau_b"],
+        )
+        check = Scorer.from_pretrained(copy).score(probe)
+        atol = 1e-3 if features == "tfidf" else 0.05 * float(np.std(expected))
+        if not np.allclose(check, expected, rtol=1e-3, atol=atol):
+            raise ValueError(
+                f"blend: the blend of {src} does not score as the blend chosen on val; {dst} left as it was"
+            )
+
+    copy_checkpoint(src, dst, method=blended_method(method, features), accept=accept)  # weights copied, re-hashed
 
     facts = {"model": model, "method": method, "features": features, "checkpoint": str(dst), **facts}
     facts["stage_wall_s"] = round(time.perf_counter() - t0, 2)

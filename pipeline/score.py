@@ -12,12 +12,15 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 
 import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
 
-from pipeline.contracts import ensure_parent
+from pipeline.contracts import ensure_parent, write_table
 from pipeline.errors import PARSError
 
 ID_FIELDS = ("prompt_id", "id")
@@ -47,7 +50,8 @@ def read_jsonl(path: Path, field: str, id_field: str | None = None) -> list[dict
 
 def read_parquet(path: Path, field: str, id_field: str | None = None) -> list[dict]:
     try:
-        df = pd.read_parquet(path)
+        table = pq.read_table(path)
+        df = table.to_pandas()
     except Exception as exc:  # pyarrow raises several types (including on invalid UTF-8)
         raise ValueError(f"{path}: not a readable parquet file ({exc})") from None
     if field not in df.columns:
@@ -57,6 +61,10 @@ def read_parquet(path: Path, field: str, id_field: str | None = None) -> list[di
     records = df.to_dict("records")
     for row, record in enumerate(records):
         _check_text(record, field, f"{path}: row {row}")
+    # ids as stored: pandas reads an integer column with a null as float64 (3 -> 3.0, 2**60 + 1 rounded)
+    for name in ({id_field, *ID_FIELDS} & set(df.columns)) - {field}:
+        for record, value in zip(records, table.column(name).to_pylist()):
+            record[name] = value
     return records
 
 
@@ -93,6 +101,19 @@ def read_prompts(path: str | Path, field: str = "prompt", id_field: str | None =
     raise ValueError(f"{path}: unknown input format {path.suffix!r} (expected .jsonl or .parquet)")
 
 
+def _check_parquet_ids(ids: pd.Series, id_field: str, source: str) -> None:
+    """A parquet column holds one type: ids mixing text and numbers (or too large for int64) are
+    refused naming the input, before scoring (pyarrow would fail after it, naming no file)."""
+    try:
+        pa.array(ids, from_pandas=True)
+    except (pa.ArrowException, OverflowError):
+        kinds = ", ".join(sorted({type(v).__name__ for v in ids if v is not None}))
+        raise PARSError(
+            f"{source}: the ids in {id_field!r} ({kinds}) do not fit one parquet column (text and numbers "
+            f"mixed, or an integer past int64); write -o as .jsonl, which keeps each id as it is"
+        ) from None
+
+
 def _positive_int(text: str) -> int:
     """argparse type: a batch size of 0 or less would score nothing (or garbage) silently."""
     try:
@@ -123,9 +144,13 @@ def main(argv: list[str] | None = None) -> int:
         if Path(args.output).suffix not in (".jsonl", ".parquet"):
             raise PARSError(f"-o {args.output}: output must end in .jsonl or .parquet")
         ensure_parent(args.output)  # a file in the way is found before scoring, not after
+    id_field = args.id_field or next((f for f in ID_FIELDS if records and all(f in r for r in records)), None)
+    # object dtype: pandas would turn integer ids with a null into float64 (3 -> 3.0, 2**60 + 1 rounded)
+    ids = pd.Series([r.get(id_field) for r in records], dtype=object) if id_field else None
+    if ids is not None and args.output and args.output.endswith(".parquet"):
+        _check_parquet_ids(ids, id_field, args.input)  # found before scoring, not when writing
     scorer = Scorer.from_pretrained(args.checkpoint, batch_size=args.batch_size)  # CheckpointError: one line
     scores = scorer.score([r[args.field] for r in records], progress=len(records) > 256)
-    id_field = args.id_field or next((f for f in ID_FIELDS if records and all(f in r for r in records)), None)
     partial = [f for f in ID_FIELDS if not id_field and any(f in r for r in records)]
     if partial:  # the output's `index` still ties each score to its input record
         having = sum(partial[0] in r for r in records)
@@ -136,17 +161,24 @@ def main(argv: list[str] | None = None) -> int:
         )
     out = pd.DataFrame({"index": range(len(records))})
     if id_field:
-        out[id_field] = [r.get(id_field) for r in records]
+        out[id_field] = ids
     out["score"] = scores.astype(float)
+    # written via a temp file + rename: an interrupted run leaves the old output (or none), never half a file
     if args.output and args.output.endswith(".parquet"):
-        out.to_parquet(args.output, index=False)
+        write_table(out, args.output, pa.Schema.from_pandas(out, preserve_index=False))
     else:
         # no records: no lines (pandas would write one empty line, which is not a JSONL record);
         # ASCII only: a raw U+0085 / U+2028 in an id would split the record for line readers
         # that follow Unicode line breaks (Python's str.splitlines)
         text = out.to_json(orient="records", lines=True, force_ascii=True) if len(out) else ""
         if args.output:
-            Path(args.output).write_text(text, encoding="utf-8")
+            path = Path(args.output)
+            tmp = path.with_name(f".{path.name}.tmp")
+            try:
+                tmp.write_text(text, encoding="utf-8")
+                os.replace(tmp, path)
+            finally:
+                tmp.unlink(missing_ok=True)
         else:
             sys.stdout.write(text)
     print(f"score: {len(records)} prompts scored with {args.checkpoint}", file=sys.stderr)

@@ -293,3 +293,97 @@ def test_decoder_blend_chooses_on_val_and_serves_what_it_chose(toy_models, tiny_
     weights.write_bytes(weights.read_bytes()[:-8] + b"\0" * 8)
     with pytest.raises(CheckpointError, match="model.safetensors"):
         Scorer.from_pretrained(dst)
+
+
+def _tree(path):
+    return {p.relative_to(path).as_posix(): p.read_bytes() for p in sorted(path.rglob("*")) if p.is_file()}
+
+
+def test_a_failed_acceptance_or_an_interruption_leaves_the_old_blend(toy_models, monkeypatch):
+    """The regression is attached and the acceptance test run on a temp copy: a blend that does not
+    score as chosen, or a stage stopped while attaching, never appears under the blend's name."""
+    import pipeline.ranking.checkpoint as checkpoint
+
+    dst = toy_models / "models/toy/pairwise+tfidf"
+    real = checkpoint.attach_lexical
+
+    def wrong_weight(out_dir, lexical, *, lexical_weight, **kwargs):  # serves another blend than chosen
+        return real(out_dir, lexical, lexical_weight=2 * lexical_weight + 1, **kwargs)
+
+    def interrupted(out_dir, *args, **kwargs):
+        (out_dir / "half-written").write_text("")
+        raise KeyboardInterrupt
+
+    for none_before in (True, False):
+        before = None if none_before else _tree(dst)
+        for attach, error, match in (
+            (wrong_weight, ValueError, "does not score as the blend chosen on val"),
+            (interrupted, KeyboardInterrupt, None),
+        ):
+            monkeypatch.setattr(checkpoint, "attach_lexical", attach)
+            with pytest.raises(error, match=match):
+                _blend(toy_models)
+            monkeypatch.undo()
+            assert (None if none_before else _tree(dst)) == before and not (none_before and dst.exists())
+            assert sorted(p.name for p in dst.parent.iterdir()) == ["pairwise"] + ([] if none_before else [dst.name])
+        if none_before:
+            _blend(toy_models)  # the good blend, kept by the failures that follow
+
+
+def _decoder_settings(path, **over):
+    return {
+        "path": str(path),
+        "layers": [1, 2],
+        "max_length": 32,
+        "alphas": [1.0],
+        "max_train_prompts": 30,
+        "batch_size": 8,
+        **over,
+    }
+
+
+def test_a_bad_decoder_is_refused_before_any_scoring(toy_models, tiny_decoder, tokenizer, monkeypatch):
+    """The decoder is loaded before the encoder scores the val prompts (minutes on real data): no chat
+    template, fewer layers than `layers` reads, or layers not under `.layers` fail at once, naming
+    blend.decoder.path."""
+    import copy
+
+    from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
+
+    from pipeline.serving.scorer import Scorer
+
+    no_template = toy_models / "no_template"
+    LlamaForCausalLM(
+        LlamaConfig(
+            vocab_size=len(tokenizer),
+            hidden_size=32,
+            intermediate_size=64,
+            num_hidden_layers=4,
+            num_attention_heads=2,
+            num_key_value_heads=1,
+        )
+    ).save_pretrained(no_template)
+    untemplated = copy.deepcopy(tokenizer)
+    untemplated.chat_template = None
+    untemplated.save_pretrained(no_template)
+    gpt2 = toy_models / "gpt2"  # its blocks are `.h`, not `.layers`
+    GPT2LMHeadModel(GPT2Config(vocab_size=len(tokenizer), n_embd=32, n_layer=3, n_head=2)).save_pretrained(gpt2)
+    for name in (
+        "tokenizer_config.json",
+        "chat_template.jinja",
+        "vocab.txt",
+        "tokenizer.json",
+        "special_tokens_map.json",
+    ):
+        if (tiny_decoder / name).is_file():
+            (gpt2 / name).write_bytes((tiny_decoder / name).read_bytes())
+
+    monkeypatch.setattr(Scorer, "score", lambda *a, **k: pytest.fail("scored before the decoder was checked"))
+    for settings, match in (
+        (_decoder_settings(no_template), "no chat template"),
+        (_decoder_settings(tiny_decoder, layers=[1, 4]), "has 4 layers"),
+        (_decoder_settings(gpt2), "no `.layers` list"),
+    ):
+        with pytest.raises(ValueError, match=f"blend.decoder.path: .*{match}"):
+            _blend(toy_models, features="decoder", decoder=settings)
+    assert not (toy_models / "models/toy/pairwise+decoder").exists()

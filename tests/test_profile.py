@@ -140,3 +140,58 @@ def test_profile_keeps_a_crlf_dvc_yaml_and_refuses_markers_outside_the_evaluate_
         apply_profile(production, tmp_path / "params.yaml")
     assert (tmp_path / "dvc.yaml").read_text() == moved
     assert (tmp_path / "params.yaml").read_text() == (ROOT / "params.yaml").read_text()
+
+
+def test_profile_header_restores_from_the_backups_and_no_backup_is_overwritten(tmp_path):
+    """The header says how to go back without losing uncommitted edits (from the backups, not with
+    `git checkout`), and a backup is never replaced by a different file: a user file that differs
+    from an existing backup is refused, nothing written, until the old backup is moved away."""
+    production = ROOT / "profiles" / "production.yaml"
+    params, dvc_yaml = tmp_path / "params.yaml", tmp_path / "dvc.yaml"
+    for name in ("params.yaml", "dvc.yaml"):
+        shutil.copy(ROOT / name, tmp_path / name)
+    params.write_text(params.read_text() + "# an edit of mine, not committed\n")
+    edited, committed_dvc = params.read_bytes(), dvc_yaml.read_bytes()
+    apply_profile(production, params)
+    header = params.read_text().splitlines()[0]
+    assert "git checkout" not in header
+    assert f"`cp {params}.pre-profile {params}`" in header and f"`cp {dvc_yaml}.pre-profile {dvc_yaml}`" in header
+
+    # gone back as the header says: the backups stay, and switching again works
+    for path in (params, dvc_yaml):
+        shutil.copy(f"{path}.pre-profile", path)
+    assert params.read_bytes() == edited and dvc_yaml.read_bytes() == committed_dvc
+    switched = apply_profile(production, params)
+    assert (tmp_path / "params.yaml.pre-profile").read_bytes() == edited
+
+    # gone back another way (`git checkout`): the backup holds the only copy of the edit
+    for path in (params, dvc_yaml):
+        shutil.copy(ROOT / path.name, path)
+    with pytest.raises(PARSError, match="params.yaml.pre-profile exists and differs.*move .* away first"):
+        apply_profile(production, params)
+    assert (tmp_path / "params.yaml.pre-profile").read_bytes() == edited
+    assert params.read_bytes() == (ROOT / "params.yaml").read_bytes()
+    assert dvc_yaml.read_bytes() == (ROOT / "dvc.yaml").read_bytes()
+
+    # the same for dvc.yaml alone (params.yaml matching its backup), nothing written either
+    shutil.copy(f"{params}.pre-profile", params)
+    dvc_yaml.write_text(dvc_yaml.read_text() + "# a dvc.yaml edit\n")
+    with pytest.raises(PARSError, match="dvc.yaml.pre-profile exists and differs"):
+        apply_profile(production, params)
+    assert params.read_bytes() == edited and (tmp_path / "dvc.yaml.pre-profile").read_bytes() == committed_dvc
+
+    # moved away as asked: the switch goes on and backs up the files as they are now
+    (tmp_path / "dvc.yaml.pre-profile").rename(tmp_path / "old-dvc.yaml")
+    edited_dvc = dvc_yaml.read_bytes()
+    assert apply_profile(production, params) == switched
+    assert (tmp_path / "dvc.yaml.pre-profile").read_bytes() == edited_dvc
+
+
+def test_pars_profile_refusal_is_one_line(capsys, tmp_path):
+    from helpers import one_line_error, run_cli
+
+    params = _copy_params(tmp_path)
+    (tmp_path / "params.yaml.pre-profile").write_text("an older backup\n")
+    rc, _, err = run_cli(capsys, "profile", ROOT / "profiles" / "production.yaml", "--params", params)
+    one_line_error(rc, err, "profile", f"{params}.pre-profile")
+    assert (tmp_path / "params.yaml.pre-profile").read_text() == "an older backup\n"

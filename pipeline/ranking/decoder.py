@@ -71,6 +71,13 @@ class DecoderFeatures:
         # weights rounded to bfloat16 first, as `save` stores them: the decoder a blend is fitted with
         # computes exactly as the one its checkpoint serves
         model = AutoModel.from_pretrained(path, dtype=torch.bfloat16).to(compute_dtype(device))
+        # the layers are cut and read as `model.layers` (Llama, Qwen, Mistral, SmolLM2); others (GPT-2's
+        # `.h`, ...) would fail later on an AttributeError
+        if not isinstance(getattr(model, "layers", None), torch.nn.ModuleList):
+            raise ValueError(
+                f"decoder {path}: a {type(model).__name__} keeps no `.layers` list of decoder layers "
+                f"(expected a Llama-style causal LM such as SmolLM2)"
+            )
         keep = max(int(k) for k in layers) + 1
         if keep > len(model.layers):
             raise ValueError(f"decoder {path} has {len(model.layers)} layers; layers {list(layers)} read past them")

