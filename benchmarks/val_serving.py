@@ -107,7 +107,9 @@ def main(argv: list[str] | None = None) -> int:
     cfg = EngineConfig.from_dict(load_params("simulate")["engine"])
     arrival = burst(len(req))
     results = {
-        name: simulate(arrival, s, o, key=arrival.copy() if key is None else key, config=cfg)
+        name: simulate(
+            arrival, s, o, key=arrival.copy() if key is None else key, config=cfg, sort_running=key is not None
+        )
         for name, key in keys.items()
     }
     # FCFS in a burst serves in arrival order: that order's tau (as pars simulate reports it)

@@ -178,7 +178,14 @@ def replay(
         key = policy_key(policy, arrival, o, scores if policy == "pars" else None)
         late = policy == "pars"
         out[policy] = simulate(
-            arrival, s, o, key=key, config=cfg, key_ready=ready if late else None, first_provisional=first
+            arrival,
+            s,
+            o,
+            key=key,
+            config=cfg,
+            key_ready=ready if late else None,
+            first_provisional=first,
+            sort_running=policy != "fcfs",  # pars and oracle ran on the PARS scheduler
         )
     return out
 

@@ -405,6 +405,21 @@ def _preempt_lowest(req, running, n_run, free, kv_total, heap, heap_size, t, sta
 
 
 @njit(cache=True)
+def _sort_running(req, running, n_run):
+    """Order `running` by ascending key, ties in admission order, as the PARS scheduler keeps it
+    (so shorter-predicted requests get the step's token budget first). Insertion sort: stable, and
+    near-linear since only the latest admissions and re-keyed requests are out of place."""
+    for i in range(1, n_run):
+        r = running[i]
+        k = req[r].key
+        j = i - 1
+        while j >= 0 and req[running[j]].key > k:
+            running[j + 1] = running[j]
+            j -= 1
+        running[j + 1] = r
+
+
+@njit(cache=True)
 def _schedule_running(req, eng, t, running, n_run, free, kv_total, heap, heap_size):
     """Schedule the running requests in admission order at time t: a decoding request takes one
     token, a prefilling one a chunk (at most what is left of the budget), preempting while their KV
@@ -507,12 +522,13 @@ def _advance_scheduled(req, running, n_run, t_end, first_at_prefill):
 
 
 @njit(cache=True)
-def _simulate(req, heap, eng, series, skip, by_ready, first_provisional):
+def _simulate(req, heap, eng, series, skip, by_ready, first_provisional, sort_running):
     """Serve the requests in `req` (REQUEST records in arrival order, not yet arrived) on engine
     `eng` (an _Engine) until all are done, filling their result fields and `series` (SAMPLE
     records); `heap` (HEAP_ENTRY records) is the waiting queue's room; `skip` jumps over
     uninterruptible stretches of decoding; `by_ready` orders the requests by the time their key
-    is known; until the first is, an unscored request waits with `first_provisional`.
+    is known; until the first is, an unscored request waits with `first_provisional`;
+    `sort_running` serves running requests by key (the PARS scheduler), else in admission order.
     Returns (steps, skipped steps, area = KV token-steps, peak used blocks, samples recorded)."""
     n = req.shape[0]
     heap_size = 0
@@ -569,6 +585,8 @@ def _simulate(req, heap, eng, series, skip, by_ready, first_provisional):
 
         # one ordinary step: running requests first, then (unless one was preempted, as vLLM)
         # waiting ones in policy order
+        if sort_running:
+            _sort_running(req, running, n_run)
         tokens, preempted, n_run, free, kv_total, heap_size = _schedule_running(
             req, eng, t, running, n_run, free, kv_total, heap, heap_size
         )
@@ -740,6 +758,7 @@ def simulate(
     skip: bool = True,
     key_ready=None,
     first_provisional: float = 0.0,
+    sort_running: bool = False,
 ) -> SimResult:
     """Serve requests (arrival times in s, prompt and answer lengths in tokens, policy keys:
     lower first; default FCFS) on `config`; returns per-request times and time series.
@@ -748,7 +767,8 @@ def simulate(
     `key_ready` (seconds, per request; default: at arrival) is when each key becomes known, as
     with the PARS scheduler's background scorer: until then the request waits with the mean of the
     keys known so far (`first_provisional` before any: the scheduler's checkpoint typical score),
-    then moves to its place."""
+    then moves to its place. `sort_running`: each step serves the running requests in key order
+    (the PARS scheduler keeps `running` so), not in admission order (vLLM's FCFS scheduler)."""
     arrival = np.asarray(arrival, dtype=np.float64)
     if not np.isfinite(arrival).all():
         raise ValueError("arrival times must be finite")
@@ -791,7 +811,7 @@ def simulate(
     heap = np.zeros(2 * n + 1024, HEAP_ENTRY).view(np.recarray)  # compacted when full
     series = np.zeros(int(record), SAMPLE).view(np.recarray)
     steps, skipped, area, peak, n_rec = _simulate(
-        req, heap, _engine_args(c), series, bool(skip), by_ready, float(first_provisional)
+        req, heap, _engine_args(c), series, bool(skip), by_ready, float(first_provisional), bool(sort_running)
     )
     if np.isnan(req.finish).any():
         raise RuntimeError("simulation ended with unfinished requests")
