@@ -208,6 +208,37 @@ def workload_scores(checkpoint: Path, workload: list[dict], quantize: str = "non
     return [float(x) for x in scores], kendall_tau_b(scores, [r["length"] for r in workload])
 
 
+# pars_stats entries that are not running totals: the largest / the latest value (per schedule()
+# call). A difference of two of them means nothing; they are reset after the warm-up instead.
+GAUGE_PREFIXES = ("max_", "last_")
+
+
+def reset_gauges(stats: dict) -> None:
+    """Zero the scheduler's non-cumulative pars_stats entries in place (after the warm-up), so the
+    burst's figures are its own: a max over the measured schedule() calls only."""
+    for key, value in stats.items():
+        if key.startswith(GAUGE_PREFIXES):
+            stats[key] = type(value)(0)
+
+
+def burst_stats(before: dict, after: dict) -> dict:
+    """The measured burst's pars_stats: running totals less their value after the warm-up; gauges
+    (max_*, last_*) as they are after the burst (reset_gauges zeroed them at its start)."""
+    return {k: v if k.startswith(GAUGE_PREFIXES) else v - before.get(k, 0) for k, v in after.items()}
+
+
+def check_token_counts(policy: str, ntok: dict[str, int], targets: dict[str, int]) -> None:
+    """Every request must have produced exactly its max_tokens (ignore_eos, min_tokens): one that
+    stopped early would lower its per-token latency silently. One error naming the requests."""
+    short = {i: (ntok.get(i, 0), want) for i, want in targets.items() if ntok.get(i, 0) != want}
+    if short:
+        shown = ", ".join(f"request {i}: {got} of {want} tokens" for i, (got, want) in list(short.items())[:5])
+        more = f" (and {len(short) - 5} more)" if len(short) > 5 else ""
+        raise RuntimeError(
+            f"engine_bench {policy}: {len(short)} request(s) did not produce their target token count: {shown}{more}"
+        )
+
+
 def run_policy(policy: str, args, checkpoint: Path, workload: list[dict]) -> dict:
     from vllm import LLM, SamplingParams
 
@@ -272,6 +303,8 @@ def run_policy(policy: str, args, checkpoint: Path, workload: list[dict]) -> dic
         "chunk": int(sched_cfg.long_prefill_token_threshold or sched_cfg.max_num_batched_tokens),
         "max_num_seqs": int(sched_cfg.max_num_seqs),
     }
+    if hasattr(scheduler, "pars_stats"):
+        reset_gauges(scheduler.pars_stats)  # the warm-up's max/last are not the burst's
     stats0 = dict(getattr(scheduler, "pars_stats", {}))
 
     start = time.perf_counter()
@@ -305,8 +338,9 @@ def run_policy(policy: str, args, checkpoint: Path, workload: list[dict]) -> dic
 
     ids = [str(i) for i in range(len(workload))]
     assert set(done) == set(ids), f"{policy}: lost requests {set(ids) - set(done)}"
+    check_token_counts(policy, ntok, {i: int(req["length"]) for i, req in zip(ids, workload)})
     e2e = np.array([done[i] for i in ids])
-    tokens = np.array([max(ntok[i], 1) for i in ids])
+    tokens = np.array([ntok[i] for i in ids])  # each >= 1: max_tokens >= 1 and checked above
     per_token = e2e / tokens
     result = {
         "policy": policy,
@@ -338,13 +372,13 @@ def run_policy(policy: str, args, checkpoint: Path, workload: list[dict]) -> dic
         },
     }
     if hasattr(scheduler, "pars_stats"):
-        stats = {k: v - stats0.get(k, 0) for k, v in scheduler.pars_stats.items()}
-        # PARS's own cost on the engine's critical path: its code inside schedule() (taking scores,
-        # keying arrivals, keeping `running` in score order; inline scoring too), as a fraction of
-        # wall time (vLLM's heap operations on our queue are inside schedule_fraction). Background
+        stats = burst_stats(stats0, scheduler.pars_stats)
+        # PARS's own cost on the engine's thread: its code around vLLM's schedule() (taking scores,
+        # keying arrivals, keeping `running` in score order; inline scoring too) and its queue's
+        # methods vLLM calls (peek, pop, prepend, add, abort), as a fraction of wall time. Background
         # scoring runs on its own thread: its time is reported apart, as scoring_fraction.
         result["overhead_fraction"] = stats["overhead_s"] / wall
-        result["max_overhead_s_per_schedule"] = scheduler.pars_stats["max_overhead_s"]
+        result["max_overhead_s_per_schedule"] = stats["max_overhead_s"]  # over the burst's calls only
         result["scoring_fraction"] = stats["score_s"] / wall
         # the scorer's batching, which sim_fidelity replays
         from pipeline.serving.pars_config import SCORING_CHUNK_BATCHES

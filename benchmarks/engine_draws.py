@@ -90,6 +90,11 @@ def main(argv=None) -> int:
     token_ids: dict[str, list[int]] = {}  # prompt_id -> chat-templated ids, each prompt tokenized once
     scorer = Scorer.from_pretrained(args.checkpoint)
     scores: dict[str, float] = {}  # prompt_id -> checkpoint score, each prompt scored once
+    # where an unscored request waits before the first score arrives: the checkpoint's typical score
+    # (pars.json `typical_score`, its median val score), as the PARS scheduler and sim-fidelity's
+    # replay place it; 0 for a checkpoint exported without one, as the scheduler then does
+    typical = scorer.typical_score
+    first_provisional = float(typical) if typical is not None else 0.0
     out = {
         "what": "FCFS/PARS mean per-token latency of the engine benchmark's burst, over draws of prompts, "
         "replayed through the simulator fitted to the engine (metrics/sim_fidelity.json)",
@@ -99,6 +104,8 @@ def main(argv=None) -> int:
         "engine": fidelity["engine"],
         "step_model": {k: fidelity["step_model"][k] for k in ("c0_s", "c1_s_per_token")},
         "scoring_rate_prompts_per_s": rate,
+        "first_provisional_score": first_provisional,
+        "first_provisional_from": "checkpoint typical_score" if typical is not None else "0 (no typical_score)",
         "sizes": {},
     }
     for n in args.sizes:
@@ -121,8 +128,17 @@ def main(argv=None) -> int:
             arrival = burst(len(s))
             mean = {
                 "fcfs": simulate(arrival, s, o, key=arrival, config=fcfs_cfg),
-                "pars": simulate(arrival, s, o, key=key, config=pars_cfg, key_ready=score_ready_times(s, rate)),
-                "oracle": simulate(arrival, s, o, key=o.astype(float), config=pars_cfg),
+                "pars": simulate(
+                    arrival,
+                    s,
+                    o,
+                    key=key,
+                    config=pars_cfg,
+                    key_ready=score_ready_times(s, rate),
+                    first_provisional=first_provisional,
+                    sort_running=True,
+                ),
+                "oracle": simulate(arrival, s, o, key=o.astype(float), config=pars_cfg, sort_running=True),
             }
             mean = {k: v.summary()["mean_per_token_latency"] for k, v in mean.items()}
             rows.append(

@@ -5,14 +5,16 @@ A spread measurement, not a choice: nothing is selected by it, so scoring the te
     python benchmarks/seed_spread.py                      # the default export: recorded/pairwise
     python benchmarks/seed_spread.py --model chatgpt --method pointwise --seeds 42 1 2 3
 
-Checkpoints go to <work>/seed<s>/<model>/<method>/; one already there with the same train settings
-is scored, not retrained (an interrupted run resumes). Writes --out (default
-metrics/choices/seed_spread-<model>-<method>.json).
+Checkpoints go to <work>/seed<s>/<model>/<method>/, the whole train section that produced each
+beside it (<method>.train.json: the checkpoint's pars.json records only some of it); one already
+there trained with the train section asked for now is scored, not retrained (an interrupted run
+resumes). Writes --out (default metrics/choices/seed_spread-<model>-<method>.json).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import statistics
 import sys
 from pathlib import Path
@@ -27,16 +29,37 @@ from pipeline.ranking.checkpoint import CheckpointError, read_meta  # noqa: E402
 from pipeline.ranking.labels import prompt_labels  # noqa: E402
 from pipeline.ranking.metrics import kendall_tau_b  # noqa: E402
 
+# train keys that cannot change the weights: where the run logs
+NOT_SETTINGS = ("wandb",)
+
+
+def settings_path(ckpt: Path) -> Path:
+    """Where the train section that produced `ckpt` is kept: beside it, <method>.train.json."""
+    return ckpt.with_name(f"{ckpt.name}.train.json")
+
+
+def settings(cfg: dict) -> dict:
+    """The train section as stored and compared (JSON round trip: tuples and lists alike)."""
+    return json.loads(json.dumps({k: v for k, v in cfg.items() if k not in NOT_SETTINGS}, sort_keys=True, default=str))
+
 
 def stale(ckpt: Path, cfg: dict) -> bool:
-    """A checkpoint that is missing, incomplete (an interrupted write) or trained with other train
-    settings is retrained, not scored."""
+    """A checkpoint that is missing, incomplete (an interrupted write), or trained with another train
+    section than `cfg` (all of it: the copy this script stored beside the checkpoint; none stored, as
+    for a checkpoint from before it stored one: retrained) is retrained, not scored."""
     try:
         meta = read_meta(ckpt)
     except CheckpointError:
         return True
+    # the checkpoint's own record too: the stored copy must describe this checkpoint
     recorded = {**meta.get("training", {}), "max_length": meta.get("max_length"), "encoder": meta.get("encoder")}
-    return any(recorded.get(k) != cfg[k] for k in recorded)
+    if any(recorded.get(k) != cfg.get(k) for k in recorded):
+        return True
+    try:
+        stored = json.loads(settings_path(ckpt).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return True
+    return stored != settings(cfg)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -73,6 +96,8 @@ def main(argv: list[str] | None = None) -> int:
         cfg = {**train, "seed": seed}
         if stale(ckpt, cfg):
             print(f"seed_spread: training {args.model}/{args.method} with seed {seed}", flush=True)
+            asked = settings(cfg)  # before training, which must not change what is recorded
+            settings_path(ckpt).unlink(missing_ok=True)  # written again once the checkpoint is
             train_one(
                 args.model,
                 args.method,
@@ -81,6 +106,7 @@ def main(argv: list[str] | None = None) -> int:
                 metrics_dir=root / "metrics",
                 plots_dir=root / "plots",
             )
+            write_json(asked, settings_path(ckpt))
         scorer = Scorer.from_pretrained(ckpt)
         for m, parts in splits.items():
             for split, part in parts.items():

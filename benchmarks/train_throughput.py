@@ -210,21 +210,28 @@ def run_config(name: str, cfg: dict, args, data, tokenizer) -> dict:
 
 
 def pooled(runs: list[dict]) -> dict:
-    """One configuration's repeats as one row: rates over the summed train seconds, the median cache
-    pass, each run's prompts/s kept (`prompts_per_s_runs`); the rest from the first run (the same
-    seed trains the same way each time)."""
+    """One configuration's repeats as one row: the counts (`steps`, `prompts_encoded`, `pairs`,
+    `train_s`) summed over the runs, so the rates are the summed work over the summed train seconds;
+    the median cache pass; each run's steps and prompts/s kept (`steps_runs`, `prompts_per_s_runs`);
+    the rest (settings, val metrics) from the first run (the same seed trains the same way each time)."""
     import statistics
 
     row = dict(runs[0])
-    secs = sum(r["train_s"] for r in runs)
-    if len(runs) > 1 and secs:
+    if len(runs) > 1:
+        secs = sum(r["train_s"] for r in runs)
+        for key in ("steps", "prompts_encoded", "pairs"):
+            row[key] = sum(r[key] for r in runs)
         row["train_s"] = round(secs, 1)
-        row["prompts_per_s"] = round(sum(r["prompts_encoded"] for r in runs) / secs, 2)
-        row["pairs_per_s"] = round(sum(r["pairs"] for r in runs) / secs, 2)
+        row["prompts_per_s"] = round(row["prompts_encoded"] / secs, 2) if secs else 0.0
+        row["pairs_per_s"] = round(row["pairs"] / secs, 2) if secs else 0.0
         row["cache_s"] = round(statistics.median(r["cache_s"] for r in runs), 1)
-        row["epoch_s_est"] = round(row["cache_s"] + row["epoch_prompts"] / row["prompts_per_s"], 1)
-        row["prompts_encoded"] = sum(r["prompts_encoded"] for r in runs)
-        row["pairs"] = sum(r["pairs"] for r in runs)
+        row["epoch_s_est"] = (
+            round(row["cache_s"] + row["epoch_prompts"] / row["prompts_per_s"], 1)
+            if row["prompts_per_s"]
+            else float("inf")
+        )
+    row["runs"] = len(runs)
+    row["steps_runs"] = [r["steps"] for r in runs]
     row["prompts_per_s_runs"] = [r["prompts_per_s"] for r in runs]
     return row
 
@@ -339,7 +346,8 @@ def main(argv: list[str] | None = None) -> int:
     first = rows[0]
     print(
         f"\npairwise training on {args.model} pairs, encoder {args.encoder}, max_length {args.max_length}, "
-        f"head_fraction {args.head_fraction}, {args.batch_size} prompts encoded per step, {args.steps} steps, "
+        f"head_fraction {args.head_fraction}, {args.batch_size} prompts encoded per step, {args.steps} steps a run, "
+        f"{args.repeats} run(s) per configuration (steps, prompts_encoded, pairs and train_s summed over them), "
         f"lr {args.lr}, {torch.get_num_threads()} threads (train: {first['n_train_prompts']} prompts; "
         f"val: {first['n_val_prompts']} prompts, {first['n_val_pairs']} pairs)"
     )

@@ -77,6 +77,29 @@ def test_admission_order_by_ascending_score(make_scheduler, which):
     assert sorted(eng.finished) == sorted(scores)
 
 
+def test_overhead_counts_the_queue_work_vllm_does_inside_schedule(make_scheduler, monkeypatch):
+    """pars_stats' overhead is all PARS time on the engine's thread: besides the work before vLLM's
+    schedule() it takes the PARS queue's methods that vLLM calls (peek, pop, prepend, add, remove)."""
+    from pipeline.serving import pars_queue
+
+    cls, _ = _pick("sync")
+    sched = make_scheduler(cls, max_num_seqs=2)
+    ticks = iter(range(1, 10**6))
+    # each perf_counter() reading 1 s later: every timed stretch, however short, counts whole seconds
+    monkeypatch.setattr(pars_queue.time, "perf_counter", lambda: float(next(ticks)))
+    eng = FakeEngine(sched, False)
+    for rid in "abc":
+        eng.add(rid, prompt_len=20, out_len=2, score=1.0)
+    busy_before = sched.waiting.busy_s
+    sched.schedule()
+    stats = sched.pars_stats
+    inside = sched.waiting.busy_s - busy_before
+    assert inside >= 2  # vLLM peeked and popped the two it admitted
+    assert stats["last_overhead_s"] >= inside and stats["max_overhead_s"] >= inside
+    # the adds' queue time (before this schedule()) is in the total, once
+    assert stats["overhead_s"] == pytest.approx(stats["last_overhead_s"] + busy_before)
+
+
 def test_vllm_fcfs_baseline_differs(make_scheduler):
     """The same workload on vLLM's own Scheduler is served in arrival order (the test can fail)."""
     from vllm.v1.core.sched.scheduler import Scheduler

@@ -9,6 +9,7 @@ arrived after the request was queued with a provisional key).
 
 from __future__ import annotations
 
+import functools
 import heapq
 import itertools
 import math
@@ -20,6 +21,25 @@ from vllm.v1.request import Request
 
 # A starved request, once running, sorts first in `running` (the last preemption victim).
 FIRST_SCORE = -math.inf
+
+
+def _timed(method):
+    """Adds the time spent in a method vLLM calls (outermost call only) to the queue's `busy_s`: that
+    work runs inside vLLM's schedule() and add/abort paths, and is PARS code all the same."""
+
+    @functools.wraps(method)
+    def timed(self, *args):
+        if self._in_timed:
+            return method(self, *args)
+        self._in_timed = True
+        start = time.perf_counter()
+        try:
+            return method(self, *args)
+        finally:
+            self.busy_s += time.perf_counter() - start
+            self._in_timed = False
+
+    return timed
 
 
 class _Entry:
@@ -66,6 +86,8 @@ class PARSRequestQueue(RequestQueue):
         self._seq = itertools.count()
         self._first = itertools.count()
         self._dead = 0
+        self.busy_s = 0.0  # seconds spent in the methods vLLM calls (`_timed`)
+        self._in_timed = False
 
     # -- scoring and the clock --------------------------------------------------------------
     def flush(self) -> None:
@@ -112,6 +134,7 @@ class PARSRequestQueue(RequestQueue):
             request.pars_first = next(self._first)
 
     # -- RequestQueue -------------------------------------------------------------------------
+    @_timed
     def add_request(self, request: Request) -> None:
         self._first_seen(request)
         if hasattr(request, "pars_key"):
@@ -119,10 +142,12 @@ class PARSRequestQueue(RequestQueue):
         else:
             self._pending.append(request)
 
+    @_timed
     def prepend_request(self, request: Request) -> None:
         # Preempted or skipped requests re-enter by their score, not at the front.
         self._push(request)
 
+    @_timed
     def prepend_requests(self, requests: Iterable[Request]) -> None:
         for request in requests:
             self._push(request)
@@ -144,9 +169,11 @@ class PARSRequestQueue(RequestQueue):
             raise IndexError("peek from an empty PARS queue")
         return score[0][3], False
 
+    @_timed
     def peek_request(self) -> Request:
         return self._select()[0].request
 
+    @_timed
     def pop_request(self) -> Request:
         entry, starved = self._select()
         request = entry.request  # before _kill drops it
@@ -172,9 +199,11 @@ class PARSRequestQueue(RequestQueue):
             heapq.heapify(self._by_age)
             self._dead = 0
 
+    @_timed
     def remove_request(self, request: Request) -> None:
         self.remove_requests((request,))
 
+    @_timed
     def remove_requests(self, requests: Iterable[Request]) -> None:
         gone = set(requests)
         if self._pending:

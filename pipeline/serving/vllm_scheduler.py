@@ -171,6 +171,7 @@ class PARSSchedulerMixin:
         self.policy = SchedulingPolicy.FCFS
         self.waiting = PARSRequestQueue(self._pars_key_arrivals, cfg.starvation_s)
         self._pars_running_dirty = False
+        self._pars_busy_counted = 0.0  # the queue's busy_s already added to pars_stats["overhead_s"]
         # Scores seen so far; their mean is where a not-yet-scored request waits (the middle of the
         # queue: neither ahead of every scored request nor behind them all). Before the first score:
         # the checkpoint's median val score (export's typical_score), else 0.
@@ -423,6 +424,7 @@ class PARSSchedulerMixin:
     # -- the scheduling step -----------------------------------------------------------------------
     def schedule(self, *args, **kwargs):
         start = time.perf_counter()
+        busy_before = self.waiting.busy_s
         if self.pars_worker is not None:
             for batch in self.pars_worker.take():  # never waits: only what is already scored
                 self._pars_apply(batch)
@@ -439,9 +441,13 @@ class PARSSchedulerMixin:
             self._pars_running_dirty = True  # admissions were appended at the end of `running`
         end = time.perf_counter()
         stats = self.pars_stats
-        stats["last_overhead_s"] = mid - start
-        stats["overhead_s"] += mid - start
-        stats["max_overhead_s"] = max(stats["max_overhead_s"], mid - start)
+        # PARS time in this call: the work above, and the queue work vLLM did inside schedule();
+        # the total also takes the queue work of add/abort calls since the last schedule()
+        this_call = (mid - start) + (self.waiting.busy_s - busy_before)
+        stats["last_overhead_s"] = this_call
+        stats["overhead_s"] += this_call + (busy_before - self._pars_busy_counted)
+        stats["max_overhead_s"] = max(stats["max_overhead_s"], this_call)
+        self._pars_busy_counted = self.waiting.busy_s
         stats["schedule_s"] += end - start
         stats["num_schedule_calls"] += 1
         return output

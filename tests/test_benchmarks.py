@@ -1,0 +1,167 @@
+"""Unit checks of the benchmark scripts' bookkeeping (no engine, no training, no dvc)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
+
+
+@pytest.fixture
+def bench(monkeypatch):
+    """Import benchmarks/<name>.py as a module (engine_bench sets an env default: undone after)."""
+
+    def load(name: str):
+        monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING", "0"))
+        monkeypatch.syspath_prepend(str(BENCHMARKS))
+        spec = importlib.util.spec_from_file_location(name, BENCHMARKS / f"{name}.py")
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        return module
+
+    return load
+
+
+# -- engine_bench ----------------------------------------------------------------------------------
+def test_engine_bench_stats_subtract_totals_only_and_max_is_the_bursts(bench):
+    eb = bench("engine_bench")
+    live = {"overhead_s": 1.0, "num_scored": 3, "max_overhead_s": 0.5, "last_overhead_s": 0.2}
+    eb.reset_gauges(live)  # after the warm-up
+    assert live == {"overhead_s": 1.0, "num_scored": 3, "max_overhead_s": 0.0, "last_overhead_s": 0.0}
+    before = dict(live)
+    live.update(overhead_s=1.25, num_scored=13, max_overhead_s=0.01, last_overhead_s=0.003)  # the burst
+    stats = eb.burst_stats(before, live)
+    assert stats == {"overhead_s": 0.25, "num_scored": 10, "max_overhead_s": 0.01, "last_overhead_s": 0.003}
+
+
+def test_engine_bench_refuses_a_request_short_of_its_tokens(bench):
+    eb = bench("engine_bench")
+    eb.check_token_counts("pars", {"0": 5, "1": 7}, {"0": 5, "1": 7})
+    with pytest.raises(RuntimeError, match=r"engine_bench pars: 1 request\(s\) .*request 1: 3 of 7 tokens"):
+        eb.check_token_counts("pars", {"0": 5, "1": 3}, {"0": 5, "1": 7})
+
+
+# -- engine_draws ----------------------------------------------------------------------------------
+def test_engine_draws_unscored_requests_wait_at_the_typical_score(bench, monkeypatch, tmp_path):
+    import transformers
+
+    import pipeline.queueing.simulator as simulator
+    import pipeline.serving.scorer as scorer_mod
+
+    ed = bench("engine_draws")
+    checkpoint = tmp_path / "ckpt"
+    checkpoint.mkdir()
+    (checkpoint / "pars.json").write_text("{}")
+    fidelity = tmp_path / "fidelity.json"
+    engine = {"M": 4096, "chunk": 256, "token_budget": 256, "max_num_seqs": 2, "block_size": 16}
+    fidelity.write_text(
+        json.dumps(
+            {
+                "scoring_rate_prompts_per_s": 5.0,
+                "engine": engine,
+                "step_model": {"c0_s": 0.01, "c1_s_per_token": 0.001},
+            }
+        )
+    )
+    rng = np.random.default_rng(0)
+    workload = [
+        {"prompt_id": f"p{i}", "prompt": f"prompt {i}", "ids": [1] * int(rng.integers(5, 40)), "length": int(n)}
+        for i, n in enumerate(rng.integers(1, 60, 12))
+    ]
+
+    class FakeScorer:
+        typical_score = 3.5
+
+        def score(self, texts):
+            return [float(t.split()[1]) for t in texts]
+
+    calls = []
+    real = simulator.simulate
+
+    def spy(*args, **kwargs):
+        calls.append(kwargs)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(simulator, "simulate", spy)
+    monkeypatch.setattr(scorer_mod.Scorer, "from_pretrained", classmethod(lambda cls, path: FakeScorer()))
+    monkeypatch.setattr(transformers.AutoTokenizer, "from_pretrained", lambda *a, **k: object())
+    monkeypatch.setattr(ed, "read_split", lambda *a: None)
+    monkeypatch.setattr(ed, "draw_workload", lambda frame, draw, tok, ids: workload[: draw.num_prompts])
+    out = tmp_path / "draws.json"
+    argv = ["--checkpoint", str(checkpoint), "--fidelity", str(fidelity), "--sizes", "10", "--draws", "2"]
+    assert ed.main([*argv, "--out-json", str(out), "--plot", str(tmp_path / "draws.png")]) == 0
+    pars = [c for c in calls if c.get("key_ready") is not None]
+    assert len(pars) == 2 and all(c["first_provisional"] == 3.5 and c["sort_running"] for c in pars)
+    assert sum(c.get("sort_running", False) for c in calls) == 4  # pars and oracle, each draw
+    assert json.loads(out.read_text())["first_provisional_score"] == 3.5
+
+
+# -- cold_repro ------------------------------------------------------------------------------------
+def _events(lines):
+    return [(float(t), f"{text}\n") for t, text in lines]
+
+
+def test_cold_repro_times_ran_skipped_and_restored_stages_apart(bench):
+    cr = bench("cold_repro")
+    events = _events(
+        [
+            (1, "Running stage 'prepare':"),
+            (2, "> pars prepare"),
+            (10, "Stage 'lengths' didn't change, skipping"),
+            (11, "'data/raw.dvc' didn't change, skipping"),
+            (12, "Stage 'train@x' is cached - skipping run, checking out outputs"),
+            (15, "Running stage 'evaluate':"),
+        ]
+    )
+    out = cr.summary(events, 20.0)
+    assert out["stages_s"] == {"prepare": 9.0, "evaluate": 5.0}  # prepare ends at the next stage line
+    assert out["skipped"] == ["lengths", "data/raw.dvc"] and "in git" in out["skipped_why"]
+    assert out["restored_s"] == {"train@x": 3.0} and out["cold"] is False
+    assert "benchmarks/engine_bench.py" in out["not_in_repro"] and "unrecognised" not in out
+
+
+def test_cold_repro_flags_a_stage_line_it_does_not_know(bench):
+    cr = bench("cold_repro")
+    out = cr.summary(_events([(1, "Running stage 'a':"), (4, "Stage 'b' did something new"), (6, "x")]), 9.0)
+    assert out["stages_s"] == {"a": 3.0} and out["unrecognised"] == ["Stage 'b' did something new"]
+    assert cr.summary(_events([(1, "Running stage 'a':")]), 2.0)["cold"] is True
+
+
+# -- train_throughput ------------------------------------------------------------------------------
+def test_train_throughput_pools_repeats_consistently(bench):
+    tt = bench("train_throughput")
+    run = {"config": "c", "steps": 60, "prompts_encoded": 600, "pairs": 1000, "train_s": 10.0}
+    run.update(prompts_per_s=60.0, pairs_per_s=100.0, cache_s=2.0, epoch_prompts=300, val_tau_b=0.4)
+    other = {**run, "steps": 60, "prompts_encoded": 600, "pairs": 1000, "train_s": 20.0, "prompts_per_s": 30.0}
+    row = tt.pooled([run, other])
+    assert (row["steps"], row["prompts_encoded"], row["pairs"], row["train_s"]) == (120, 1200, 2000, 30.0)
+    assert row["prompts_per_s"] == 40.0 and row["pairs_per_s"] == round(2000 / 30, 2)
+    assert row["steps_runs"] == [60, 60] and row["prompts_per_s_runs"] == [60.0, 30.0] and row["runs"] == 2
+    single = tt.pooled([run])
+    assert single["steps"] == 60 and single["prompts_encoded"] == 600 and single["runs"] == 1
+
+
+# -- seed_spread -----------------------------------------------------------------------------------
+def test_seed_spread_retrains_when_any_train_setting_changed(bench, monkeypatch, tmp_path):
+    ss = bench("seed_spread")
+    ckpt = tmp_path / "seed1" / "toy" / "pairwise"
+    ckpt.mkdir(parents=True)
+    cfg = {"lr": 1e-4, "seed": 1, "max_length": 16, "encoder": "tiny", "epochs": 2, "pooling": "cls"}
+    cfg["lexical_prior"] = {"ngram_max": 2, "folds": 5}
+    cfg["wandb"] = {"project": "pars"}
+    meta = {"training": {"lr": 1e-4, "seed": 1}, "max_length": 16, "encoder": "tiny"}
+    monkeypatch.setattr(ss, "read_meta", lambda path: meta)
+    assert ss.stale(ckpt, cfg)  # no stored train section: which settings made it is unknown
+    ss.write_json(ss.settings(cfg), ss.settings_path(ckpt))
+    assert ss.settings_path(ckpt).name == "pairwise.train.json"
+    assert not ss.stale(ckpt, cfg)
+    assert not ss.stale(ckpt, {**cfg, "wandb": {"project": "other"}})  # logging only
+    assert ss.stale(ckpt, {**cfg, "epochs": 3})  # not in pars.json's record
+    assert ss.stale(ckpt, {**cfg, "lexical_prior": {"ngram_max": 2, "folds": 3}})
+    assert ss.stale(ckpt, {**cfg, "lr": 2e-4})  # in pars.json's record
