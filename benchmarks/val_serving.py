@@ -30,6 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from pipeline.contracts import generations_path, prompts_path, write_json  # noqa: E402
 from pipeline.params import load_params  # noqa: E402
+from pipeline.queueing.policies import on_pars_scheduler  # noqa: E402
 from pipeline.ranking.metrics import kendall_tau_b  # noqa: E402
 
 # answer-length buckets (tokens) of the excess-over-oracle breakdown: (lo, hi] each
@@ -108,7 +109,7 @@ def main(argv: list[str] | None = None) -> int:
     arrival = burst(len(req))
     results = {
         name: simulate(
-            arrival, s, o, key=arrival.copy() if key is None else key, config=cfg, sort_running=key is not None
+            arrival, s, o, key=arrival.copy() if key is None else key, config=cfg, sort_running=on_pars_scheduler(name)
         )
         for name, key in keys.items()
     }

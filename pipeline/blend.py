@@ -240,10 +240,10 @@ def fit_decoder_blend(
     encoder_val: dict[str, np.ndarray],
     settings: dict,
     seed: int = 0,
-    features=None,
+    decoder=None,
 ) -> tuple[object, dict]:
     """(DecoderPrior, facts): the decoder ridge's alpha, then w, chosen on val as the module says
-    (`features`: the decoder as load_decoder gives it, loaded here if not given)."""
+    (`decoder`: the DecoderFeatures load_decoder gives, loaded here if not given)."""
     from pipeline.ranking.decoder import DecoderPrior, DecoderRidge
 
     cfg = decoder_settings(settings["decoder"])
@@ -251,11 +251,11 @@ def fit_decoder_blend(
     train = pd.concat([splits[m]["train"] for m in members], ignore_index=True)
     if len(train) > cfg["max_train_prompts"]:
         train = train.sample(n=cfg["max_train_prompts"], random_state=seed).reset_index(drop=True)
-    features = features if features is not None else load_decoder(settings)
+    decoder = decoder if decoder is not None else load_decoder(settings)
     t0 = time.perf_counter()
     print(f"blend: decoder features of {len(train)} train prompts ({cfg['path']})", flush=True)
-    x_train = features.embed(train["prompt"].tolist(), cfg["batch_size"], progress=True)
-    x_val = {m: features.embed(splits[m]["val"]["prompt"].tolist(), cfg["batch_size"]) for m in members}
+    x_train = decoder.embed(train["prompt"].tolist(), cfg["batch_size"], progress=True)
+    x_val = {m: decoder.embed(splits[m]["val"]["prompt"].tolist(), cfg["batch_size"]) for m in members}
     embed_s = time.perf_counter() - t0
     fits = DecoderRidge.fit_grid(x_train, train["length"].to_numpy(), cfg["alphas"])
     alpha_rows = []
@@ -286,7 +286,7 @@ def fit_decoder_blend(
         "encoder_val_tau_b": mean_val_tau(encoder_val, splits)[0],
         "decoder_val_tau_b": best["val_tau_b"],
     }
-    return DecoderPrior(features, ridge, cfg["batch_size"]), facts
+    return DecoderPrior(decoder, ridge, cfg["batch_size"]), facts
 
 
 def write_plot(facts: dict, name: str, out: Path, features: str = "tfidf") -> None:
@@ -358,7 +358,7 @@ def run(
         attach, summary = attach_lexical, f"TF-IDF alone {facts['lexical_val_tau_b']:.3f}"
         weights = {"encoder_weight": facts["encoder_weight"], "lexical_weight": facts["lexical_weight"]}
     else:
-        added, facts = fit_decoder_blend(members, splits, encoder_val, params, features=decoder)
+        added, facts = fit_decoder_blend(members, splits, encoder_val, params, decoder=decoder)
         attach, summary = attach_decoder, f"decoder ridge alone {facts['decoder_val_tau_b']:.3f}"
         weights = {"score_weight": facts["score_weight"], "decoder_weight": facts["decoder_weight"]}
     source_weight, added_weight = weights.values()

@@ -3,7 +3,7 @@
 For each predictor (train model X, method) and eval model Y, per dataset and overall:
 Kendall tau_b of scores against mean answer lengths with a bootstrap 95% interval, pair accuracy
 on delta-filtered test pairs, and paired bootstraps of the gains over the prompt-length baseline
-and over the TF-IDF + ridge reference; for an eval model with answers cut at max_tokens, Harrell's C
+and over the TF-IDF + ridge reference; for an eval model with cut answers (at max_tokens, by a filter or an abort), Harrell's C
 too (pairs whose order the cut leaves known). References on the same prompts: the noise ceiling (tau_b
 between two samples' lengths, models with k >= 2), the prompt-length baseline (tau_b of prompt
 tokens, counted with the packaged MiniLM tokenizer by default, untruncated, no special tokens) and
@@ -171,7 +171,7 @@ def _tau_block(
     scores: pd.Series, lab: pd.DataFrame, idx: np.ndarray, level: float, delta: float, censored: bool = False
 ) -> tuple[dict, np.ndarray]:
     """tau_b of `scores` against `lab`'s lengths with its bootstrap (over `idx`) and pair accuracy.
-    `censored` (the eval model has answers cut at max_tokens): Harrell's C too, on the same resamples,
+    `censored` (the eval model has cut answers: max_tokens, a filter or an abort): Harrell's C too, on the same resamples,
     since tau_b takes a cut length as exact."""
     s = scores.to_numpy(dtype=float)
     lengths = lab["length"].to_numpy()

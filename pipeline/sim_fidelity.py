@@ -35,7 +35,7 @@ import numpy as np
 from pipeline.contracts import read_json, write_json
 from pipeline.errors import PARSError
 from pipeline.params import Section, load_params
-from pipeline.queueing.policies import policy_key
+from pipeline.queueing.policies import on_pars_scheduler, policy_key
 from pipeline.serving.pars_config import SCORING_CHUNK_BATCHES, PARSConfig
 
 METRICS = Path("metrics/sim_fidelity.json")
@@ -185,7 +185,7 @@ def replay(
             config=cfg,
             key_ready=ready if late else None,
             first_provisional=first,
-            sort_running=policy != "fcfs",  # pars and oracle ran on the PARS scheduler
+            sort_running=on_pars_scheduler(policy),
         )
     return out
 

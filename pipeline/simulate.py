@@ -30,7 +30,7 @@ from pipeline.contracts import GENERATIONS, PROMPTS, generations_path, prompts_p
 from pipeline.errors import PARSError
 from pipeline.params import Section, load_params
 from pipeline.queueing import theory as th
-from pipeline.queueing.policies import POLICIES, SCORE_METHODS, policy_key
+from pipeline.queueing.policies import POLICIES, SCORE_METHODS, on_pars_scheduler, policy_key
 from pipeline.ranking.metrics import kendall_tau_b
 
 METRICS = Path("metrics/simulation.json")
@@ -250,8 +250,7 @@ def run_policies(
     for policy in policies:
         sc = scores[policy].reindex(req.prompt_id).to_numpy() if policy in SCORE_METHODS else None
         key = policy_key(policy, arrival, o, sc, rng=np.random.default_rng(seed))
-        # every policy but FCFS runs on the PARS scheduler, which keeps `running` in key order
-        results[policy] = simulate(arrival, s, o, key=key, config=cfg, sort_running=policy != "fcfs")
+        results[policy] = simulate(arrival, s, o, key=key, config=cfg, sort_running=on_pars_scheduler(policy))
         tau = kendall_tau_b(key, o)
         # a constant key (FCFS in a burst) is served in arrival order: that order's tau
         taus[policy] = tau if np.isfinite(tau) else kendall_tau_b(np.arange(o.size), o)
@@ -284,7 +283,7 @@ def quality_curve(req: pd.DataFrame, arrival: np.ndarray, cfg, noise: list[float
     points = []
     for sigma in noise:
         scores = np.log1p(o) + float(sigma) * z
-        row = simulate(arrival, s, o, key=scores, config=cfg, sort_running=True).summary()
+        row = simulate(arrival, s, o, key=scores, config=cfg, sort_running=on_pars_scheduler("pars")).summary()
         points.append(
             {
                 "noise_sigma": float(sigma),

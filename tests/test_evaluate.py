@@ -314,7 +314,7 @@ def test_evaluate_core_on_hand_made_scores(tmp_path):
     rows = {line.split(" | ")[0]: line for line in md.splitlines() if line.startswith("| ")}
     assert "; C 1.000 (1.00–1.00)" in rows["| oracle"] and "; C 0.000" in rows["| reverse"]
     assert "; C " in rows["| *prompt length (tokens)*"] and "; C " not in rows["| *noise ceiling (sample vs sample)*"]
-    assert "- C: Harrell's C beside τ_b where answers were cut at max_tokens" in md
+    assert "- C: Harrell's C beside τ_b where answers were cut (¶)" in md
 
     # a test prompt whose text is a train prompt of another dataset (case and spacing aside) is left
     # out of every figure; its score may be there, and nothing else moves

@@ -85,7 +85,8 @@ def test_overhead_counts_the_queue_work_vllm_does_inside_schedule(make_scheduler
     cls, _ = _pick("sync")
     sched = make_scheduler(cls, max_num_seqs=2)
     ticks = iter(range(1, 10**6))
-    # each perf_counter() reading 1 s later: every timed stretch, however short, counts whole seconds
+    # every time.perf_counter() reading (process-wide: pars_queue.time is the time module) 1 s later
+    # than the last: each timed stretch, however short, counts whole seconds
     monkeypatch.setattr(pars_queue.time, "perf_counter", lambda: float(next(ticks)))
     eng = FakeEngine(sched, False)
     for rid in "abc":
@@ -143,7 +144,7 @@ def test_checkpoint_scores_in_one_batch_at_schedule(make_scheduler, checkpoint, 
 
 def hold_scoring(sched, batches=None, entered=None):
     """Hold the background scorer until the returned event is set. The worker blocks as it starts a
-    batch, before it reads anything of its requests (whether they finished, their prompts), so what
+    batch, before it reads their prompts or whether they finished, so what
     the test does meanwhile happens before that, however the threads are scheduled. Each batch's
     request ids are appended to `batches`; `entered` is set once the worker holds a batch."""
     import threading

@@ -12,6 +12,12 @@ POLICIES = ("fcfs", "pars", "pointwise", "listwise", "oracle", "random")
 SCORE_METHODS = {"pars": "pairwise", "pointwise": "pointwise", "listwise": "listwise"}
 
 
+def on_pars_scheduler(policy: str) -> bool:
+    """Whether the engine serves `policy` with the PARS scheduler (which keeps `running` in key order,
+    the simulator's `sort_running`): every policy but FCFS, which is vLLM's own scheduler."""
+    return policy != "fcfs"
+
+
 def policy_key(
     policy: str,
     arrival: np.ndarray,

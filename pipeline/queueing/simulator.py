@@ -2,7 +2,8 @@
 with what vLLM's (V1) scheduler does.
 
 Per step (one forward pass of the engine):
-  1. running requests, in admission order, are scheduled first: a decoding request takes one
+  1. running requests, in admission order (the PARS scheduler's: in key order, `sort_running`), are
+     scheduled first: a decoding request takes one
      token, a prefilling one a chunk of at most `chunk` tokens (and what is left of the step's
      token budget). KV for those tokens is allocated first; when memory runs out the
      lowest-priority running request is preempted (recompute: its KV is freed, it goes back to
@@ -219,7 +220,7 @@ def _heap_drop_stale(heap, size, req):
 
 # ---------------------------------------------------------------- the parts of a step
 # Loop state kept in scalars (returned by the helpers that change it):
-#   running[:n_run]  running requests in admission order;  free  KV blocks free;
+#   running[:n_run]  running requests in admission (or, sort_running, key) order;  free  KV blocks free;
 #   kv_total         KV tokens held by all;  heap_size  entries in the waiting-queue heap.
 # Waiting requests are counted, not kept: next_arrival - n_run - n_done.
 
@@ -383,7 +384,7 @@ def _preempt_lowest(req, running, n_run, free, kv_total, heap, heap_size, t, sta
     if it has waited `starvation_s` since arrival by time t.
     Returns (victim, its position in running, n_run, free, kv_total, heap_size, tokens dropped)."""
     pos = 0
-    for p in range(1, n_run):  # `running` is in admission order: >= moves ties to the latest
+    for p in range(1, n_run):  # ties in `running` are in admission order: >= moves them to the latest
         if req[running[p]].key >= req[running[pos]].key:
             pos = p
     v = running[pos]
@@ -421,7 +422,7 @@ def _sort_running(req, running, n_run):
 
 @njit(cache=True)
 def _schedule_running(req, eng, t, running, n_run, free, kv_total, heap, heap_size):
-    """Schedule the running requests in admission order at time t: a decoding request takes one
+    """Schedule the running requests in `running`'s order at time t: a decoding request takes one
     token, a prefilling one a chunk (at most what is left of the budget), preempting while their KV
     does not fit. Returns (tokens, preempted, n_run, free, kv_total, heap_size)."""
     block = eng.block_size

@@ -4,7 +4,7 @@ Rows are methods (plus the references), columns dataset × eval model. A cell us
 predictor trained on that column's model when there is one (in-domain, as in the paper), else the
 first trained model's predictor, marked † (a transfer). A predictor whose paired-bootstrap gain over
 the prompt-length baseline is not clearly above zero is marked ✗, over the TF-IDF + ridge reference ‡.
-An eval model with answers cut at max_tokens also shows Harrell's C beside each τ_b.
+An eval model with cut answers (max_tokens, a content filter, an abort) also shows Harrell's C beside each τ_b.
 Then the cross-model transfer tables and pairwise minus each other method (paired bootstrap).
 """
 
@@ -168,7 +168,7 @@ def render_markdown(ranking: dict, estimated_ceilings: list[dict] | None = None)
     # evaluate writes C in every cell of a model with cut answers, its prompt-length reference included
     if any("harrell_c" in ranking["references"][m][g]["prompt_length"] for m, g in cols):
         notes.append(
-            "C: Harrell's C beside τ_b where answers were cut at max_tokens: a cut length is only a lower bound, "
+            "C: Harrell's C beside τ_b where answers were cut (¶): a cut length is only a lower bound, "
             "so τ_b, which takes it as exact, also scores pairs of unknown order; C counts only pairs whose order "
             "is known (labels differ and the shorter is uncut), score ties ½, 0.5 = chance."
         )

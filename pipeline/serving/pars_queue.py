@@ -28,13 +28,13 @@ def _timed(method):
     work runs inside vLLM's schedule() and add/abort paths, and is PARS code all the same."""
 
     @functools.wraps(method)
-    def timed(self, *args):
+    def timed(self, *args, **kwargs):
         if self._in_timed:
-            return method(self, *args)
+            return method(self, *args, **kwargs)
         self._in_timed = True
         start = time.perf_counter()
         try:
-            return method(self, *args)
+            return method(self, *args, **kwargs)
         finally:
             self.busy_s += time.perf_counter() - start
             self._in_timed = False

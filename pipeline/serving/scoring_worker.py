@@ -68,8 +68,9 @@ class ScoringWorker:
     def submit(self, item: Any) -> None:
         if self._closed:
             raise RuntimeError("the scoring worker is closed")
-        self._submitted += 1
-        self._idle.clear()
+        with self._lock:  # against _count_finished setting idle from a stale count
+            self._submitted += 1
+            self._idle.clear()
         self._inbox.put(item)
 
     def take(self) -> list[ScoredBatch]:
