@@ -24,20 +24,17 @@ FIRST_SCORE = -math.inf
 
 
 def _timed(method):
-    """Adds the time spent in a method vLLM calls (outermost call only) to the queue's `busy_s`: that
-    work runs inside vLLM's schedule() and add/abort paths, and is PARS code all the same."""
+    """Adds the time spent in a method vLLM calls to the queue's `busy_s`: that work runs inside
+    vLLM's schedule() and add/abort paths, and is PARS code all the same. (No timed method calls
+    another, so nothing is counted twice.)"""
 
     @functools.wraps(method)
     def timed(self, *args, **kwargs):
-        if self._in_timed:
-            return method(self, *args, **kwargs)
-        self._in_timed = True
         start = time.perf_counter()
         try:
             return method(self, *args, **kwargs)
         finally:
             self.busy_s += time.perf_counter() - start
-            self._in_timed = False
 
     return timed
 
@@ -87,7 +84,6 @@ class PARSRequestQueue(RequestQueue):
         self._first = itertools.count()
         self._dead = 0
         self.busy_s = 0.0  # seconds spent in the methods vLLM calls (`_timed`)
-        self._in_timed = False
 
     # -- scoring and the clock --------------------------------------------------------------
     def flush(self) -> None:
@@ -199,8 +195,7 @@ class PARSRequestQueue(RequestQueue):
             heapq.heapify(self._by_age)
             self._dead = 0
 
-    @_timed
-    def remove_request(self, request: Request) -> None:
+    def remove_request(self, request: Request) -> None:  # timed in remove_requests
         self.remove_requests((request,))
 
     @_timed

@@ -171,7 +171,7 @@ class PARSSchedulerMixin:
         self.policy = SchedulingPolicy.FCFS
         self.waiting = PARSRequestQueue(self._pars_key_arrivals, cfg.starvation_s)
         self._pars_running_dirty = False
-        self._pars_busy_counted = 0.0  # the queue's busy_s already added to pars_stats["overhead_s"]
+        self._pars_step_s = 0.0  # PARS time around vLLM's schedule() calls (the queue keeps its own)
         # Scores seen so far; their mean is where a not-yet-scored request waits (the middle of the
         # queue: neither ahead of every scored request nor behind them all). Before the first score:
         # the checkpoint's median val score (export's typical_score), else 0.
@@ -442,12 +442,12 @@ class PARSSchedulerMixin:
         end = time.perf_counter()
         stats = self.pars_stats
         # PARS time in this call: the work above, and the queue work vLLM did inside schedule();
-        # the total also takes the queue work of add/abort calls since the last schedule()
+        # the total: all PARS time so far, the queue's work on adds and aborts included
         this_call = (mid - start) + (self.waiting.busy_s - busy_before)
+        self._pars_step_s += mid - start
         stats["last_overhead_s"] = this_call
-        stats["overhead_s"] += this_call + (busy_before - self._pars_busy_counted)
+        stats["overhead_s"] = self._pars_step_s + self.waiting.busy_s
         stats["max_overhead_s"] = max(stats["max_overhead_s"], this_call)
-        self._pars_busy_counted = self.waiting.busy_s
         stats["schedule_s"] += end - start
         stats["num_schedule_calls"] += 1
         return output
