@@ -347,22 +347,15 @@ def test_a_bad_decoder_is_refused_before_any_scoring(toy_models, tiny_decoder, t
     template, fewer layers than `layers` reads, or layers not under `.layers` fail at once, naming
     blend.decoder.path."""
     import copy
+    import shutil
 
-    from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
+    from transformers import GPT2Config, GPT2LMHeadModel
 
     from pipeline.serving.scorer import Scorer
 
-    no_template = toy_models / "no_template"
-    LlamaForCausalLM(
-        LlamaConfig(
-            vocab_size=len(tokenizer),
-            hidden_size=32,
-            intermediate_size=64,
-            num_hidden_layers=4,
-            num_attention_heads=2,
-            num_key_value_heads=1,
-        )
-    ).save_pretrained(no_template)
+    no_template = toy_models / "no_template"  # the tiny decoder without its chat template
+    shutil.copytree(tiny_decoder, no_template)
+    (no_template / "chat_template.jinja").unlink(missing_ok=True)
     untemplated = copy.deepcopy(tokenizer)
     untemplated.chat_template = None
     untemplated.save_pretrained(no_template)
