@@ -184,13 +184,22 @@ def read_json(path: str | Path, what: type = dict) -> Any:
     return obj
 
 
-def write_json(obj: Any, path: str | Path) -> Path:
-    """Write JSON atomically, pretty-printed (metrics files are read by people and by DVC)."""
+def write_text(text: str, path: str | Path) -> Path:
+    """Write `text` (UTF-8) atomically: via a temp file and a rename, so an interrupted write leaves
+    the old file (or none), never half of one."""
     path = ensure_parent(path)
     tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(json.dumps(obj, indent=2, sort_keys=False, default=_json_default) + "\n", encoding="utf-8")
-    os.replace(tmp, path)
+    try:
+        tmp.write_text(text, encoding="utf-8")
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
     return path
+
+
+def write_json(obj: Any, path: str | Path) -> Path:
+    """Write JSON atomically, pretty-printed (metrics files are read by people and by DVC)."""
+    return write_text(json.dumps(obj, indent=2, sort_keys=False, default=_json_default) + "\n", path)
 
 
 def _json_default(obj: Any) -> Any:

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 from pathlib import Path
 
@@ -20,7 +19,7 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from pipeline.contracts import ensure_parent, write_table
+from pipeline.contracts import ensure_parent, write_table, write_text
 from pipeline.errors import PARSError
 
 ID_FIELDS = ("prompt_id", "id")
@@ -172,13 +171,7 @@ def main(argv: list[str] | None = None) -> int:
         # that follow Unicode line breaks (Python's str.splitlines)
         text = out.to_json(orient="records", lines=True, force_ascii=True) if len(out) else ""
         if args.output:
-            path = Path(args.output)
-            tmp = path.with_name(f".{path.name}.tmp")
-            try:
-                tmp.write_text(text, encoding="utf-8")
-                os.replace(tmp, path)
-            finally:
-                tmp.unlink(missing_ok=True)
+            write_text(text, args.output)
         else:
             sys.stdout.write(text)
     print(f"score: {len(records)} prompts scored with {args.checkpoint}", file=sys.stderr)
