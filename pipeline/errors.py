@@ -7,6 +7,7 @@ user gave. The message names the flag, file, line or params key, and says what i
 from __future__ import annotations
 
 import math
+from typing import Any
 
 
 class PARSError(Exception):
@@ -39,3 +40,12 @@ def check_number(
         raise PARSError(f"{flag} {value}: must be below {below:g}")
     if maximum is not None and value > maximum:
         raise PARSError(f"{flag} {value}: must be at most {maximum:g}")
+
+
+def plain_name(name: Any) -> bool:
+    """A directory name that stays in its parent: a non-empty string, no path separator, not . or .."""
+    return (
+        isinstance(name, str)
+        and name.strip() not in ("", ".", "..")
+        and not any(sep in name for sep in ("/", "\\", "\0"))
+    )

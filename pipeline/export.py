@@ -19,10 +19,10 @@ import json
 import math
 from pathlib import Path
 
-from pipeline.errors import PARSError
+from pipeline.errors import PARSError, plain_name
 from pipeline.hashing import sha256_file
 from pipeline.params import Section, load_params
-from pipeline.ranking.checkpoint import META, TYPICAL_SCORE, copy_checkpoint, plain_name, read_meta
+from pipeline.ranking.checkpoint import META, TYPICAL_SCORE, copy_checkpoint, read_meta
 
 
 def export_dir(name: str, root: str | Path = "models/export") -> Path:

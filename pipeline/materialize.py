@@ -12,9 +12,8 @@ import time
 from pathlib import Path
 
 from pipeline.backends.gguf import materialize_gguf
-from pipeline.errors import PARSError
+from pipeline.errors import PARSError, plain_name
 from pipeline.params import load_params
-from pipeline.ranking.checkpoint import plain_name
 
 OUT_ROOT = Path("models/base")
 

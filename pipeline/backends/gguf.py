@@ -8,8 +8,7 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
-from pipeline.errors import PARSError
-from pipeline.ranking.checkpoint import plain_name
+from pipeline.errors import PARSError, plain_name
 from pipeline.sources.base import package_file
 
 

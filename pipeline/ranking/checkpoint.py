@@ -18,6 +18,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from pipeline.errors import plain_name
 from pipeline.hashing import sha256_file
 
 FORMAT_VERSION = 1
@@ -106,15 +107,6 @@ def read_meta(path: str | Path, verify_hash: bool = True) -> dict[str, Any]:
                 f"({str(meta.get('weights_sha256'))[:12]}…); the weights are corrupt or were replaced"
             )
     return meta
-
-
-def plain_name(name: Any) -> bool:
-    """A directory name that stays in its parent: a non-empty string, no path separator, not . or .."""
-    return (
-        isinstance(name, str)
-        and name.strip() not in ("", ".", "..")
-        and not any(sep in name for sep in ("/", "\\", "\0"))
-    )
 
 
 def check_destination(src: Path, dst: Path) -> None:
