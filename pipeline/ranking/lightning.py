@@ -115,7 +115,7 @@ class RankerModule(L.LightningModule):
 
     def training_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> torch.Tensor:
         scores = self.batch_scores(batch)
-        loss = self.loss_fn(scores, batch["lengths"].to(scores.dtype), batch["pairs"])
+        loss = self.loss_fn(scores, batch["lengths"].to(scores.dtype), batch["pairs"], batch.get("truncated"))
         n, m = int(batch["lengths"].shape[0]), int(batch["pairs"].shape[0])
         self.prompts_encoded += n
         self.pairs_seen += m if self.method == "pairwise" else 0

@@ -1,12 +1,15 @@
 """The three training objectives, as small plain functions with one shared signature:
 
-    loss(scores, lengths, pairs) -> scalar tensor
+    loss(scores, lengths, pairs, truncated=None) -> scalar tensor
 
 `scores` (n,) are the model's outputs for the n prompts of a batch (higher = longer answer),
 `lengths` (n,) their label lengths (mean output tokens), and `pairs` (m, 2) a LongTensor of
 index pairs (i, j) into the batch that the pairwise loss compares (label y = sign(len_i - len_j)).
-Pointwise and listwise use every prompt of the batch and ignore `pairs`; keeping one signature
-lets the LightningModule call any method the same way. No Lightning here.
+`truncated` (n,) bool marks labels that are lower bounds (an answer cut at max_tokens,
+`pipeline.ranking.labels`). Pointwise and listwise use every prompt of the batch and ignore
+`pairs`, but honour `truncated`; pairwise ignores `truncated`, since its pairs already obey the
+rule (a cut answer is never the shorter member). Keeping one signature lets the LightningModule
+call any method the same way. No Lightning here.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ def pairwise_loss(
     scores: torch.Tensor,
     lengths: torch.Tensor,
     pairs: torch.Tensor,
+    truncated: torch.Tensor | None = None,
     margin: float = 1.0,
     margin_per_log_length: float = 0.0,
 ) -> torch.Tensor:
@@ -42,23 +46,52 @@ def pairwise_loss(
     return torch.relu(-y * (scores[i] - scores[j]) + m).mean()
 
 
-def pointwise_loss(scores: torch.Tensor, lengths: torch.Tensor, pairs: torch.Tensor | None = None) -> torch.Tensor:
-    """S3/SSJF family: mean squared error of the score against log(1 + length)."""
+def pointwise_loss(
+    scores: torch.Tensor,
+    lengths: torch.Tensor,
+    pairs: torch.Tensor | None = None,
+    truncated: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """S3/SSJF family: mean squared error of the score against log(1 + length).
+
+    A cut answer's length is a lower bound: scoring it above its label costs nothing, only below
+    (the censored term of a Tobit regression, as a squared hinge)."""
     target = torch.log1p(lengths.to(scores.dtype))
-    return F.mse_loss(scores, target)
+    if truncated is None or not bool(truncated.any()):
+        return F.mse_loss(scores, target)
+    error = scores - target
+    error = torch.where(truncated.to(torch.bool), error.clamp(max=0.0), error)
+    return error.square().mean()
 
 
-def listwise_loss(scores: torch.Tensor, lengths: torch.Tensor, pairs: torch.Tensor | None = None) -> torch.Tensor:
+def listwise_loss(
+    scores: torch.Tensor,
+    lengths: torch.Tensor,
+    pairs: torch.Tensor | None = None,
+    truncated: torch.Tensor | None = None,
+) -> torch.Tensor:
     """vllm-ltr family: ListMLE, the batch being one list ordered by length (longest first).
 
     -log P(order) = sum_k [ logsumexp(s_{pi(k..n)}) - s_{pi(k)} ], divided by n so the scale
     (and hence the learning rate that suits it) does not depend on the batch size.
+
+    With cut answers the order is known only in part: a cut prompt's true length may exceed any
+    prompt listed before it. Each prompt's term then compares it with the prompts surely not
+    longer: itself and the uncut prompts after it (an uncut prompt after a cut one is surely
+    shorter; a cut one after any prompt may be longer). With nothing cut this is ListMLE.
     """
     order = torch.argsort(lengths, descending=True, stable=True)
     s = scores[order]
-    # logsumexp over each suffix s[k:], computed as a reversed cumulative logsumexp.
-    suffix_lse = torch.logcumsumexp(s.flip(0), dim=0).flip(0)
-    return (suffix_lse - s).mean()
+    if truncated is None or not bool(truncated.any()):
+        # logsumexp over each suffix s[k:], computed as a reversed cumulative logsumexp.
+        suffix_lse = torch.logcumsumexp(s.flip(0), dim=0).flip(0)
+        return (suffix_lse - s).mean()
+    uncut = ~truncated.to(torch.bool)[order]
+    # logsumexp over the uncut prompts strictly after k (-inf where there are none)
+    uncut_s = torch.where(uncut, s, torch.full_like(s, float("-inf")))
+    after = torch.logcumsumexp(uncut_s.flip(0), dim=0).flip(0)
+    after = torch.cat([after[1:], after.new_full((1,), float("-inf"))])
+    return (torch.logaddexp(s, after) - s).mean()
 
 
 LOSSES = {"pairwise": pairwise_loss, "pointwise": pointwise_loss, "listwise": listwise_loss}
