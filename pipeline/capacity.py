@@ -463,7 +463,6 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rate", type=float, help="arrival rate to judge (requests/s)")
     ap.add_argument(
         "--workload",
-        default="1:1",
         choices=sorted(th.document_workloads()),
         help="a document 003 workload (default 1:1)",
     )
@@ -484,6 +483,18 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
 
     if args.stage:
+        # the stage takes every setting from the params file: another flag would be silently ignored
+        # (`is not`: a flag given as 0 counts too)
+        ignored = [
+            f"--{k.replace('_', '-')}"
+            for k, v in vars(args).items()
+            if k not in ("stage", "params") and v is not None and v is not False
+        ]
+        if ignored:
+            raise PARSError(
+                f"--stage takes its settings from the params file's capacity section, not from "
+                f"{', '.join(ignored)}: give those without --stage (or edit the params file)"
+            )
         run_stage(load_params("capacity", args.params))
         print(f"wrote {METRICS}, {PLOT_SWEEP}, {PLOT_QUEUE}")
         return 0
@@ -511,7 +522,13 @@ def main(argv: list[str] | None = None) -> int:
         chunk = _setting(args.chunk, "--chunk", True)
     if args.step_time is not None:
         b = _setting(args.step_time, "--step-time", False)
-    check_number(args.rate, "--rate", minimum=0)
+    check_number(args.rate, "--rate", positive=True)
+    # one workload: a second one would be silently ignored
+    sources = [f"--{k}" for k in ("workload", "prompt", "answer", "lengths") if vars(args)[k] is not None]
+    if len(sources) > 1 and sources != ["--prompt", "--answer"]:
+        raise PARSError(
+            f"{' and '.join(sources)}: give one workload (--workload, --prompt with --answer, or --lengths)"
+        )
     if args.lengths:
         w = lengths_workload(args.lengths)
         if w.ess_sup() > 2 * MAX_TOKENS:
@@ -526,7 +543,7 @@ def main(argv: list[str] | None = None) -> int:
             "custom", *parse_lengths(args.prompt, "--prompt"), *parse_lengths(args.answer, "--answer")
         )
     else:
-        w = th.document_workloads()[args.workload]
+        w = th.document_workloads()[args.workload or "1:1"]
     if w.ess_sup() >= M:  # checked before E[g] is computed; theory would refuse it too, less clearly
         raise PARSError(
             f"{m_from} {M:,}: the largest request of the workload ({w.ess_sup():,} tokens) does "

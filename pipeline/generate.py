@@ -197,6 +197,9 @@ def check_spec(model: str, spec: dict[str, Any]) -> Section:
             spec.integer(key, minimum=minimum, optional=key == "max_prompts_per_dataset")
     if "temperature" in spec:
         spec.number("temperature", minimum=0)
+    for key in ("engine_args", "extra_body"):  # passed through to vLLM / the request as keyword arguments
+        if key in spec and not isinstance(spec[key], dict):
+            raise PARSError(f"{where}.{key} {spec[key]!r}: must be a mapping of keys to values")
     for key in ("top_p", "gpu_memory_utilization"):
         if key in spec:
             spec.number(key, positive=True, maximum=1)
@@ -336,11 +339,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--model", required=True, help="a key of generate.models in params.yaml")
     parser.add_argument("--prompts", default=str(prompts_path()))
     parser.add_argument("--out-root", default="data/generations")
+    parser.add_argument("--params", default=None, help="params file (default params.yaml)")
     parser.add_argument(
         "--metrics", default="metrics/generate", help="where <model>.json (this run's counts and speed) goes"
     )
     args = parser.parse_args(argv)
-    params = load_params("generate").only(("models", "recorded_tokenizer"))
+    params = load_params("generate", args.params).only(("models", "recorded_tokenizer"))
     models = params.mapping("models")
     if args.model not in models:
         raise KeyError(f"model {args.model!r} is not in generate.models (have {sorted(map(str, models))})")

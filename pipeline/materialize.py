@@ -21,8 +21,9 @@ OUT_ROOT = Path("models/base")
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="pars materialize", description=__doc__.splitlines()[0])
     parser.add_argument("--out-root", default=str(OUT_ROOT))
+    parser.add_argument("--params", default=None, help="params file (default params.yaml)")
     args = parser.parse_args(argv)
-    params = load_params("materialize")
+    params = load_params("materialize", args.params)
     root = Path(args.out_root)
     specs = {}  # every entry checked before the first (slow) conversion
     for name in params:

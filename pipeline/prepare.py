@@ -58,7 +58,8 @@ COMMON_OPTIONS = ("cap", "dataset", "source", "splits")
 
 def source_options(name: str, options: Any, where: str) -> tuple[str, dict]:
     """(source kind, options for it) of a prepare.sources entry, or one line naming the entry and
-    what is wrong: an unknown source or option (a misspelling), a missing one, a cap that is not a count.
+    what is wrong: an unknown source or option (a misspelling), a missing one, a cap or limit that is
+    not a count, a dataset name that is not a string.
 
     `{mine: {path: prompts.jsonl}}` is a file of the user's own (the `jsonl` source)."""
     if options is None:
@@ -85,6 +86,13 @@ def source_options(name: str, options: Any, where: str) -> tuple[str, dict]:
     cap = options.get("cap")
     if cap is not None and (isinstance(cap, bool) or not isinstance(cap, int) or cap < 0):
         raise PARSError(f"{where}: cap {cap!r} is not a number of prompts (a whole number >= 0, or null for all)")
+    dataset = options.get("dataset", name)
+    if not isinstance(dataset, str) or not dataset:
+        raise PARSError(f"{where}.dataset {dataset!r}: must be a non-empty string (the dataset's name in the prompts)")
+    # the hub sources' records to stream: 0 would be falsy, i.e. the whole dataset
+    limit = options.get("limit")
+    if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 1):
+        raise PARSError(f"{where}.limit {limit!r}: must be a whole number >= 1, or null for all")
     splits = options.get("splits")
     if splits is not None and (
         not isinstance(splits, list) or not splits or not set(splits) <= {"train", "val", "test"}
@@ -145,8 +153,9 @@ def load_source(
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="pars prepare", description=__doc__.splitlines()[0])
     parser.add_argument("--out", default=str(prompts_path()))
+    parser.add_argument("--params", default=None, help="params file (default params.yaml)")
     args = parser.parse_args(argv)
-    params = load_params("prepare").only(("sources", "split", "max_prompt_chars"))
+    params = load_params("prepare", args.params).only(("sources", "split", "max_prompt_chars"))
     ensure_parent(args.out)  # an --out under a file fails now, not after reading every source
     sources = params["sources"] or {}
     if not sources:

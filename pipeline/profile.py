@@ -181,14 +181,16 @@ def apply_profile(profile: str | Path, params: str | Path = "params.yaml") -> di
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="pars profile", description=__doc__.splitlines()[0])
     parser.add_argument("profile", help="a YAML file of params overrides, e.g. profiles/production.yaml")
-    parser.add_argument("--params", default="params.yaml")
+    parser.add_argument("--params", default=None, help="params file to switch (default params.yaml, or $PARS_PARAMS)")
     args = parser.parse_args(argv)
-    merged = apply_profile(args.profile, args.params)
-    dvc_yaml = Path(args.params).with_name("dvc.yaml")
+    # the file the other commands read (pipeline.params.load_params): switch that one
+    params = args.params or os.environ.get("PARS_PARAMS", "params.yaml")
+    merged = apply_profile(args.profile, params)
+    dvc_yaml = Path(params).with_name("dvc.yaml")
     also = f"; evaluate's model deps in {dvc_yaml} follow it" if dvc_yaml.is_file() else ""
-    print(f"profile: {args.profile} merged into {args.params} (sections: {', '.join(merged)}){also}")
+    print(f"profile: {args.profile} merged into {params} (sections: {', '.join(merged)}){also}")
     print(
-        f"profile: the files as they were before the first switch are kept as {args.params}{BACKUP}"
+        f"profile: the files as they were before the first switch are kept as {params}{BACKUP}"
         + (f" and {dvc_yaml}{BACKUP}" if also else "")
     )
     return 0

@@ -14,6 +14,7 @@ from pipeline.errors import PARSError
 from pipeline.ranking.report_tables import render_markdown
 from pipeline.serving.results import render_serving
 
+REPORT = "metrics/report.md"  # the report stage's output
 SERVING_FILES = {
     "simulation": "metrics/simulation.json",
     "engine_bench": "metrics/engine_bench.json",
@@ -41,12 +42,19 @@ def _render(render, path: str | Path, *args):
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="pars report", description=__doc__.split("\n")[0])
     parser.add_argument("--ranking", default="metrics/ranking.json", help="evaluate's metrics (default: %(default)s)")
-    parser.add_argument("--out", default="metrics/report.md", help="markdown file to write (default: %(default)s)")
+    parser.add_argument(
+        "--out", help=f"markdown file to write (default: {REPORT}; with --ranking-only, none: printed only)"
+    )
     parser.add_argument("--ranking-only", action="store_true", help="leave out the serving sections")
     args = parser.parse_args(argv)
     from pipeline.contracts import ensure_parent
 
-    ensure_parent(args.out)  # a file in the way: one line, before any work
+    # a ranking-only page must not replace the report stage's full page unless asked to
+    out = args.out
+    if out is None and not args.ranking_only:
+        out = REPORT
+    if out is not None:
+        ensure_parent(out)  # a file in the way: one line, before any work
     path = Path(args.ranking)
     if not path.is_file():
         raise FileNotFoundError(f"{path} does not exist (run `pars evaluate` or `dvc repro evaluate` first)")
@@ -62,7 +70,14 @@ def main(argv: list[str] | None = None) -> int:
             problem = "has no" if key not in ranking else "has a non-mapping"
             raise PARSError(f"{path}: {problem} {key!r} (evaluate writes it; rerun `pars evaluate`)")
     for f, ceiling in zip(ceiling_files, ceilings):
-        missing = [k for k in ("model", "dataset", "noise_ceiling", "what") if k not in ceiling]
+        # every key the tables read, so a missing one is named here, not blamed on the ranking file
+        missing = [k for k in ("model", "dataset", "noise_ceiling", "what", "command") if k not in ceiling]
+        stat = ceiling.get("noise_ceiling")
+        missing += [
+            f"noise_ceiling.{k}"
+            for k in ("kendall_tau_b", "ci_low", "ci_high", "n_prompts")
+            if not isinstance(stat, dict) or k not in stat
+        ]
         if missing:
             raise PARSError(f"{f}: has no {missing[0]!r} (rerun the benchmark that writes it)")
     text = _render(render_markdown, path, ranking, ceilings)
@@ -71,6 +86,7 @@ def main(argv: list[str] | None = None) -> int:
             if data is not None:
                 _render(render_serving, SERVING_FILES[key], {key: data})
         text = text.rstrip() + "\n\n" + render_serving(serving)
-    ensure_parent(args.out).write_text(text, encoding="utf-8")
+    if out is not None:
+        ensure_parent(out).write_text(text, encoding="utf-8")
     print(text, end="")
     return 0

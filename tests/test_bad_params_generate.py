@@ -96,6 +96,9 @@ def test_default_params_pass_the_checks(gen_env):
         ("backend", "gpu"),
         ("temprature", 0.1),  # a misspelt option would run with the default
         ("base_url", "http://localhost:8000/v1"),  # the openai backend's, not vllm's
+        ("engine_args", "kv_cache_dtype=fp8"),  # passed to vLLM as keyword arguments
+        ("engine_args", ["quantization"]),
+        ("engine_args", None),
     ],
 )
 def test_a_bad_model_entry_is_one_line_before_any_backend(gen_env, capsys, key, value):
@@ -308,3 +311,27 @@ def test_the_recorded_backend_refuses_selection_keys_it_would_ignore():
         generate.check_spec(
             "chatgpt", {"backend": "recorded", "source": "sharegpt:chatgpt", "max_prompts_per_dataset": 9}
         )
+
+
+@pytest.mark.parametrize("value", ["reasoning_effort: high", ["a"], None, 3])
+def test_extra_body_must_be_a_mapping(value):
+    """An endpoint's extra_body is merged into each request: anything but a mapping, one line naming it."""
+    from pipeline.errors import PARSError
+
+    spec = {"backend": "openai", "model": "m", "base_url": "http://localhost:8000/v1", "extra_body": value}
+    with pytest.raises(PARSError, match=r"^generate\.models\.api\.extra_body .*: must be a mapping"):
+        generate.check_spec("api", spec)
+    generate.check_spec("api", {**spec, "extra_body": {"reasoning_effort": "high"}})
+
+
+def test_pars_generate_reads_the_params_file_given(gen_env, capsys, tmp_path):
+    """`--params other.yaml` is read, not $PARS_PARAMS: a bad value there is named with that file."""
+    write, argv, _ = gen_env
+    write()  # a sound $PARS_PARAMS
+    other = tmp_path / "other.yaml"
+    data = yaml.safe_load(PARAMS.read_text())
+    data["generate"]["models"]["smollm2"]["k"] = 0
+    other.write_text(yaml.safe_dump(data))
+    rc, _, err = run_cli(capsys, *argv, "--params", other, "--model", "smollm2")
+    line = one_line_error(rc, err, "generate", "generate.models.smollm2.k 0")
+    assert str(other) in line

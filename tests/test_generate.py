@@ -23,12 +23,21 @@ def _sample(n: int, reason: str = "stop") -> Sample:
 
 def test_split_reasoning():
     assert split_reasoning("<think>step 1\nstep 2</think>\nThe answer is 4.") == ("step 1\nstep 2", "The answer is 4.")
-    assert split_reasoning("plan first</think>done") == ("plan first", "done")  # template opened <think>
+    assert split_reasoning("plan first</think>done", opened=True) == ("plan first", "done")  # template opened <think>
     assert split_reasoning("no trace here") == ("", "no trace here")
     # a trace cut at max_tokens before </think> is all reasoning, not an answer without a trace
     assert split_reasoning("<think>step 1\nstep 2, and then") == ("step 1\nstep 2, and then", "")
     assert split_reasoning("step 1, and then", opened=True) == ("step 1, and then", "")
     assert split_reasoning("plan</think>done", opened=True) == ("plan", "done")
+    assert split_reasoning("<think>plan</think>done", opened=True) == ("plan", "done")
+
+
+def test_a_closing_tag_alone_is_a_trace_only_when_the_template_opened_it():
+    """An answer that merely mentions </think> (HTML, a how-to about R1) keeps its text: without
+    `opened`, a trace needs the leading <think>."""
+    text = "Models end a trace with </think> and then answer."
+    assert split_reasoning(text) == ("", text)
+    assert split_reasoning(text, opened=True) == ("Models end a trace with", "and then answer.")
 
 
 def test_cache_survives_a_line_cut_by_a_kill(tmp_path):
@@ -519,28 +528,62 @@ def test_vllm_identity_adds_repetition_penalty_only_when_set():
 def test_vllm_dtype_keys_the_cache_and_native_is_bf16_only_where_native(monkeypatch):
     """`dtype: native` is bfloat16 on a CPU with native bf16 and float32 on one without; a dtype named
     in the params or picked by `native` is part of the cache key (a float32 cache never answers for
-    bfloat16), one key per dtype however spelt; float32 and auto keep the key of caches made before
-    the knob."""
+    bfloat16), one key per dtype however spelt; float32 keeps the key of caches made before the
+    knob; `auto` (also the default) has its own key, since vLLM may cast a float32 model to bfloat16."""
     import pipeline.backends.vllm_backend as vb
     import pipeline.hardware as hardware
 
     monkeypatch.setattr(vb, "_on_cpu", lambda: True)
     base = {"model": "m", "k": 4, "max_tokens": 256}
-    before_the_knob = cache_key(vb.VllmBackend(base).identity(), "p")
-    for unkeyed in ("float32", "float", "auto"):  # auto: vLLM resolves it only once the model loads
-        assert cache_key(vb.VllmBackend({**base, "dtype": unkeyed}).identity(), "p") == before_the_knob
+    float32 = cache_key(vb.VllmBackend({**base, "dtype": "float32"}).identity(), "p")
+    assert cache_key(vb.VllmBackend({**base, "dtype": "float"}).identity(), "p") == float32
     keys = {
-        dtype: cache_key(vb.VllmBackend({**base, "dtype": dtype}).identity(), "p") for dtype in ("bfloat16", "half")
+        dtype: cache_key(vb.VllmBackend({**base, "dtype": dtype}).identity(), "p")
+        for dtype in ("bfloat16", "half", "auto")
     }
-    assert len(set(keys.values()) | {before_the_knob}) == 3
+    assert len(set(keys.values()) | {float32}) == 4
+    assert cache_key(vb.VllmBackend(base).identity(), "p") == keys["auto"]  # vLLM's default
     assert cache_key(vb.VllmBackend({**base, "dtype": "float16"}).identity(), "p") == keys["half"]
     for native, expected in ((True, "bfloat16"), (False, "float32")):
         monkeypatch.setattr(hardware, "cpu_has_native_bf16", lambda native=native: native)
         backend = vb.VllmBackend({**base, "dtype": "native"})
         assert backend.dtype == expected
-        assert cache_key(backend.identity(), "p") == (keys["bfloat16"] if native else before_the_knob)
+        assert cache_key(backend.identity(), "p") == (keys["bfloat16"] if native else float32)
     with pytest.raises(ValueError, match="not engine_args.dtype"):
         vb.VllmBackend({**base, "engine_args": {"dtype": "half"}})
+
+
+def test_vllm_cache_keys_of_existing_caches_are_pinned(monkeypatch):
+    """The keys that existing cache.jsonl entries hold, computed before `auto` got its own key: the
+    default smollm2 settings (`native`, bfloat16 on this kind of CPU) and float32 must keep hitting."""
+    import pipeline.backends.vllm_backend as vb
+    import pipeline.hardware as hardware
+
+    monkeypatch.setattr(vb, "_on_cpu", lambda: True)
+    monkeypatch.setattr(hardware, "cpu_has_native_bf16", lambda: True)
+    spec = {
+        "backend": "vllm",
+        "model": "HuggingFaceTB/SmolLM2-135M-Instruct",  # a hub id: no model digest in the key
+        "datasets": ["alpaca_eval"],
+        "max_prompts_per_dataset": 60,
+        "k": 4,
+        "temperature": 0.7,
+        "top_p": 0.95,
+        "max_tokens": 256,
+        "seed": 42,
+        "dtype": "native",
+        "max_num_seqs": 64,
+        "max_model_len": 2048,
+    }
+    pinned = {
+        "native": "6edb827a54a2ebb1c776c14eee7d305bac56495addd9af50996e1162d6f42e8b",
+        "bfloat16": "6edb827a54a2ebb1c776c14eee7d305bac56495addd9af50996e1162d6f42e8b",
+        "float32": "387fbcad650db2bd504308724dd7e3a584a922931bc2d0929fd14a4752ad72e3",
+        "float": "387fbcad650db2bd504308724dd7e3a584a922931bc2d0929fd14a4752ad72e3",
+        "half": "dfe8689eb7d1f52d005441ec2e05161bc4ebec059d9490fb47613335acd5881d",
+    }
+    for dtype, key in pinned.items():
+        assert cache_key(vb.VllmBackend({**spec, "dtype": dtype}).identity(), "Hello") == key, dtype
 
 
 def test_vllm_native_dtype_on_a_gpu_needs_compute_capability_8(monkeypatch):
@@ -584,3 +627,15 @@ def test_which_refusals_are_the_prompts():
         (404, "The model does not exist"),
     ]:
         assert not refuses_the_prompt(status, body)
+
+
+def test_openai_answer_with_a_lone_closing_tag_splits_its_trace():
+    """An R1-style model served without a reasoning parser: its template opened <think> in the
+    prompt, which the endpoint does not show, so the content holds only the closing tag."""
+    sample = OpenAIBackend._parse(
+        {
+            "choices": [{"message": {"content": "plan it</think>The answer."}, "finish_reason": "stop"}],
+            "usage": {"completion_tokens": 6, "prompt_tokens": 3},
+        }
+    )
+    assert (sample.reasoning, sample.text) == ("plan it", "The answer.")

@@ -108,3 +108,26 @@ def test_listwise_cut_answer_compares_only_with_prompts_surely_shorter():
     assert torch.equal(
         listwise_loss(scores, lengths, None, torch.zeros(3, dtype=torch.bool)), listwise_loss(scores, lengths, None)
     )
+
+
+def test_listwise_breaks_ties_at_random_not_by_input_order():
+    """Equal lengths are ordered at random: with micro_batches > 1 the batch arrives sorted by prompt
+    token count, and a stable sort would always list the shorter prompt first (as the longer)."""
+    import itertools
+
+    scores = torch.tensor([3.0, 2.0, 1.0])  # the input order is the one ListMLE scores best
+    lengths = torch.full((3,), 7.0)
+    torch.manual_seed(0)
+    seen = [listwise_loss(scores, lengths, None).item() for _ in range(600)]
+    in_order = listwise_loss(scores, torch.tensor([3.0, 2.0, 1.0]), None).item()
+    assert min(seen) == pytest.approx(in_order) and max(seen) > in_order + 0.1  # not always the input order
+    # on average every order of the tie counts alike
+    every = [
+        listwise_loss(scores[list(p)], torch.tensor([3.0, 2.0, 1.0]), None).item()
+        for p in itertools.permutations(range(3))
+    ]
+    assert sum(seen) / len(seen) == pytest.approx(sum(every) / len(every), rel=0.03)
+    # the censored branch takes the same shuffled order
+    cut = torch.tensor([False, True, False])
+    torch.manual_seed(0)
+    assert len({round(listwise_loss(scores, lengths, None, cut).item(), 6) for _ in range(50)}) > 1

@@ -72,3 +72,15 @@ def test_materialize_gguf_refuses_a_link_in_the_root(tmp_path, monkeypatch):
     with pytest.raises(PARSError, match="not replacing it"):
         materialize_gguf(GOOD["package"], GOOD["gguf_file"], tmp_path / "models/base/smollm2")
     assert all(v.read_text() == "mine" for v in victims)
+
+
+def test_pars_materialize_reads_the_params_file_given(capsys, tmp_path, monkeypatch):
+    """`--params other.yaml` is read, not params.yaml nor $PARS_PARAMS."""
+    other = tmp_path / "other.yaml"
+    other.write_text(yaml.safe_dump({"materialize": {"tiny": GOOD}}), encoding="utf-8")
+    monkeypatch.setenv("PARS_PARAMS", str(tmp_path / "absent.yaml"))
+    calls = []
+    monkeypatch.setattr("pipeline.materialize.materialize_gguf", lambda *a, **k: calls.append(a) or a[2])
+    rc, _, err = run_cli(capsys, "materialize", "--params", other, "--out-root", tmp_path / "models")
+    assert rc == 0, err
+    assert calls == [(GOOD["package"], GOOD["gguf_file"], tmp_path / "models" / "tiny")]

@@ -93,6 +93,34 @@ def test_hub_source_offline_fails_clearly(monkeypatch):
         next(iter(get_source("alpaca").records()))
 
 
+def test_hub_source_limit_streams_that_many_records(monkeypatch):
+    """`limit` caps the records streamed; null streams all; 0 is refused, not read as all."""
+    import datasets
+
+    rows = [{"instruction": f"task {i}"} for i in range(10)]
+    monkeypatch.setattr(datasets, "load_dataset", lambda *a, **k: iter(rows))
+    assert len(list(get_source("alpaca", limit=3).records())) == 3
+    assert len(list(get_source("alpaca", limit=None).records())) == 10
+    with pytest.raises(ValueError, match="limit 0 must be a whole number >= 1"):
+        get_source("alpaca", limit=0)
+
+
+def test_pars_prepare_reads_the_params_file_given(tmp_path, monkeypatch, capsys):
+    """`--params other.yaml` is read, not params.yaml nor $PARS_PARAMS."""
+    from pipeline.cli import main as pars
+
+    good = tmp_path / "a.jsonl"
+    _write_jsonl(good, [json.dumps({"prompt": f"question {i}"}).encode() for i in range(5)])
+    other = tmp_path / "other.yaml"
+    other.write_text(
+        f"prepare:\n  sources:\n    mine: {{path: {good}, cap: 3}}\n  split: {{train: 1}}\n  max_prompt_chars: 100\n"
+    )
+    monkeypatch.setenv("PARS_PARAMS", str(tmp_path / "absent.yaml"))
+    out = tmp_path / "p.parquet"
+    assert pars(["prepare", "--params", str(other), "--out", str(out)]) == 0
+    assert len(pd.read_parquet(out)) == 3
+
+
 @pytest.mark.parametrize(
     "name,expected,answers", [("arena_hard", 750, 750), ("alpaca_eval", 805, 805), ("humaneval", 164, 0)]
 )
@@ -183,6 +211,15 @@ def test_a_prompt_file_of_ones_own_needs_only_its_path(tmp_path):
         (750, "prepare.sources.mine: expected a mapping of options"),
         ({"path": "x.jsonl", "splits": ["trian"]}, "prepare.sources.mine: splits ['trian'] is not a list of train"),
         ({"path": "x.jsonl", "splits": "train"}, "prepare.sources.mine: splits 'train' is not a list of train"),
+        ({"path": "x.jsonl", "dataset": ""}, "prepare.sources.mine.dataset '': must be a non-empty string"),
+        ({"path": "x.jsonl", "dataset": 5}, "prepare.sources.mine.dataset 5: must be a non-empty string"),
+        ({"path": "x.jsonl", "dataset": None}, "prepare.sources.mine.dataset None: must be a non-empty string"),
+        # limit 0 streamed the whole hub dataset (0 is falsy)
+        ({"source": "alpaca", "limit": 0}, "prepare.sources.mine.limit 0: must be a whole number >= 1"),
+        ({"source": "alpaca", "limit": -3}, "prepare.sources.mine.limit -3: must be a whole number >= 1"),
+        ({"source": "alpaca", "limit": 2.5}, "prepare.sources.mine.limit 2.5: must be a whole number >= 1"),
+        ({"source": "alpaca", "limit": "10"}, "prepare.sources.mine.limit '10': must be a whole number >= 1"),
+        ({"source": "alpaca", "limit": True}, "prepare.sources.mine.limit True: must be a whole number >= 1"),
     ],
 )
 def test_bad_source_options_are_named(options, message):

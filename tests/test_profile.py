@@ -195,3 +195,20 @@ def test_pars_profile_refusal_is_one_line(capsys, tmp_path):
     rc, _, err = run_cli(capsys, "profile", ROOT / "profiles" / "production.yaml", "--params", params)
     one_line_error(rc, err, "profile", f"{params}.pre-profile")
     assert (tmp_path / "params.yaml.pre-profile").read_text() == "an older backup\n"
+
+
+def test_cli_switches_the_params_file_the_other_commands_read(capsys, tmp_path, monkeypatch):
+    """`pars profile` honours $PARS_PARAMS as load_params does; --params still wins over it."""
+    from helpers import run_cli
+
+    monkeypatch.chdir(tmp_path)  # no params.yaml here: the default would be refused
+    env_params, flag_params = _copy_params(tmp_path / "env"), _copy_params(tmp_path / "flag")
+    (tmp_path / "profile.yaml").write_text("export: {name: pars-x}\n")
+    monkeypatch.setenv("PARS_PARAMS", str(env_params))
+    assert run_cli(capsys, "profile", "profile.yaml")[0] == 0
+    assert yaml.safe_load(env_params.read_text())["export"]["name"] == "pars-x"
+    assert not (tmp_path / "params.yaml").exists()
+    (tmp_path / "profile.yaml").write_text("export: {name: pars-y}\n")
+    assert run_cli(capsys, "profile", "profile.yaml", "--params", flag_params)[0] == 0
+    assert yaml.safe_load(flag_params.read_text())["export"]["name"] == "pars-y"
+    assert yaml.safe_load(env_params.read_text())["export"]["name"] == "pars-x"

@@ -103,3 +103,26 @@ def test_capacity_section_shows_which_bound_plans_the_replicas():
     assert "| 1 req/s: min / guaranteed | 30 req/s: min / guaranteed |" in text
     assert "| few_slots (M 100000, max_num_seqs 4) |" in text and "| batch slots | 1 / 1 | 3 / 3 |" in text
     assert "| many_slots (M 100000, max_num_seqs 10000) |" in text and "| KV memory | 1 / 1 | 1 / 1 |" in text
+
+
+def test_capacity_section_gives_each_row_its_own_setting_and_the_yardsticks():
+    from pipeline.serving.results import capacity_section
+
+    doc = {"workload": "w", "mu_theory": 3.0, "stable_below": 2.9, "mu_measured": 3.1, "gap": 0.01}
+    cap = {
+        "setting": {"M": 131000, "chunk": 512, "step_time": 0.04, "requests_per_point": 10},
+        "document_reported_gap": {"min": 0.0225, "max": 0.0838, "hardware": "vLLM, A100"},
+        "workloads": {
+            "1:1": doc,
+            "engine": {**doc, "M": 8160, "step_time": {"mean_s": 0.3226}, "mu_simulated": 1.27},
+        },
+        "queue_growth_1to1": {
+            "1.1": {"max_queue": 99, "queue_growth_per_s_second_half": 0.344, "expected_growth_per_s": 0.334}
+        },
+    }
+    text = "\n".join(capacity_section(cap))
+    assert "| 1:1: w | 131,000 | 0.04 | 3.000 |" in text  # the document's setting
+    assert "| engine: w | 8,160 | 0.323 | 3.000 |" in text  # the engine's own M and mean step time
+    assert "2.25–8.38 % gap between μ and measured throughput (vLLM, A100)" in text
+    assert "same burst: 1.270 req/s" in text
+    assert "| 1.1 | 99 | 0.344 | 0.334 |" in text

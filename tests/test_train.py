@@ -1034,3 +1034,78 @@ def test_methods_trained_together_train_as_they_would_alone(toy_root, tiny_encod
     assert records[0]["files_sha256"] == records[1]["files_sha256"]  # one prior fit, the same as alone
     with pytest.raises(ValueError, match="distinct names"):
         fit("bad", ["pairwise", "pairwise"])
+
+
+def test_a_failed_export_leaves_the_previous_checkpoint(toy_root, tiny_encoder_dir, monkeypatch):
+    """Each checkpoint is written whole into a temp dir, then renamed over the old one: a failure while
+    attaching the lexical prior (after the weights and pars.json) leaves the last checkpoint as it was."""
+    monkeypatch.setenv("WANDB_MODE", "disabled")
+    import pipeline.ranking.checkpoint as checkpoint
+
+    parent = toy_root / "atomic" / "models" / "toy"
+    (parent / "pairwise").mkdir(parents=True)
+    (parent / "pairwise" / "pars.json").write_text("the previous checkpoint")
+
+    def fail(*args, **kwargs):
+        raise OSError("disk full")
+
+    monkeypatch.setattr(checkpoint, "attach_lexical", fail)
+    prior = {"ngram_max": 1, "min_df": 1, "alpha": 1.0, "folds": 4}
+    with pytest.raises(OSError, match="disk full"):
+        run(toy_root, tiny_encoder_dir, "pairwise", "atomic", epochs=1, lexical_prior=prior)
+    assert sorted(p.name for p in parent.iterdir()) == ["pairwise"]  # no temp dir left behind
+    assert [p.name for p in (parent / "pairwise").iterdir()] == ["pars.json"]
+    assert (parent / "pairwise" / "pars.json").read_text() == "the previous checkpoint"
+
+
+def test_a_run_whose_val_tau_is_never_defined_is_not_exported(toy_root, tiny_encoder_dir, monkeypatch):
+    """Constant or NaN scores at every epoch: one line saying so, and the previous checkpoint stays."""
+    monkeypatch.setenv("WANDB_MODE", "disabled")
+    import pipeline.ranking.lightning as lightning_module
+    from pipeline.errors import PARSError
+
+    monkeypatch.setattr(lightning_module, "kendall_tau_b", lambda x, y: float("nan"))
+    out = toy_root / "undefined" / "models" / "toy" / "pointwise"
+    out.mkdir(parents=True)
+    (out / "pars.json").write_text("the previous checkpoint")
+    with pytest.raises(PARSError, match=r"val tau_b was undefined at every epoch .*train\.lr") as exc:
+        run(toy_root, tiny_encoder_dir, "pointwise", "undefined", epochs=2)
+    assert "\n" not in str(exc.value)
+    assert (out / "pars.json").read_text() == "the previous checkpoint"
+    assert sorted(p.name for p in out.parent.iterdir()) == ["pointwise"]
+
+
+def test_params_check_refuses_a_batch_of_one_and_a_blank_wandb_section(tiny_encoder_dir):
+    from pipeline.errors import PARSError
+    from pipeline.train import check_params
+
+    one = train_params(tiny_encoder_dir, batch_size=1)
+    for methods in (["listwise"], ["pointwise", "pairwise"]):  # in-batch pairs: none in a batch of one
+        with pytest.raises(PARSError, match=r"train\.batch_size 1: must be at least 2"):
+            check_params(one, methods)
+    check_params(one, ["pointwise"])  # a batch of one still has a target
+    check_params({**one, "pairwise_mode": "per_pair"}, ["pairwise"])  # a batch of one pair
+    good = {"project": "p", "entity": None, "dir": "."}
+    for bad, where in (
+        (None, r"train\.wandb None: must be a mapping"),
+        ({}, r"train\.wandb\.project is missing"),
+        ({"project": "p", "entity": None}, r"train\.wandb\.dir is missing"),
+        ({**good, "project": ""}, r"train\.wandb\.project '': must be a non-empty name"),
+        ({**good, "entity": 3}, r"train\.wandb\.entity 3: must be a non-empty name or null"),
+        ({**good, "projct": "p"}, r"train\.wandb\.projct: not a setting here"),
+    ):
+        with pytest.raises(PARSError, match=where):
+            check_params(train_params(tiny_encoder_dir, wandb=bad), ["pointwise"])
+    check_params(train_params(tiny_encoder_dir, wandb=good), ["pointwise"])
+
+
+def test_a_lexical_min_df_that_prunes_every_term_names_the_key(toy_root, tiny_encoder_dir, monkeypatch):
+    from pipeline.ranking.lexical import TfidfRidge
+
+    texts = ["alpha beta", "gamma delta", "epsilon zeta", "eta theta"]
+    with pytest.raises(ValueError, match=r"^train\.lexical_prior\.min_df 2: no term is in 2 or more of the 4 texts"):
+        TfidfRidge.cross_fitted(texts, [1, 2, 3, 4], alpha=1.0, ngram_max=1, min_df=2, folds=2, seed=0)
+    monkeypatch.setenv("WANDB_MODE", "disabled")
+    prior = {"ngram_max": 1, "min_df": 1000, "alpha": 1.0, "folds": 4}  # more than the train prompts
+    with pytest.raises(ValueError, match=r"train\.lexical_prior\.min_df 1000: no term is in 1000 or more"):
+        run(toy_root, tiny_encoder_dir, "pairwise", "min-df", lexical_prior=prior)

@@ -7,8 +7,10 @@ from dataclasses import asdict, dataclass
 from typing import Any, Iterable, Iterator
 
 # DeepSeek-R1-style traces. Some chat templates open <think> in the prompt, so the answer
-# may hold only the closing tag: everything before it is then the trace.
-_THINK = re.compile(r"^\s*(?:<think>)?(.*?)</think>\s*(.*)$", re.DOTALL)
+# may hold only the closing tag: everything before it is then the trace. Only then: a plain answer
+# that merely mentions "</think>" has no trace.
+_THINK = re.compile(r"^\s*<think>(.*?)</think>\s*(.*)$", re.DOTALL)
+_THINK_OPENED = re.compile(r"^\s*(?:<think>)?(.*?)</think>\s*(.*)$", re.DOTALL)
 
 
 def split_reasoning(text: str, opened: bool = False) -> tuple[str, str]:
@@ -16,8 +18,8 @@ def split_reasoning(text: str, opened: bool = False) -> tuple[str, str]:
 
     A trace that never closes (cut at max_tokens, or a model that stopped inside it) is all
     reasoning and no answer: the text opens <think>, or the prompt did (`opened`: the chat
-    template ends with <think>)."""
-    match = _THINK.match(text)
+    template ends with <think>). A bare closing tag ends a trace only when `opened`."""
+    match = (_THINK_OPENED if opened else _THINK).match(text)
     if match:
         return match.group(1).strip(), match.group(2)
     head = text.lstrip()

@@ -187,7 +187,9 @@ class OpenAIBackend(Backend):
             content = message.get("content") or ""
             reasoning = message.get("reasoning_content") or message.get("reasoning") or ""
             if not reasoning:
-                reasoning, content = split_reasoning(content)
+                # the endpoint's chat template is not visible here: a lone closing tag may end a
+                # trace the template opened (an R1-style model served without a reasoning parser)
+                reasoning, content = split_reasoning(content, opened=True)
             details = usage.get("completion_tokens_details") or {}
             return Sample(
                 output_tokens=int(usage["completion_tokens"]),

@@ -119,11 +119,11 @@ class VllmBackend(Backend):
         if penalty != 1.0:  # only when set, so caches made before the knob existed stay valid
             ident["repetition_penalty"] = penalty
         # The dtype changes the answers: a named one (or the one `native` picked on this machine) is
-        # in the key, so a float32 cache never answers for bfloat16 nor back; float32 stays out, as
-        # does `auto` (the default, which vLLM resolves only once the model loads), so caches made
-        # before the knob keep their keys.
+        # in the key, so a float32 cache never answers for bfloat16 nor back. `auto` (the default) is
+        # keyed as `auto`: vLLM casts a float32 model down to bfloat16 under it on x86 CPUs and recent
+        # GPUs, so it is not float32. float32 alone stays out, so float32 caches keep their keys.
         dtype = DTYPE_SPELLINGS.get(self.dtype, self.dtype)
-        if dtype not in ("float32", "auto"):
+        if dtype != "float32":
             ident["dtype"] = dtype
         # engine arguments can change the answers (quantization, a KV cache dtype, a tokenizer mode):
         # in the key when set, so caches made without them keep their keys

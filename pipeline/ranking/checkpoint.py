@@ -136,21 +136,35 @@ def copy_checkpoint(
     src, dst = Path(src), Path(dst)
     check_destination(src, dst)
     meta = read_meta(src)
-    tmp = dst.with_name(f".{dst.name}.tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    shutil.copytree(src, tmp)
-    if sha256_file(tmp / WEIGHTS) != meta["weights_sha256"]:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise CheckpointError(f"copying {src} to {dst}: the copied weights do not hash as the source's")
-    # the identity of the weights is not the caller's to change
-    meta.update({k: v for k, v in meta_updates.items() if k not in ("format_version", "weights_sha256")})
-    (tmp / META).write_text(json.dumps(meta, indent=2) + "\n", encoding="utf-8")
-    if accept is not None:
-        try:
+
+    def fill(tmp: Path) -> None:
+        shutil.copytree(src, tmp)
+        if sha256_file(tmp / WEIGHTS) != meta["weights_sha256"]:
+            raise CheckpointError(f"copying {src} to {dst}: the copied weights do not hash as the source's")
+        # the identity of the weights is not the caller's to change
+        meta.update({k: v for k, v in meta_updates.items() if k not in ("format_version", "weights_sha256")})
+        (tmp / META).write_text(json.dumps(meta, indent=2) + "\n", encoding="utf-8")
+        if accept is not None:
             accept(tmp)
-        except BaseException:
-            shutil.rmtree(tmp, ignore_errors=True)
-            raise
+
+    return replace_dir(dst, fill)
+
+
+def replace_dir(dst: str | Path, fill: Callable[[Path], Any]) -> Path:
+    """Replace the directory `dst` whole: `fill(tmp)` creates and writes a temp sibling, which then
+    takes `dst`'s place by rename. A reader never finds a half-written `dst` (one that validates but
+    lacks a file written last); if `fill` raises, `dst` is untouched and the temp dir removed."""
+    import shutil
+
+    dst = Path(dst)
+    tmp = dst.with_name(f".{dst.name}.tmp")
+    shutil.rmtree(tmp, ignore_errors=True)  # left by a run that was killed
+    tmp.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        fill(tmp)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
     shutil.rmtree(dst, ignore_errors=True)
     tmp.rename(dst)
     return dst

@@ -28,14 +28,24 @@ class TfidfRidge:
         self.intercept = float(intercept)
 
     @staticmethod
-    def vectorize(texts: Sequence[str], *, ngram_max: int, min_df: int):
-        """(fitted vectorizer, its train matrix): fitted once, shared by every alpha of a grid."""
+    def vectorize(texts: Sequence[str], *, ngram_max: int, min_df: int, key: str = "min_df"):
+        """(fitted vectorizer, its train matrix): fitted once, shared by every alpha of a grid.
+        A min_df that no term reaches is a ValueError naming `key` (the caller's params key)."""
         from sklearn.feature_extraction.text import TfidfVectorizer
 
+        texts = list(texts)
         vectorizer = TfidfVectorizer(
             ngram_range=(1, int(ngram_max)), min_df=int(min_df), sublinear_tf=True, lowercase=True
         )
-        return vectorizer, vectorizer.fit_transform(list(texts))
+        try:
+            return vectorizer, vectorizer.fit_transform(texts)
+        except ValueError as exc:
+            # scikit-learn's words for it name neither the key nor the number of texts
+            if "no terms remain" not in str(exc) and "documents than min_df" not in str(exc):
+                raise
+            raise ValueError(
+                f"{key} {int(min_df)}: no term is in {int(min_df)} or more of the {len(texts)} texts; lower it"
+            ) from None
 
     @classmethod
     def fit_grid(
@@ -81,7 +91,8 @@ class TfidfRidge:
             raise ValueError(
                 f"lexical prior: folds must be 2 to {len(distinct)} (the distinct texts), got {int(folds)}"
             )
-        vectorizer, x = cls.vectorize(texts, ngram_max=ngram_max, min_df=min_df)
+        # only train's lexical prior fits this way
+        vectorizer, x = cls.vectorize(texts, ngram_max=ngram_max, min_df=min_df, key="train.lexical_prior.min_df")
         y = np.log1p(np.asarray(lengths, dtype=float))
         oof = np.empty(len(texts), dtype=np.float64)
         fold = (np.random.default_rng(int(seed)).permutation(len(distinct)) % int(folds))[text_group]

@@ -73,14 +73,18 @@ def listwise_loss(
     """vllm-ltr family: ListMLE, the batch being one list ordered by length (longest first).
 
     -log P(order) = sum_k [ logsumexp(s_{pi(k..n)}) - s_{pi(k)} ], divided by n so the scale
-    (and hence the learning rate that suits it) does not depend on the batch size.
+    (and hence the learning rate that suits it) does not depend on the batch size. Equal lengths
+    are ordered at random (torch's global generator): the batch's own order is not neutral (with
+    micro_batches > 1 the collate sorts it by prompt token count).
 
     With cut answers the order is known only in part: a cut prompt's true length may exceed any
     prompt listed before it. Each prompt's term then compares it with the prompts surely not
     longer: itself and the uncut prompts after it (an uncut prompt after a cut one is surely
     shorter; a cut one after any prompt may be longer). With nothing cut this is ListMLE.
     """
-    order = torch.argsort(lengths, descending=True, stable=True)
+    # shuffle, then a stable sort: ties keep the shuffled order, distinct lengths sort as before
+    perm = torch.randperm(lengths.shape[0], device=lengths.device)
+    order = perm[torch.argsort(lengths[perm], descending=True, stable=True)]
     s = scores[order]
     if truncated is None or not bool(truncated.any()):
         # logsumexp over each suffix s[k:], computed as a reversed cumulative logsumexp.

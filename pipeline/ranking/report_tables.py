@@ -96,7 +96,7 @@ def _harrell_c(stat: dict) -> str:
 def render_markdown(ranking: dict, estimated_ceilings: list[dict] | None = None) -> str:
     """The tau_b tables. `estimated_ceilings`: noise ceilings measured outside evaluate for a model
     with one sample per prompt (benchmarks/chatgpt_noise_ceiling.py), each with `model`, `dataset`,
-    `noise_ceiling` and `what`; shown, marked §, where evaluate has none."""
+    `noise_ceiling`, `what` and `command`; shown, marked §, where evaluate has none."""
     estimated = {(e["model"], e["dataset"]): e for e in estimated_ceilings or []}
     cols = _columns(ranking)
     train_models = list(ranking["predictors"])

