@@ -639,3 +639,13 @@ def test_openai_answer_with_a_lone_closing_tag_splits_its_trace():
         }
     )
     assert (sample.reasoning, sample.text) == ("plan it", "The answer.")
+
+
+def test_openai_plain_answer_keeps_its_text():
+    sample = OpenAIBackend._parse(
+        {
+            "choices": [{"message": {"content": "The answer is 4."}, "finish_reason": "stop"}],
+            "usage": {"completion_tokens": 5, "prompt_tokens": 3},
+        }
+    )
+    assert (sample.reasoning, sample.text) == ("", "The answer is 4.")

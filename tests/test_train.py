@@ -1109,3 +1109,28 @@ def test_a_lexical_min_df_that_prunes_every_term_names_the_key(toy_root, tiny_en
     prior = {"ngram_max": 1, "min_df": 1000, "alpha": 1.0, "folds": 4}  # more than the train prompts
     with pytest.raises(ValueError, match=r"train\.lexical_prior\.min_df 1000: no term is in 1000 or more"):
         run(toy_root, tiny_encoder_dir, "pairwise", "min-df", lexical_prior=prior)
+
+
+def test_replace_dir_swaps_by_renames_and_cleans_up(tmp_path):
+    from pipeline.ranking.checkpoint import replace_dir
+
+    dst = tmp_path / "ckpt"
+    dst.mkdir()
+    (dst / "a").write_text("old")
+    (tmp_path / ".ckpt.old").mkdir()  # left by a run killed between its renames
+
+    def fill(tmp):
+        tmp.mkdir()
+        (tmp / "b").write_text("new")
+
+    assert replace_dir(dst, fill) == dst
+    assert [p.name for p in dst.iterdir()] == ["b"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt"]
+
+    def broken(tmp):
+        fill(tmp)
+        raise RuntimeError("interrupted")
+
+    with pytest.raises(RuntimeError):
+        replace_dir(dst, broken)
+    assert [p.name for p in dst.iterdir()] == ["b"] and sorted(p.name for p in tmp_path.iterdir()) == ["ckpt"]

@@ -188,8 +188,9 @@ class OpenAIBackend(Backend):
             reasoning = message.get("reasoning_content") or message.get("reasoning") or ""
             if not reasoning:
                 # the endpoint's chat template is not visible here: a lone closing tag may end a
-                # trace the template opened (an R1-style model served without a reasoning parser)
-                reasoning, content = split_reasoning(content, opened=True)
+                # trace the template opened (an R1-style model served without a reasoning parser);
+                # without one, a plain answer stays the answer
+                reasoning, content = split_reasoning(content, opened="</think>" in content)
             details = usage.get("completion_tokens_details") or {}
             return Sample(
                 output_tokens=int(usage["completion_tokens"]),

@@ -157,16 +157,22 @@ def replace_dir(dst: str | Path, fill: Callable[[Path], Any]) -> Path:
     import shutil
 
     dst = Path(dst)
-    tmp = dst.with_name(f".{dst.name}.tmp")
-    shutil.rmtree(tmp, ignore_errors=True)  # left by a run that was killed
+    tmp, old = dst.with_name(f".{dst.name}.tmp"), dst.with_name(f".{dst.name}.old")
+    for leftover in (tmp, old):  # left by a run that was killed
+        shutil.rmtree(leftover, ignore_errors=True)
     tmp.parent.mkdir(parents=True, exist_ok=True)
     try:
         fill(tmp)
+        # renames only: the old directory moves aside whole, so no moment leaves it half deleted
+        if dst.exists():
+            dst.rename(old)
+        tmp.rename(dst)
     except BaseException:
+        if old.exists() and not dst.exists():  # the second rename failed: put the old one back
+            old.rename(dst)
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    shutil.rmtree(dst, ignore_errors=True)
-    tmp.rename(dst)
+    shutil.rmtree(old, ignore_errors=True)
     return dst
 
 
