@@ -47,7 +47,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--ranking-only", action="store_true", help="leave out the serving sections")
     args = parser.parse_args(argv)
-    from pipeline.contracts import ensure_parent
+    from pipeline.contracts import ensure_parent, write_text
 
     # a ranking-only page must not replace the report stage's full page unless asked to
     out = args.out
@@ -87,6 +87,6 @@ def main(argv: list[str] | None = None) -> int:
                 _render(render_serving, SERVING_FILES[key], {key: data})
         text = text.rstrip() + "\n\n" + render_serving(serving)
     if out is not None:
-        ensure_parent(out).write_text(text, encoding="utf-8")
+        write_text(text, out)
     print(text, end="")
     return 0

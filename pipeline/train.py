@@ -408,7 +408,7 @@ def train_methods(
         tables = id(dm.train_table)
         if prior_cfg and tables not in lexical_of:
             t_prior = time.perf_counter()
-            lexical_of[tables] = dm.fit_lexical_prior(**prior_cfg)
+            lexical_of[tables] = dm.fit_lexical_prior(**prior_cfg, min_df_key=f"{cfg.where}.lexical_prior.min_df")
             print(
                 f"train {model_name}: lexical prior (TF-IDF + ridge, {prior_cfg['folds']}-fold on "
                 f"{len(dm.train_table)} train prompts) in {time.perf_counter() - t_prior:.0f} s",

@@ -1104,7 +1104,16 @@ def test_a_lexical_min_df_that_prunes_every_term_names_the_key(toy_root, tiny_en
 
     texts = ["alpha beta", "gamma delta", "epsilon zeta", "eta theta"]
     with pytest.raises(ValueError, match=r"^train\.lexical_prior\.min_df 2: no term is in 2 or more of the 4 texts"):
-        TfidfRidge.cross_fitted(texts, [1, 2, 3, 4], alpha=1.0, ngram_max=1, min_df=2, folds=2, seed=0)
+        TfidfRidge.cross_fitted(
+            texts,
+            [1, 2, 3, 4],
+            alpha=1.0,
+            ngram_max=1,
+            min_df=2,
+            folds=2,
+            seed=0,
+            min_df_key="train.lexical_prior.min_df",
+        )
     monkeypatch.setenv("WANDB_MODE", "disabled")
     prior = {"ngram_max": 1, "min_df": 1000, "alpha": 1.0, "folds": 4}  # more than the train prompts
     with pytest.raises(ValueError, match=r"train\.lexical_prior\.min_df 1000: no term is in 1000 or more"):

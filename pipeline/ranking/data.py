@@ -431,7 +431,7 @@ class RankingDataModule(L.LightningDataModule):
             "n_val_pairs": int(len(self.val_pair_idx)),
         }
 
-    def fit_lexical_prior(self, *, alpha: float, ngram_max: int, min_df: int, folds: int):
+    def fit_lexical_prior(self, *, alpha: float, ngram_max: int, min_df: int, folds: int, min_df_key: str = "min_df"):
         """Fit TF-IDF + ridge on the train prompts and set each table's `prior`: out-of-fold
         predictions on train, the full fit's on val (so val sees what serving will). Returns the
         full fit, which the checkpoint carries. A cross-model set gets one regression over the
@@ -448,6 +448,7 @@ class RankingDataModule(L.LightningDataModule):
             min_df=min_df,
             folds=folds,
             seed=self.seed,
+            min_df_key=min_df_key,
         )
         self.train_table.prior = oof
         self.val_table.prior = lexical.predict([texts[p] for p in self.val_table.ids])

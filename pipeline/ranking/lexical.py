@@ -73,6 +73,7 @@ class TfidfRidge:
         min_df: int,
         folds: int,
         seed: int,
+        min_df_key: str = "min_df",
     ) -> tuple["TfidfRidge", np.ndarray]:
         """(the fit on every text, out-of-fold predictions for the same texts).
 
@@ -91,8 +92,7 @@ class TfidfRidge:
             raise ValueError(
                 f"lexical prior: folds must be 2 to {len(distinct)} (the distinct texts), got {int(folds)}"
             )
-        # only train's lexical prior fits this way
-        vectorizer, x = cls.vectorize(texts, ngram_max=ngram_max, min_df=min_df, key="train.lexical_prior.min_df")
+        vectorizer, x = cls.vectorize(texts, ngram_max=ngram_max, min_df=min_df, key=min_df_key)
         y = np.log1p(np.asarray(lengths, dtype=float))
         oof = np.empty(len(texts), dtype=np.float64)
         fold = (np.random.default_rng(int(seed)).permutation(len(distinct)) % int(folds))[text_group]
