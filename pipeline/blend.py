@@ -44,9 +44,10 @@ def blended_method(method: str, features: str = "tfidf") -> str:
     return f"{method}+{features}"
 
 
-def check_params(model: str, params) -> tuple[str, str]:
+def check_params(model: str, params, machine: bool = True) -> tuple[str, str]:
     """The blend section checked before anything loads or is scored (one line naming the key):
-    (the method of `model` to blend, the features)."""
+    (the method of `model` to blend, the features). `machine=False` (`pars profile`): the decoder
+    dir need not be materialized yet."""
     sec = params if isinstance(params, Section) else Section(params, "params: blend")
     sec.only(("predictors", "features", "tfidf", "decoder", "encoder_weights"))
     predictors = sec.mapping("predictors")
@@ -60,7 +61,7 @@ def check_params(model: str, params) -> tuple[str, str]:
         raise ValueError(f"{sec.where}.features {features!r}: expected one of {list(FEATURES)}")
     weight_grid(sec)
     if features == "decoder":
-        decoder_settings(sec["decoder"], f"{sec.where}.decoder")
+        decoder_settings(sec["decoder"], f"{sec.where}.decoder", machine)
     else:
         tfidf = sec.mapping("tfidf")
         tfidf = tfidf if isinstance(tfidf, Section) else Section(tfidf, f"{sec.where}.tfidf")
@@ -92,6 +93,11 @@ def member_splits(members: list[str], data_root: str | Path) -> dict[str, dict[s
             raise ValueError(
                 f"blend: {member} has {len(out[member]['val'])} labelled val prompts; need 2 to choose on val"
             )
+        if out[member]["val"]["length"].nunique() < 2:  # its val tau_b is undefined: it could not count
+            raise ValueError(
+                f"blend: every labelled val prompt of {member} has the same length; "
+                f"its val tau_b is undefined, so it cannot count in the choice of alpha and w"
+            )
     return out
 
 
@@ -100,7 +106,21 @@ def mean_val_tau(score_of: dict[str, np.ndarray], splits: dict) -> tuple[float, 
     from pipeline.ranking.metrics import kendall_tau_b
 
     per = {m: float(kendall_tau_b(score_of[m], splits[m]["val"]["length"].to_numpy())) for m in splits}
-    return float(np.nanmean(list(per.values()))), per
+    # not nanmean: a member whose tau_b is undefined (constant scores) would silently drop out of the
+    # mean; the mean is undefined instead, and `best` never picks it
+    return float(np.mean(list(per.values()))), per
+
+
+def best(rows: list[dict], tie_break) -> dict:
+    """The grid row with the highest mean val tau_b (ties: `tie_break`); a row whose mean is undefined
+    (a member's scores constant) loses to any defined one, and if every row's is, one line names them."""
+    defined = [r for r in rows if not math.isnan(r["val_tau_b"])]
+    if not defined:
+        undefined = sorted({m for r in rows for m, tau in r["per_model"].items() if math.isnan(tau)})
+        raise ValueError(
+            f"blend: val tau_b is undefined at every grid point: constant val scores for {', '.join(undefined)}"
+        )
+    return max(defined, key=lambda r: (r["val_tau_b"], tie_break(r)))
 
 
 def fit_blend(
@@ -126,13 +146,13 @@ def fit_blend(
         lexical_val = {m: fit.predict(splits[m]["val"]["prompt"].tolist()) for m in members}
         mean, per = mean_val_tau(lexical_val, splits)
         alpha_rows.append({"alpha": alpha, "val_tau_b": mean, "per_model": per, "scores": lexical_val})
-    best = max(alpha_rows, key=lambda r: (r["val_tau_b"], -alphas.index(r["alpha"])))
-    lexical, lexical_val = fits[alpha_rows.index(best)], best["scores"]
+    chosen = best(alpha_rows, lambda r: -alphas.index(r["alpha"]))
+    lexical, lexical_val = fits[alpha_rows.index(chosen)], chosen["scores"]
     facts = {
         "members": members,
         "n_train_prompts": {m: int(len(splits[m]["train"])) for m in members},
         "n_val_prompts": {m: int(len(splits[m]["val"])) for m in members},
-        "alpha": best["alpha"],
+        "alpha": chosen["alpha"],
         "alpha_grid": [{k: r[k] for k in ("alpha", "val_tau_b", "per_model")} for r in alpha_rows],
     }
     choice = choose_weight(members, splits, encoder_val, lexical_val, weights)
@@ -147,7 +167,7 @@ def fit_blend(
             "val_tau_b": choice["val_tau_b"],
             "val_tau_b_per_model": choice["per_model"],
             "encoder_val_tau_b": mean_val_tau(encoder_val, splits)[0],
-            "lexical_val_tau_b": best["val_tau_b"],
+            "lexical_val_tau_b": chosen["val_tau_b"],
         }
     )
     return lexical, facts
@@ -174,7 +194,7 @@ def choose_weight(
         blended = {m: w * encoder_val[m] / sd_encoder + (1 - w) * added_val[m] / sd_added for m in members}
         mean, per = mean_val_tau(blended, splits)
         grid.append({"encoder_weight": w, "val_tau_b": mean, "per_model": per})
-    chosen = max(grid, key=lambda r: (r["val_tau_b"], r["encoder_weight"]))  # ties: more encoder
+    chosen = best(grid, lambda r: r["encoder_weight"])  # ties: more encoder
     w = chosen["encoder_weight"]
     return {
         "sd_encoder": sd_encoder,
@@ -188,8 +208,9 @@ def choose_weight(
     }
 
 
-def decoder_settings(raw, where: str = "params: blend.decoder") -> dict:
-    """blend.decoder as checked values (ValueError naming the key)."""
+def decoder_settings(raw, where: str = "params: blend.decoder", machine: bool = True) -> dict:
+    """blend.decoder as checked values (ValueError naming the key); `machine=False`: the path is
+    not looked for."""
     if not isinstance(raw, dict):
         raise ValueError(f"{where}: expected a mapping, got {raw!r}")
     keys = ("path", "layers", "max_length", "alphas", "max_train_prompts", "batch_size")
@@ -209,6 +230,8 @@ def decoder_settings(raw, where: str = "params: blend.decoder") -> dict:
     if not isinstance(path, str) or not path:
         raise ValueError(f"{where}.path {path!r}: expected a directory or a hub id")
     local = Path(path)
+    if not machine:
+        return {**raw, "alphas": alphas}
     if local.exists() and not (local / "config.json").is_file():
         raise ValueError(f"{where}.path {path}: not a Hugging Face model directory (no config.json)")
     if not local.exists() and (path.startswith((".", "/")) or path.count("/") != 1):
@@ -262,8 +285,8 @@ def fit_decoder_blend(
     for alpha, fit in zip(cfg["alphas"], fits):
         mean, per = mean_val_tau({m: fit.predict(x_val[m]) for m in members}, splits)
         alpha_rows.append({"alpha": alpha, "val_tau_b": mean, "per_model": per})
-    best = max(alpha_rows, key=lambda r: (r["val_tau_b"], -cfg["alphas"].index(r["alpha"])))
-    ridge = fits[alpha_rows.index(best)]
+    chosen = best(alpha_rows, lambda r: -cfg["alphas"].index(r["alpha"]))
+    ridge = fits[alpha_rows.index(chosen)]
     choice = choose_weight(members, splits, encoder_val, {m: ridge.predict(x_val[m]) for m in members}, weights)
     n_embedded = len(train) + sum(len(splits[m]["val"]) for m in members)
     facts = {
@@ -273,7 +296,7 @@ def fit_decoder_blend(
         "n_val_prompts": {m: int(len(splits[m]["val"])) for m in members},
         "decoder": {k: cfg[k] for k in ("path", "layers", "max_length")},
         "decoder_prompts_per_s": round(n_embedded / embed_s, 2) if embed_s > 0 else None,
-        "alpha": best["alpha"],
+        "alpha": chosen["alpha"],
         "alpha_grid": alpha_rows,
         "sd_encoder": choice["sd_encoder"],
         "sd_decoder": choice["sd_added"],
@@ -284,7 +307,7 @@ def fit_decoder_blend(
         "val_tau_b": choice["val_tau_b"],
         "val_tau_b_per_model": choice["per_model"],
         "encoder_val_tau_b": mean_val_tau(encoder_val, splits)[0],
-        "decoder_val_tau_b": best["val_tau_b"],
+        "decoder_val_tau_b": chosen["val_tau_b"],
     }
     return DecoderPrior(decoder, ridge, cfg["batch_size"]), facts
 

@@ -37,11 +37,22 @@ MAX_TOKENS = 10_000_000
 MAX_M = 10**12  # KV cache tokens: beyond any machine, and keeps the arithmetic exact in int64
 # requests simulated per load point: more would only exhaust memory (the default is 100,000)
 MAX_REQUESTS_PER_POINT = 10**8
+# the capacity section's keys (the stage reads them all, a question some of them)
+KEYS = (
+    *("M", "chunk", "step_time", "token_budget", "max_num_seqs", "block_size", "sweep_loads", "saturated_from"),
+    *("requests_per_point", "queue_loads", "seed", "engine_fit", "model", "rates", "margin"),
+)
 
 
 def lengths_workload(path: str | Path, name: str | None = None) -> th.Workload:
     """An empirical (s, o) sample from a generations table (every sample of every prompt)."""
     df = read_table(path, GENERATIONS)
+    # a negative or missing count is damage, not an empty answer: dropping it would change the answer silently
+    bad = int(
+        (df.prompt_tokens.isna() | df.output_tokens.isna() | (df.prompt_tokens < 0) | (df.output_tokens < 0)).sum()
+    )
+    if bad:
+        raise PARSError(f"{path}: {bad} of {len(df)} rows have a negative or missing prompt_tokens or output_tokens")
     df = df[(df.prompt_tokens > 0) & (df.output_tokens > 0)]
     if df.empty:
         raise ValueError(f"{path}: no rows with positive prompt and output lengths")
@@ -208,16 +219,23 @@ def plot_engine(fit: dict, path: Path) -> None:
     plt.close(fig)
 
 
-def check_stage_params(p: dict[str, Any]) -> Section:
-    """The capacity section, every key the stage reads, checked before the (minutes of) sweeps."""
+def check_stage_params(p: dict[str, Any], machine: bool = True) -> Section:
+    """The capacity section, every key the stage reads, checked before the (minutes of) sweeps.
+    `machine=False` (`pars profile`): the answers of `model` need not be generated yet."""
     p = p if isinstance(p, Section) else Section(p, "capacity")
-    p.only(
-        ("M", "chunk", "step_time", "token_budget", "max_num_seqs", "block_size", "sweep_loads", "saturated_from")
-        + ("requests_per_point", "queue_loads", "seed", "engine_fit", "model", "rates", "margin")
-    )
+    p.only(KEYS)
     where = p.where
     for key in ("M", "chunk", "token_budget", "max_num_seqs", "block_size"):
         _setting(p[key], f"{where}.{key}", True)
+    if p["token_budget"] < p["max_num_seqs"]:  # the simulator (and vLLM) refuse it, after minutes of sweeps
+        raise PARSError(
+            f"{where}.token_budget {p['token_budget']} is below capacity.max_num_seqs {p['max_num_seqs']}: "
+            f"every running request takes a token of the budget each step"
+        )
+    if p["block_size"] > p["M"]:
+        raise PARSError(
+            f"{where}.block_size {p['block_size']} exceeds capacity.M {p['M']}: the KV cache would hold no whole block"
+        )
     _setting(p["step_time"], f"{where}.step_time", False)
     _margin(p["margin"], f"{where}.margin")
     if not isinstance(p["rates"], list):
@@ -237,7 +255,7 @@ def check_stage_params(p: dict[str, Any]) -> Section:
         if not isinstance(p[key], str) or not p[key]:
             raise PARSError(f"{where}.{key} {p[key]!r}: must be a non-empty string")
     gpath = generations_path(p["model"])
-    if not gpath.is_file():
+    if machine and not gpath.is_file():
         raise PARSError(
             f"{where}.model {p['model']!r}: no answers to plan for ({gpath} not found; "
             f"it must be a generate.models entry, after the generate stage)"
@@ -499,7 +517,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"wrote {METRICS}, {PLOT_SWEEP}, {PLOT_QUEUE}")
         return 0
 
-    p = load_params("capacity", args.params)
+    p = load_params("capacity", args.params).only(KEYS)  # a mistyped key would leave its default in force
     # every number is checked where it enters (flag, params key, engine-fit file) and named there;
     # 0 is a value (refused), not "use the default"
     M, chunk, b = (

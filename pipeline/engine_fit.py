@@ -51,6 +51,9 @@ from pipeline.queueing import theory  # numpy only; the simulator (numba) waits 
 METRICS = Path("metrics/engine_fit.json")
 MODEL = Path("models/base/smollm2")  # the materialize stage's SmolLM2-135M-Instruct
 MAX_TOKENS = 1_000_000  # a prompt or answer length beyond any model this stage runs
+# the rate is measured between the 20% and the 80% completion: 5 requests put 3 completions there
+MIN_REQUESTS = 5
+MAX_SEED = 2**32 - 1  # vLLM seeds numpy's legacy generator, which takes 32 bits
 
 
 def find_model(path: str | None) -> Path:
@@ -180,17 +183,30 @@ def check_args(args: argparse.Namespace) -> None:
     from pipeline.contracts import ensure_parent  # pandas, not numba: safe before the engine
 
     for flag in ("requests", "blocks", "block_size", "chunk", "budget", "max_num_seqs"):
-        check_number(getattr(args, flag), f"--{flag.replace('_', '-')}", minimum=1)
-    check_number(args.seed, "--seed", minimum=0)
-    if args.model and not Path(args.model).is_dir():
-        raise PARSError(f"--model {args.model}: not a model directory")
+        check_number(getattr(args, flag), f"--{flag.replace('_', '-')}", minimum=1, maximum=MAX_TOKENS)
+    check_number(args.requests, "--requests", minimum=MIN_REQUESTS)
+    check_number(args.seed, "--seed", minimum=0, maximum=MAX_SEED)
+    if args.budget < args.max_num_seqs:  # each running request decodes a token every step; vLLM refuses it
+        raise PARSError(f"--budget {args.budget}: must be at least --max-num-seqs {args.max_num_seqs}")
+    # vLLM keeps one block out of the pool; the longest request must fit in the rest
+    M = (args.blocks - 1) * args.block_size
+    if M < 1:
+        raise PARSError(f"--blocks {args.blocks}: vLLM keeps one block aside, so at least 2 are needed")
+    longest = parse_lengths(args.prompt, "--prompt")[1] + parse_lengths(args.answer, "--answer")[1]
+    if longest > M:
+        raise PARSError(
+            f"--prompt {args.prompt} --answer {args.answer}: a request of up to {longest} tokens does not fit in "
+            f"the KV cache of --blocks {args.blocks} x --block-size {args.block_size} ({M} tokens usable)"
+        )
+    if args.model and not (Path(args.model) / "config.json").is_file():
+        raise PARSError(f"--model {args.model}: not a model directory (no config.json)")
     ensure_parent(args.out, create=False)
 
 
 def burst_rate(finish: np.ndarray) -> float:
     f = np.sort(finish)
     i0, i1 = int(0.2 * f.size), int(0.8 * f.size)
-    return (i1 - i0) / (f[i1] - f[i0])
+    return (i1 - i0) / (f[i1] - f[i0]) if f[i1] > f[i0] else float("nan")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -237,13 +253,18 @@ def main(argv: list[str] | None = None) -> int:
     # on): the ramp-up and the draining tail have smaller batches and shorter steps
     f = np.sort(run["finish"])
     win = (run["step_end"] > f[int(0.2 * f.size)]) & (run["step_end"] <= f[int(0.8 * f.size)])
+    mu_measured = burst_rate(run["finish"])
+    if not (win.any() and np.isfinite(mu_measured)):  # the 20-80% window held no step: no fit to write
+        raise PARSError(
+            f"--requests {args.requests}: the burst's 20-80% completions came in one engine step; "
+            f"give more requests (or longer answers)"
+        )
     b_bar = float(np.mean(st[win]))
     b_median = float(np.median(st[win]))
     M = run["M"]
     sample = theory.Workload.empirical("engine", s, o)
     cap = theory.capacity(sample, M, args.chunk, b_bar)
     cap_median = theory.capacity(sample, M, args.chunk, b_median)
-    mu_measured = burst_rate(run["finish"])
     # The document's model counts KV in tokens and o decode steps per request. vLLM samples the first
     # token at prefill (o - 1 decode steps) and allocates KV in blocks, the last of each running
     # request half empty on average. mu on that accounting makes the check like for like.
@@ -307,10 +328,9 @@ def main(argv: list[str] | None = None) -> int:
         "steps_tokens": tok.astype(int).tolist(),
         "steps_time_s": [round(float(x), 6) for x in st],
     }
-    from pipeline.contracts import ensure_parent
+    from pipeline.contracts import write_json
 
-    out = ensure_parent(args.out)
-    out.write_text(json.dumps(result, indent=2) + "\n")
+    out = write_json(result, args.out)  # atomic: an interrupted write leaves the last fit
     print(json.dumps({k: v for k, v in result.items() if not k.startswith("steps_")}, indent=2))
     print(
         f"\nmu_theory {cap.mu:.3f} req/s vs measured {mu_measured:.3f} req/s (gap {result['gap']:.1%}); "

@@ -71,9 +71,10 @@ def _section(value, where: str) -> Section:
     return value if isinstance(value, Section) else Section(value, where)
 
 
-def check_params(params) -> dict:
+def check_params(params, machine: bool = True) -> dict:
     """The evaluate section checked before anything loads (a bad value is one line naming its key):
-    the settings run() uses. A negative batch_size once gave a wrong tau_b without a word."""
+    the settings run() uses. A negative batch_size once gave a wrong tau_b without a word.
+    `machine=False` (`pars profile`): a hub tokenizer is not looked up."""
     sec = _section(params, "params: evaluate").only(
         ("train_models", "methods", "cross_models", "blends", "eval_models", "delta", "bootstrap", "batch_size")
         + ("precision", "torch_threads", "baseline_tokenizer", "tfidf_ridge", "wandb")
@@ -97,7 +98,9 @@ def check_params(params) -> dict:
     tokenizer = sec["baseline_tokenizer"]
     if not isinstance(tokenizer, str) or not tokenizer:
         raise PARSError(f"{sec.where}.baseline_tokenizer {tokenizer!r}: must be a tokenizer name")
-    resolve_encoder(tokenizer, key=f"{sec.where}.baseline_tokenizer")  # a mistyped name: one line naming the key
+    resolve_encoder(
+        tokenizer, key=f"{sec.where}.baseline_tokenizer", lookup=machine
+    )  # a mistyped name: one line naming the key
     wandb = _section(sec.mapping("wandb"), f"{sec.where}.wandb").only(("enabled", "project", "mode"))
     if not isinstance(wandb["enabled"], bool):
         raise PARSError(f"{wandb.where}.enabled {wandb['enabled']!r}: must be true or false")

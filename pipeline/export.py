@@ -22,7 +22,7 @@ from pathlib import Path
 from pipeline.errors import PARSError, plain_name
 from pipeline.hashing import sha256_file
 from pipeline.params import Section, load_params
-from pipeline.ranking.checkpoint import META, TYPICAL_SCORE, copy_checkpoint, read_meta
+from pipeline.ranking.checkpoint import META, TYPICAL_SCORE, CheckpointError, copy_checkpoint, read_meta
 
 
 def export_dir(name: str, root: str | Path = "models/export") -> Path:
@@ -56,11 +56,14 @@ def in_domain_metrics(
             f"(evaluate needs {model} among its predictors and {eval_model} in evaluate.eval_models)"
         )
     overall = by_group["overall"]
-    tau = overall.get("kendall_tau_b")
+    key = f"predictors.{model}.{method}.{eval_model}.overall.kendall_tau_b"
+    if "kendall_tau_b" not in overall:  # a damaged file: exported as null, or left out of a cross-model minimum
+        raise ValueError(f"{path} has no {key} (rerun evaluate)")
+    tau = overall["kendall_tau_b"]
     if tau is not None and (isinstance(tau, bool) or not isinstance(tau, (int, float))):
-        raise ValueError(
-            f"{path}: predictors.{model}.{method}.{eval_model}.overall.kendall_tau_b {tau!r} is not a number"
-        )
+        raise ValueError(f"{path}: {key} {tau!r} is not a number")
+    if tau is not None and not (tau != tau or -1 <= tau <= 1):  # NaN (!= itself): undefined, as evaluate writes it
+        raise ValueError(f"{path}: {key} {tau!r} is not a tau_b (between -1 and 1)")
     refs = _dig(ranking, "references", eval_model, "overall")
     refs = refs if isinstance(refs, dict) else {}
     return {
@@ -91,8 +94,14 @@ def export_metrics(ranking: dict, model: str, method: str, members: list[str], p
         metrics = in_domain_metrics(ranking, model, method, path)
         return metrics, metrics["kendall_tau_b"]
     by_model = {m: in_domain_metrics(ranking, model, method, path, eval_model=m) for m in members}
-    taus = [v["kendall_tau_b"] for v in by_model.values() if v["kendall_tau_b"] is not None]
-    return {"by_eval_model": by_model, "summary": "test_tau_b = the lowest over by_eval_model"}, min(taus, default=None)
+    for m, v in by_model.items():  # a member left out would raise the minimum (and NaN makes min() order-dependent)
+        if v["kendall_tau_b"] is None or v["kendall_tau_b"] != v["kendall_tau_b"]:
+            raise ValueError(
+                f"{path}: predictors.{model}.{method}.{m}.overall.kendall_tau_b is {v['kendall_tau_b']!r}: "
+                f"test_tau_b is the lowest over the members {members}, so each needs a finite one (rerun evaluate)"
+            )
+    taus = [v["kendall_tau_b"] for v in by_model.values()]
+    return {"by_eval_model": by_model, "summary": "test_tau_b = the lowest over by_eval_model"}, min(taus)
 
 
 def typical_score(scorer, prompts_path: str | Path) -> dict:
@@ -147,6 +156,12 @@ def run(
     if prompts_file is not None and not Path(prompts_file).is_file():
         raise FileNotFoundError(
             f"{prompts_file} does not exist (run prepare first: its val prompts give the typical score)"
+        )
+    if not src.is_dir():  # a typo in a params key: name the key, not only the path it made
+        key = "model" if not src.parent.is_dir() else "method"
+        raise CheckpointError(
+            f"{getattr(params, 'where', 'export')}.{key} {params[key]!r}: checkpoint directory {src} does not exist "
+            f"(train it first, or name a predictor under {Path(models_root)})"
         )
     source_meta = read_meta(src)  # validates the source (files, version, hash) with a clear message
     trained_on = {"model": model, **(source_meta.get("trained_on") or {})}

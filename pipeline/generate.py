@@ -12,6 +12,7 @@ cache for the prompts selected now.
 from __future__ import annotations
 
 import argparse
+import difflib
 import hashlib
 import json
 import os
@@ -23,7 +24,13 @@ from typing import Any
 import pandas as pd
 
 from pipeline.backends import OPTIONS, PromptItem, Sample, make_backend
-from pipeline.backends.vllm_backend import DTYPES
+from pipeline.backends.vllm_backend import (
+    DEFAULT_MAX_MODEL_LEN,
+    DTYPES,
+    OWN_ENGINE_ARGS,
+    check_engine_args,
+    model_max_positions,
+)
 from pipeline.contracts import (
     FINISH_REASONS,
     GENERATIONS,
@@ -150,10 +157,14 @@ def select_prompts(prompts: pd.DataFrame, spec: dict[str, Any]) -> pd.DataFrame:
     """The prompts a model answers: its datasets, at most N per dataset (smallest ids first)."""
     datasets = spec.get("datasets")
     if datasets:
-        unknown = sorted(set(datasets) - set(prompts["dataset"]))
+        made = sorted(set(prompts["dataset"]))
+        unknown = sorted(set(datasets) - set(made))
         if unknown:
+            close = difflib.get_close_matches(unknown[0], made, n=1)
+            hint = f"did you mean {close[0]!r}? " if close else ""
             raise ValueError(
-                f"datasets {unknown} are not in the prompts file (prepare made {sorted(set(prompts['dataset']))})"
+                f"{getattr(spec, 'where', 'generate.models.<model>')}.datasets: {unknown} are not in the prompts "
+                f"file ({hint}prepare made {made})"
             )
         prompts = prompts[prompts["dataset"].isin(datasets)]
     cap = spec.get("max_prompts_per_dataset")
@@ -163,9 +174,11 @@ def select_prompts(prompts: pd.DataFrame, spec: dict[str, Any]) -> pd.DataFrame:
     return prompts.reset_index(drop=True)
 
 
-def check_spec(model: str, spec: dict[str, Any]) -> Section:
+def check_spec(model: str, spec: dict[str, Any], machine: bool = True) -> Section:
     """One model's entry of generate.models, checked before any backend is made: a bad value is one
-    line naming `<file>: generate.models.<model>.<key>`, not a vLLM error after the engine loads."""
+    line naming `<file>: generate.models.<model>.<key>`, not a vLLM error after the engine loads.
+    `machine=False` (`pars profile`) leaves out what asks this machine (a local model dir, the
+    installed vLLM): a profile is switched to before the models it names are there."""
     if not isinstance(spec, Section):
         spec = Section(spec, f"generate.models.{model}")
     where = spec.where
@@ -178,6 +191,11 @@ def check_spec(model: str, spec: dict[str, Any]) -> Section:
             f"{where}.{unknown[0]}: not an option of the {backend} backend; its options: "
             f"{', '.join(sorted(OPTIONS[backend] | selection))}"
         )
+    if backend == "vllm" or "model" in spec:  # openai's backend says when it is missing
+        # `model: null` would otherwise load the hub id "None"
+        name = spec["model"]
+        if not isinstance(name, str) or not name.strip():
+            raise PARSError(f"{where}.model {name!r}: must be a model name (a local dir or a hub id, org/name)")
     datasets = spec.get("datasets")
     if datasets is not None and not (
         isinstance(datasets, list) and datasets and all(isinstance(d, str) for d in datasets)
@@ -204,23 +222,68 @@ def check_spec(model: str, spec: dict[str, Any]) -> Section:
         if key in spec:
             spec.number(key, positive=True, maximum=1)
     if backend == "vllm":
-        if "dtype" in spec:
-            spec.choice("dtype", DTYPES)
-        if "max_tokens" in spec and "max_model_len" in spec and spec["max_tokens"] >= spec["max_model_len"]:
-            raise PARSError(
-                f"{where}.max_tokens {spec['max_tokens']}: must be below max_model_len ({spec['max_model_len']}), "
-                "which holds the prompt and the answer"
-            )
-        path = str(spec["model"])
-        # a hub id is `name` or `org/name`; anything else is a local dir, which must be there now, and
-        # so is `dir/name` when `dir` is a local directory (`models/x` means this checkout's models/)
-        local = path.startswith(("/", ".", "~")) or path.count("/") > 1 or ("/" in path and Path(path).parent.is_dir())
-        if local and not Path(path).expanduser().exists():
-            raise PARSError(
-                f"{where}.model {path}: no such directory (a local model dir must exist: run the stage that "
-                "writes it, e.g. `dvc repro materialize`; or give a hub id, org/name)"
-            )
+        check_vllm_spec(spec, machine)
     return spec
+
+
+def check_vllm_spec(spec: Section, machine: bool) -> None:
+    """The vllm backend's own keys (check_spec has checked the shared ones)."""
+    where = spec.where
+    if "dtype" in spec:
+        spec.choice("dtype", DTYPES)
+    if "enforce_eager" in spec and not isinstance(spec["enforce_eager"], bool):  # bool("no") is True
+        raise PARSError(f"{where}.enforce_eager {spec['enforce_eager']!r}: must be true or false")
+    if "cpu_kv_cache_gib" in spec:
+        spec.number("cpu_kv_cache_gib", positive=True)
+    engine_args = spec.get("engine_args") or {}
+    for key in OWN_ENGINE_ARGS:
+        if key in engine_args:
+            raise PARSError(f"{where}.engine_args.{key}: set {where}.{key} instead (the backend passes it to vLLM)")
+    # the engine gets DEFAULT_MAX_MODEL_LEN when the entry sets none: the answer must fit it too
+    max_len = spec.get("max_model_len", DEFAULT_MAX_MODEL_LEN)
+    if "max_tokens" in spec and spec["max_tokens"] >= max_len:
+        default = "" if "max_model_len" in spec else ", the default: set a larger max_model_len"
+        raise PARSError(
+            f"{where}.max_tokens {spec['max_tokens']}: must be below max_model_len ({max_len}{default}), "
+            "which holds the prompt and the answer"
+        )
+    if not machine:
+        return
+    path = spec["model"]
+    # a hub id is `name` or `org/name`; anything else is a local dir, which must be there now, and
+    # so is `dir/name` when `dir` is a local directory (`models/x` means this checkout's models/)
+    local = path.startswith(("/", ".", "~")) or path.count("/") > 1 or ("/" in path and Path(path).parent.is_dir())
+    if local and not Path(path).expanduser().exists():
+        raise PARSError(
+            f"{where}.model {path}: no such directory (a local model dir must exist: run the stage that "
+            "writes it, e.g. `dvc repro materialize`; or give a hub id, org/name)"
+        )
+    # vLLM refuses a max_model_len beyond the model's positions, but only once the engine starts;
+    # a hub model's config is not read here (no download before the engine)
+    positions = model_max_positions(Path(path).expanduser()) if Path(path).expanduser().is_dir() else None
+    if (
+        positions is not None
+        and max_len > positions
+        and os.environ.get("VLLM_ALLOW_LONG_MAX_MODEL_LEN") in (None, "", "0")
+    ):
+        raise PARSError(
+            f"{where}.max_model_len {max_len}{'' if 'max_model_len' in spec else ' (the default)'}: the model has "
+            f"{positions} positions ({path}/config.json max_position_embeddings); set max_model_len <= {positions}"
+        )
+    check_engine_args(engine_args, where)
+
+
+def check_params(params: Section, machine: bool = True) -> None:
+    """The generate section as `pars profile` checks it: its keys and every model's entry (the stage
+    itself checks the entry it runs, in run)."""
+    models = models_of(params)
+    for model in models:
+        check_spec(str(model), models.mapping(model), machine=machine)
+
+
+def models_of(params: Section) -> Section:
+    """generate.models, the section's keys checked."""
+    return params.only(("models", "recorded_tokenizer")).mapping("models")
 
 
 def _progress(total: int, model: str):
@@ -344,8 +407,8 @@ def main(argv: list[str] | None = None) -> int:
         "--metrics", default="metrics/generate", help="where <model>.json (this run's counts and speed) goes"
     )
     args = parser.parse_args(argv)
-    params = load_params("generate", args.params).only(("models", "recorded_tokenizer"))
-    models = params.mapping("models")
+    params = load_params("generate", args.params)
+    models = models_of(params)
     if args.model not in models:
         raise KeyError(f"model {args.model!r} is not in generate.models (have {sorted(map(str, models))})")
     spec = models.mapping(args.model)  # checked by run, before the backend is made

@@ -14,6 +14,7 @@ import numpy as np
 import pandas as pd
 
 from pipeline.contracts import GENERATIONS, PROMPTS, ensure_parent, prompts_path, read_table, write_json
+from pipeline.errors import PARSError
 from pipeline.ranking.labels import check_generations, check_known_prompts
 
 
@@ -78,6 +79,16 @@ def plot(frames: dict[str, pd.DataFrame], out: Path) -> None:
     plt.close(fig)
 
 
+def check_plot_format(path: str) -> None:
+    """--plot's suffix names the image format: one matplotlib cannot write fails now, in one line."""
+    from matplotlib.figure import Figure
+
+    suffix = Path(path).suffix.lstrip(".").lower()
+    known = Figure().canvas.get_supported_filetypes()
+    if suffix and suffix not in known:
+        raise PARSError(f"--plot {path}: matplotlib cannot write {suffix!r} images (known: {', '.join(sorted(known))})")
+
+
 def print_table(table: dict) -> None:
     head = (
         f"{'model':<18} {'dataset':<12} {'prompts':>7} {'samples':>7} {'mean':>7} {'median':>7} {'cv':>6} {'trunc':>6}"
@@ -103,6 +114,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     for out in (args.metrics, args.plot):  # an output under a file: one line, before any work
         ensure_parent(out)
+    check_plot_format(args.plot)  # before the metrics file is replaced
     root = Path(args.generations)
     models = (
         args.models or sorted(p.name for p in root.iterdir() if (p / "generations.parquet").exists())

@@ -14,6 +14,7 @@ from pathlib import Path
 from pipeline.backends.gguf import materialize_gguf
 from pipeline.errors import PARSError, plain_name
 from pipeline.params import load_params
+from pipeline.sources.base import SourceUnavailable, package_file
 
 OUT_ROOT = Path("models/base")
 
@@ -24,6 +25,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--params", default=None, help="params file (default params.yaml)")
     args = parser.parse_args(argv)
     params = load_params("materialize", args.params)
+    if not params:  # `materialize:` left blank would convert nothing and exit 0, leaving generate no model
+        raise PARSError(f"{params.where} is empty: name at least one packaged GGUF ({{package: ..., gguf_file: ...}})")
     root = Path(args.out_root)
     specs = {}  # every entry checked before the first (slow) conversion
     for name in params:
@@ -38,6 +41,10 @@ def main(argv: list[str] | None = None) -> int:
         for key in ("package", "gguf_file"):
             if not isinstance(spec[key], str) or not spec[key]:
                 raise PARSError(f"{spec.where}.{key} {spec[key]!r}: must be a non-empty string")
+        try:  # a missing package or file found now, not after the entries before it were converted
+            package_file(spec["package"], spec["gguf_file"])
+        except SourceUnavailable as exc:
+            raise PARSError(f"{spec.where}: {exc}") from None
         specs[name] = spec
     root.mkdir(parents=True, exist_ok=True)
     for name, spec in specs.items():

@@ -161,8 +161,11 @@ def build_pairs(
     """Labels and δ-filtered pairs per split; raises a clear error when pairs cannot be formed."""
     delta, partners, factor, seed = check_params(params)
 
+    missing = generations["sample"].isna()
+    if missing.any():  # else check_generations would call these rows duplicates of each other
+        raise ValueError(f"generations of {model}: {int(missing.sum())} row(s) have no sample")
     labels = prompt_labels(generations, where=f"generations of {model}")
-    split_of = prompts.drop_duplicates("prompt_id").set_index("prompt_id")["split"]
+    split_of = prompts.set_index("prompt_id")["split"]  # one row per prompt_id: read_table checks it
     check_known_prompts(labels["prompt_id"], split_of.index.to_series(), where=f"generations of {model}")
     labels["split"] = labels["prompt_id"].map(split_of).astype(str)
 

@@ -130,9 +130,11 @@ def number_list(
     return [float(v) for v in values]
 
 
-def _section(value: Any, where: str) -> Any:
+def as_section(value: Any, where: str) -> Any:
+    """`value` with every mapping in it a Section named `where` (`<file>: <section>`) plus its dotted key:
+    a params section as load_params gives it, for params merged in memory (`pars profile`)."""
     if isinstance(value, dict):
-        return Section({k: _section(v, f"{where}.{k}") for k, v in value.items()}, where)
+        return Section({k: as_section(v, f"{where}.{k}") for k, v in value.items()}, where)
     return value
 
 
@@ -151,7 +153,7 @@ def load_params(section: str, path: str | Path | None = None) -> Section:
     value = data[section]
     if value is not None and not isinstance(value, dict):
         raise PARSError(f"{path}: {section} must be a mapping of keys to values, not {value!r}")
-    return _section(value or {}, f"{path}: {section}")
+    return as_section(value or {}, f"{path}: {section}")
 
 
 def read_yaml(path: str | Path) -> Any:

@@ -98,6 +98,18 @@ def source_options(name: str, options: Any, where: str) -> tuple[str, dict]:
         not isinstance(splits, list) or not splits or not set(splits) <= {"train", "val", "test"}
     ):
         raise PARSError(f"{where}: splits {splits!r} is not a list of train, val, test (or null for all)")
+    for option in takes:  # the source's own options other than limit (path, text_field, repo) are strings
+        value, default = options.get(option, params[option].default), params[option].default
+        if option == "limit" or (value is None and default is None):
+            continue
+        if not isinstance(value, str) or not value:
+            raise PARSError(f"{where}.{option} {value!r}: must be a non-empty string")
+    if kind == "jsonl":  # found now, before any entry is loaded
+        path = Path(options["path"])
+        if path.is_dir():
+            raise PARSError(f"{where}.path {path}: is a directory, not a JSONL file of prompts")
+        if not path.is_file():
+            raise PARSError(f"{where}.path {path}: does not exist")
     return kind, options
 
 
@@ -152,14 +164,22 @@ def load_source(
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="pars prepare", description=__doc__.splitlines()[0])
-    parser.add_argument("--out", default=str(prompts_path()))
+    parser.add_argument(
+        "--out",
+        default=str(prompts_path()),
+        help="the prompts table to write (default %(default)s); report.json in the same directory is replaced too",
+    )
     parser.add_argument("--params", default=None, help="params file (default params.yaml)")
     args = parser.parse_args(argv)
     params = load_params("prepare", args.params).only(("sources", "split", "max_prompt_chars"))
     ensure_parent(args.out)  # an --out under a file fails now, not after reading every source
     sources = params["sources"] or {}
     if not sources:
-        raise ValueError("params prepare.sources is empty: name at least one prompt source")
+        raise PARSError(f"{params.where}.sources is empty: name at least one prompt source")
+    if not isinstance(sources, dict):
+        raise PARSError(f"{params.where}.sources: expected a mapping of source name to options")
+    for name, options in sources.items():  # every entry's name, options and file, before any is loaded
+        source_options(name, options, f"{params.where}.sources.{name}")
     fractions = params["split"]
     if (
         not isinstance(fractions, dict)
@@ -179,8 +199,6 @@ def main(argv: list[str] | None = None) -> int:
         raise PARSError(f"{params.where}.max_prompt_chars {max_chars!r}: expected a whole number >= 1")
 
     frames, report = [], {}
-    if not isinstance(sources, dict):
-        raise PARSError(f"{params.where}.sources: expected a mapping of source name to options")
     for name, options in sources.items():
         df, counts = load_source(name, options, fractions, max_chars, where=f"{params.where}.sources.{name}")
         frames.append(df)

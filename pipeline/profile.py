@@ -5,6 +5,8 @@ replaced; a dotted key listed under the profile's `_replace` is replaced whole (
 list of generation models). Comments in params.yaml are not kept. DVC cannot build a dep list
 from params, so the evaluate stage's model deps in the dvc.yaml beside params.yaml (the lines
 between its BEGIN/END evaluate models comments) are rewritten from the merged `evaluate` section.
+The merged params are checked first, by the checks the stages run on their sections (check_merged):
+a profile that would write a params file some stage refuses is refused, and nothing is written.
 Before the first switch each file is copied to `<file>.pre-profile` (uncommitted edits and
 comments included; a later switch keeps that copy); `cp params.yaml.pre-profile params.yaml` (and
 the same for dvc.yaml) goes back. A backup is never overwritten by a different file: if
@@ -24,8 +26,8 @@ from typing import Any
 import yaml
 
 from pipeline.errors import PARSError
-from pipeline.params import read_yaml
-from pipeline.ranking.predictors import evaluated_predictors
+from pipeline.params import Section, as_section, read_yaml
+from pipeline.ranking.predictors import evaluated_predictors, names
 
 
 def deep_merge(base: dict, overlay: dict, replace: set[str], prefix: str = "") -> dict:
@@ -76,6 +78,54 @@ def check_profile(profile: Path, overlay: Any, base: Any, params: Path) -> set[s
     return set(replace)
 
 
+def check_merged(merged: dict, base: dict, where: str) -> None:
+    """Every section of the merged params as its stage checks it, before anything is written: a
+    profile's `lrr`, `lr: -1` or `models: llama` would otherwise write a params file that the stage
+    refuses only when it runs. Only what the params decide (machine=False). Sections whose stage
+    checks its params only with its data (prepare, engine_fit, sim_fidelity) get _like_base."""
+    from pipeline import blend, capacity, evaluate, export, generate, pairs, simulate, train
+    from pipeline.ranking.losses import METHODS
+
+    # machine=False: what a check would ask this machine (the hub, its accelerator, files that later
+    # stages write) is left out; a profile is switched to before those exist, often elsewhere
+    checks = {
+        "generate": lambda sec: generate.check_params(sec, machine=False),
+        "pairs": pairs.check_params,
+        "train": lambda sec: train.check_params(sec, list(METHODS), machine=False),  # every method
+        # one blend@<model> stage per entry of predictors, each checking the section for its entry
+        "blend": lambda sec: [blend.check_params(model, sec, machine=False) for model in sec.mapping("predictors")],
+        "evaluate": lambda sec: (evaluate.check_params(sec, machine=False), evaluated_predictors(sec)),
+        "export": export.check_params,
+        "capacity": lambda sec: capacity.check_stage_params(sec, machine=False),
+        "simulate": lambda sec: simulate.check_params(sec, sec.where),
+    }
+    for name, value in merged.items():
+        if value is not None and not isinstance(value, dict):
+            raise PARSError(f"{where}: {name} must be a mapping of keys to values, not {value!r}")
+        section = as_section(value or {}, f"{where}: {name}")
+        if name in checks:
+            checks[name](section)
+        elif name in ("prepare", "engine_fit", "sim_fidelity") and isinstance(base.get(name), dict):
+            _like_base(section, base[name])
+        # materialize: its keys are model names; the stage checks each entry before converting any
+
+
+def _kind(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true or false"
+    kinds = ((int, "a number"), (float, "a number"), (str, "a string"), (list, "a list"), (dict, "a mapping"))
+    return next((kind for cls, kind in kinds if isinstance(value, cls)), "null" if value is None else "other")
+
+
+def _like_base(section: Section, base: dict) -> None:
+    """A section whose stage checks it only with its data: at least no key the params file's section
+    lacks, and no value of another kind (number, string, list, mapping) than the file's."""
+    section.only(base)
+    for key, was in base.items():
+        if key in section and was is not None and _kind(section[key]) != _kind(was):
+            raise PARSError(f"{section.where}.{key} {section[key]!r}: must be {_kind(was)}, as in the params file")
+
+
 BEGIN_EVALUATE_MODELS = "# BEGIN evaluate models"
 END_EVALUATE_MODELS = "# END evaluate models"
 
@@ -83,7 +133,7 @@ END_EVALUATE_MODELS = "# END evaluate models"
 def evaluate_model_deps(evaluate: dict[str, Any]) -> list[str]:
     """The paths the evaluate stage reads for params `evaluate`: each eval model's generations, then
     each predictor's checkpoint, in the order the stage scores them."""
-    deps = [f"data/generations/{m}" for m in evaluate.get("eval_models") or []]
+    deps = [f"data/generations/{m}" for m in names(evaluate, "eval_models")]
     deps += [f"models/{m}/{method}" for m, method in evaluated_predictors(evaluate)]
     return list(dict.fromkeys(deps))
 
@@ -133,6 +183,7 @@ def apply_profile(profile: str | Path, params: str | Path = "params.yaml") -> di
     # a blank section (`train:`) changes nothing; under _replace it empties the section
     overlay = {k: {} if v is None else v for k, v in overlay.items() if k != "_replace"}
     merged = deep_merge(base, overlay, replace)
+    check_merged(merged, base, f"{profile} merged into {params}")
     dvc_yaml = params.with_name("dvc.yaml")  # a params file outside a DVC project has none
     dvc_text = None
     if dvc_yaml.is_file():  # checked before either file is written

@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from pipeline.contracts import read_json
+from pipeline.contracts import read_json, same_file
 from pipeline.errors import PARSError
 from pipeline.ranking.report_tables import render_markdown
 from pipeline.serving.results import render_serving
@@ -53,11 +53,19 @@ def main(argv: list[str] | None = None) -> int:
     out = args.out
     if out is None and not args.ranking_only:
         out = REPORT
-    if out is not None:
-        ensure_parent(out)  # a file in the way: one line, before any work
     path = Path(args.ranking)
     if not path.is_file():
         raise FileNotFoundError(f"{path} does not exist (run `pars evaluate` or `dvc repro evaluate` first)")
+    if out is not None:
+        # the page written over a metrics file it reads (or would read, once its stage runs) loses it
+        inputs = [("the --ranking file", path)] + [
+            ("the input", f) for f in (*ESTIMATED_CEILINGS, *SERVING_FILES.values())
+        ]
+        for what, f in inputs:
+            if same_file(out, f):
+                raise PARSError(f"--out {out}: is {what} {f}; the page would replace it")
+        # a file in the way: one line, before any work; the directory is made only when the page is written
+        ensure_parent(out, create=False)
     # every file read (and its JSON checked) before anything is rendered
     ranking = read_json(path)
     ceiling_files = [f for f in ESTIMATED_CEILINGS if Path(f).is_file()]

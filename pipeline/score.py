@@ -12,14 +12,16 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from pipeline.contracts import ensure_parent, write_table, write_text
+from pipeline.contracts import ensure_parent, same_file, write_table, write_text
 from pipeline.errors import PARSError
 
 ID_FIELDS = ("prompt_id", "id")
@@ -62,8 +64,9 @@ def read_parquet(path: Path, field: str, id_field: str | None = None) -> list[di
         _check_text(record, field, f"{path}: row {row}")
     # ids as stored: pandas reads an integer column with a null as float64 (3 -> 3.0, 2**60 + 1 rounded)
     for name in ({id_field, *ID_FIELDS} & set(df.columns)) - {field}:
-        for record, value in zip(records, table.column(name).to_pylist()):
+        for row, (record, value) in enumerate(zip(records, table.column(name).to_pylist())):
             record[name] = value
+            _check_finite_id(name, value, f"{path}: row {row}")
     return records
 
 
@@ -71,6 +74,14 @@ def _check_id(record: dict, id_field: str | None, where: str) -> None:
     """An --id-field the record lacks would be written as a null id: refused, naming the record."""
     if id_field is not None and id_field not in record:
         raise ValueError(f"{where}: no id field {id_field!r} (fields: {sorted(record)}); choose one with --id-field")
+    for name in {id_field, *ID_FIELDS} & set(record):
+        _check_finite_id(name, record[name], where)
+
+
+def _check_finite_id(name: str, value, where: str) -> None:
+    """An id of NaN or inf (JSON NaN, 1e400) is written as null: refused, naming the record."""
+    if isinstance(value, float) and not math.isfinite(value):
+        raise ValueError(f"{where}: id {name!r} is {value!r}, not a finite number (it would be written as null)")
 
 
 def _check_text(record: dict, field: str, where: str) -> None:
@@ -138,7 +149,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--batch-size", type=_positive_int, default=32)
     args = parser.parse_args(argv)
 
+    if args.output and same_file(args.output, args.input):
+        raise PARSError(f"-o {args.output}: is the input file {args.input}; the scores would replace the prompts")
     records = read_prompts(args.input, args.field, args.id_field)  # input errors before the (slower) model load
+    if not records:  # exit 0 with no output would look like a run that scored the file
+        raise PARSError(f"{args.input}: no prompts to score (no records in the file)")
     if args.output:
         if Path(args.output).suffix not in (".jsonl", ".parquet"):
             raise PARSError(f"-o {args.output}: output must end in .jsonl or .parquet")
@@ -150,6 +165,12 @@ def main(argv: list[str] | None = None) -> int:
         _check_parquet_ids(ids, id_field, args.input)  # found before scoring, not when writing
     scorer = Scorer.from_pretrained(args.checkpoint, batch_size=args.batch_size)  # CheckpointError: one line
     scores = scorer.score([r[args.field] for r in records], progress=len(records) > 256)
+    bad = int((~np.isfinite(scores)).sum())
+    if bad:  # each would be written as "score": null (export refuses such a checkpoint; train may not)
+        raise PARSError(
+            f"--checkpoint {args.checkpoint}: non-finite scores for {bad} of {len(records)} prompts of "
+            f"{args.input}; the checkpoint is broken (nothing written)"
+        )
     partial = [f for f in ID_FIELDS if not id_field and any(f in r for r in records)]
     if partial:  # the output's `index` still ties each score to its input record
         having = sum(partial[0] in r for r in records)

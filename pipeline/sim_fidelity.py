@@ -42,9 +42,92 @@ METRICS = Path("metrics/sim_fidelity.json")
 PLOT = Path("plots/sim_fidelity.png")
 POLICIES = ("fcfs", "pars", "oracle")  # the engine benchmark's policies
 STATS = ("mean_per_token_latency", "p90_per_token_latency", "mean_ttft", "throughput_rps")
+ENGINE = ("M", "block_size", "token_budget", "chunk", "max_num_seqs")  # the replay's engine settings
 
 
-def _read(path: str | Path) -> dict[str, Any]:
+def _number(path: str | Path, value: Any, name: str, *, minimum: float | None = None, whole: bool = False) -> Any:
+    """`value`, a finite number (whole: an integer) >= minimum, or one line naming the file and field."""
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    if not (ok and (not whole or value == int(value)) and (minimum is None or value >= minimum)):
+        need = ("a whole number" if whole else "a finite number") + (f" >= {minimum:g}" if minimum is not None else "")
+        raise PARSError(f"{path}: {name} {value!r}: must be {need} (as benchmarks/engine_bench.py writes it)")
+    return value
+
+
+def _mapping(path: str | Path, value: Any, name: str) -> dict[str, Any]:
+    if not isinstance(value, dict):
+        raise PARSError(f"{path}: {name} {value!r}: must be a mapping (as benchmarks/engine_bench.py writes it)")
+    return value
+
+
+def _positive(path: str | Path, value: Any, name: str) -> Any:
+    _number(path, value, name)
+    if not value > 0:
+        raise PARSError(f"{path}: {name} {value!r}: must be positive (as benchmarks/engine_bench.py writes it)")
+    return value
+
+
+def _check(path: str | Path, data: dict[str, Any], role: str) -> None:
+    """Every field the stage reads from a `role` (calibration or validation) burst, checked before
+    the replay: a NaN step time, a 2.5-token answer or a latency list of the wrong length would
+    otherwise fail deep in the simulator, or give a wrong figure."""
+    # absent or null: a bench from before it recorded its setup
+    data["setup"] = {} if data.get("setup") is None else _mapping(path, data["setup"], "setup")
+    w = data["workload"]
+    n = len(w["prompt_tokens"])
+    if n == 0:
+        raise PARSError(f"{path}: workload.prompt_tokens is empty: no requests to replay")
+    for key in ("prompt_tokens", "output_tokens"):
+        for i, v in enumerate(w[key]):
+            _number(path, v, f"workload.{key}[{i}]", minimum=1, whole=True)
+    for policy in POLICIES:
+        run = data[policy]
+        engine = _mapping(path, run.get("engine"), f"{policy}.engine")
+        for key in ENGINE:
+            _number(path, engine.get(key), f"{policy}.engine.{key}", minimum=1, whole=True)
+        if engine["token_budget"] < engine["max_num_seqs"]:
+            raise PARSError(
+                f"{path}: {policy}.engine.token_budget {engine['token_budget']} is below max_num_seqs "
+                f"{engine['max_num_seqs']} (vLLM refuses that engine)"
+            )
+        if engine["block_size"] > engine["M"]:
+            raise PARSError(f"{path}: {policy}.engine.block_size {engine['block_size']} exceeds M {engine['M']}")
+        if role == "calibration":
+            fit = _mapping(path, run.get("step_fit"), f"{policy}.step_fit")
+            _number(path, fit.get("c0_s"), f"{policy}.step_fit.c0_s", minimum=0)
+            _number(path, fit.get("c1_s_per_token"), f"{policy}.step_fit.c1_s_per_token", minimum=0)
+            _number(path, fit.get("steps"), f"{policy}.step_fit.steps", minimum=1, whole=True)
+            if fit["c0_s"] + fit["c1_s_per_token"] <= 0:
+                raise PARSError(f"{path}: {policy}.step_fit: c0_s and c1_s_per_token are both 0 (steps take no time)")
+        else:
+            for stat in STATS:  # the relative errors divide by them
+                _positive(path, run.get(stat), f"{policy}.{stat}")
+            latency = _mapping(path, run.get("per_request"), f"{policy}.per_request").get("per_token_latency")
+            if not isinstance(latency, list) or len(latency) != n:
+                size = f"{len(latency)} entries" if isinstance(latency, list) else repr(latency)[:40]
+                raise PARSError(
+                    f"{path}: {policy}.per_request.per_token_latency must list one latency per request "
+                    f"({n}), not {size}"
+                )
+            for i, v in enumerate(latency):
+                _number(path, v, f"{policy}.per_request.per_token_latency[{i}]", minimum=0)
+    if role == "calibration":
+        stats = _mapping(path, data["pars"].get("pars_stats"), "pars.pars_stats")
+        _positive(path, stats.get("num_scored"), "pars.pars_stats.num_scored")
+        _positive(path, stats.get("score_s"), "pars.pars_stats.score_s")
+    else:
+        setup = data["setup"]
+        starve = setup.get("starvation_s")  # absent: the scheduler's 120 s; null or inf: no rule
+        if starve is not None and (isinstance(starve, bool) or not isinstance(starve, (int, float)) or not starve > 0):
+            raise PARSError(f"{path}: setup.starvation_s {starve!r}: must be seconds > 0 (null or inf: no rule)")
+        if setup.get("checkpoint_typical_score") is not None:
+            _number(path, setup["checkpoint_typical_score"], "setup.checkpoint_typical_score")
+        for key in ("scoring_batch_size", "scoring_chunk_batches"):
+            if key in data["pars"]:
+                _number(path, data["pars"][key], f"pars.{key}", minimum=1, whole=True)
+
+
+def _read(path: str | Path, role: str) -> dict[str, Any]:
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(
@@ -69,6 +152,7 @@ def _read(path: str | Path) -> dict[str, Any]:
             raise PARSError(
                 f"{path}: workload.{key} has {len(values)} entries, prompt_tokens {len(w['prompt_tokens'])}"
             )
+    _check(path, data, role)
     return data
 
 
@@ -171,7 +255,7 @@ def replay(
         )
     # where an unscored request waited before the first score: the checkpoint's typical score (a
     # bench from before the scheduler used one: 0, as the scheduler then did)
-    first = float(validation.get("setup", {}).get("checkpoint_typical_score") or 0.0)
+    first = float(validation["setup"].get("checkpoint_typical_score") or 0.0)
     out = {}
     for policy in POLICIES:
         cfg = engine_config(validation[policy]["engine"], step, starvation_s, policy)
@@ -231,22 +315,20 @@ def plot(validation: dict[str, Any], sims: dict[str, Any], path: Path) -> None:
 
 
 def run(p: dict[str, Any]) -> dict[str, Any]:
-    Section(p, getattr(p, "where", "sim_fidelity")).only(("calibration", "validation"))
-    calibration, validation = _read(p["calibration"]), _read(p["validation"])
+    where = getattr(p, "where", "sim_fidelity")
+    Section(p, where).only(("calibration", "validation"))
+    for key in ("calibration", "validation"):
+        if not isinstance(p[key], str) or not p[key]:
+            raise PARSError(f"{where}.{key} {p[key]!r}: must be the path of a benchmarks/engine_bench.py JSON")
+    calibration, validation = _read(p["calibration"], "calibration"), _read(p["validation"], "validation")
     if calibration["workload"]["prompt_tokens"] == validation["workload"]["prompt_tokens"]:
         raise ValueError(
             f"{p['calibration']} and {p['validation']} hold the same burst: the calibration run "
             f"needs other prompts (engine_bench.py --seed 1)"
         )
-    same = ("M", "block_size", "token_budget", "chunk", "max_num_seqs")
-    for path, data in ((p["calibration"], calibration), (p["validation"], validation)):
-        for policy in POLICIES:
-            engine = data[policy].get("engine")
-            if not isinstance(engine, dict) or any(k not in engine for k in same):
-                raise PARSError(f"{path}: {policy}.engine must hold {', '.join(same)} (rerun the benchmark)")
-    for policy in POLICIES:
+    for policy in POLICIES:  # each file's engine settings are checked by _read
         a, b = calibration[policy]["engine"], validation[policy]["engine"]
-        if any(a[k] != b[k] for k in same):
+        if any(a[k] != b[k] for k in ENGINE):
             raise ValueError(
                 f"{p['calibration']} and {p['validation']} ran different engine settings "
                 f"({policy}: {a} vs {b}): the step model would not transfer"
@@ -260,8 +342,9 @@ def run(p: dict[str, Any]) -> dict[str, Any]:
         )
     step = _from(p["calibration"], pooled_step_model, calibration)
     rate = _from(p["calibration"], scoring_rate, calibration)
-    # the PARS scheduler's starvation threshold as the validation run used it
-    starvation = _from(p["validation"], lambda: float(validation.get("setup", {}).get("starvation_s", 120.0)))
+    # the PARS scheduler's starvation threshold as the validation run used it (null: the rule off)
+    raw = validation["setup"].get("starvation_s", 120.0)
+    starvation = math.inf if raw is None else float(raw)
     sims = replay(validation, step, starvation, rate)
     table = _from(p["validation"], compare, validation, sims)
     plot(validation, sims, PLOT)

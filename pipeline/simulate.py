@@ -14,7 +14,8 @@ a missing score file or predictor skips that policy, and the output says so.
 quality: log(true length) plus Gaussian noise of each given sigma, and the tau_b that noise gives.
 
 Writes metrics/simulation.json (`workloads.<name>.scenarios.<scenario>.<policy>`) and
-plots/simulation/*.png.
+plots/simulation/*.png (or --out and --plots), after every input is checked and every workload has
+run. A --workload subset must write elsewhere: the stage's outputs hold every workload.
 """
 
 from __future__ import annotations
@@ -26,7 +27,17 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from pipeline.contracts import GENERATIONS, PROMPTS, generations_path, prompts_path, read_table, write_json
+from pipeline.contracts import (
+    GENERATIONS,
+    PROMPTS,
+    SCORES,
+    ensure_parent,
+    generations_path,
+    prompts_path,
+    read_table,
+    scores_path,
+    write_json,
+)
 from pipeline.errors import PARSError
 from pipeline.params import Section, load_params
 from pipeline.queueing import theory as th
@@ -69,8 +80,6 @@ def load_requests(
     if truncated > 0:
         notes.append(f"{truncated:.1%} of answers were cut at max_tokens: their length is a lower bound")
 
-    from pipeline.contracts import SCORES, scores_path
-
     path = Path(scores_file) if scores_file else scores_path(data_root)
     scores = pd.DataFrame(index=pd.Index(sorted(samples.prompt_id.unique()), name="prompt_id"))
     if not path.is_file():
@@ -96,8 +105,41 @@ def load_requests(
     return samples, scores, notes
 
 
+def check_score_models(workloads: dict[str, Any], where: str, data_root: str | Path) -> None:
+    """Every train model (and <train model>/<method>) a workload's score_model names has scores in
+    the evaluate stage's file: a typo would otherwise only drop its policy, with a note. Left to a
+    note (load_requests): no score file yet, and a method that a train model given for every policy
+    lacks (a cross-model predictor has pairwise scores only)."""
+    path = scores_path(data_root)
+    if not path.is_file():
+        return
+    sc = read_table(path, SCORES)
+    methods = {str(tm): set(group) for tm, group in sc.groupby("train_model")["method"]}
+    for name, w in workloads.items():
+        score_model = w["score_model"]
+        named = score_model.items() if isinstance(score_model, dict) else [(None, score_model)]
+        for policy, value in named:
+            key = f"{where}.workloads.{name}.score_model" + (f".{policy}" if policy is not None else "")
+            train_model, _, method = str(value).partition("/")
+            if train_model not in methods:
+                raise PARSError(
+                    f"{key} {value!r}: {path} has no scores of train model {train_model!r} "
+                    f"(known: {', '.join(sorted(methods))})"
+                )
+            method = method or (SCORE_METHODS[policy] if policy is not None else "")
+            if method and method not in methods[train_model]:
+                raise PARSError(
+                    f"{key} {value!r}: {path} has no {method!r} scores of train model {train_model!r} "
+                    f"(its methods: {', '.join(sorted(methods[train_model]))})"
+                )
+
+
 # arrival times are seconds: beyond this (about 3,000 years) they are milliseconds or not times
 MAX_TRACE_S = 1e11
+# engine sizes (tokens, requests): beyond any machine, and int64 arithmetic in the kernel stays exact
+MAX_ENGINE = 10**12
+# the file names plots() writes, <workload>_<kind>.png: the only files a run replaces or removes
+PLOT_KINDS = ("latency_cdf", "burst_queue", "speedup_vs_load", "speedup_vs_tau")
 
 
 def read_trace(path: str | Path) -> np.ndarray:
@@ -150,9 +192,11 @@ def check_params(p: dict[str, Any], where: str) -> None:
     """The simulate section's numbers, named on a defect: an infinite load or a burst of -1
     requests would otherwise end in a crash deep in the simulator, or in a meaningless table."""
 
-    def count(value: Any, key: str, minimum: int = 1) -> None:
+    def count(value: Any, key: str, minimum: int = 1, maximum: int | None = None) -> None:
         if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
             raise PARSError(f"{where}.{key} {value!r}: expected a whole number >= {minimum}")
+        if maximum is not None and value > maximum:
+            raise PARSError(f"{where}.{key} {value!r}: expected a whole number <= {maximum:g}")
 
     def number(value: Any, key: str, positive: bool) -> None:
         if (
@@ -189,16 +233,17 @@ def check_params(p: dict[str, Any], where: str) -> None:
     count(p["poisson_requests"], "poisson_requests")
     count(p["seed"], "seed", minimum=0)
     curve = p.get("quality_curve") or {}
-    if isinstance(curve, dict):
-        Section(curve, f"{where}.quality_curve").only(("workload", "noise_sigma"))
-    for key, values in (
-        ("poisson_loads", p["poisson_loads"]),
-        ("policies", p["policies"]),
-        ("quality_curve.noise_sigma", curve.get("noise_sigma") if isinstance(curve, dict) else 0),
-    ):
-        if not isinstance(values, (list, type(None))):
+    if not isinstance(curve, dict):
+        raise PARSError(f"{where}.quality_curve {curve!r}: expected {{workload: ..., noise_sigma: [...]}} or null")
+    Section(curve, f"{where}.quality_curve").only(("workload", "noise_sigma"))
+    # null is not an empty list here: the run would fail on it after minutes of simulation
+    lists = [("poisson_loads", p["poisson_loads"]), ("policies", p["policies"])]
+    if curve:
+        lists.append(("quality_curve.noise_sigma", curve.get("noise_sigma")))
+    for key, values in lists:
+        if not isinstance(values, list):
             raise PARSError(f"{where}.{key} {values!r}: expected a list")
-    for i, load in enumerate(p["poisson_loads"] or []):
+    for i, load in enumerate(p["poisson_loads"]):
         number(load, f"poisson_loads[{i}]", positive=True)
     for i, sigma in enumerate(curve.get("noise_sigma") or []):
         number(sigma, f"quality_curve.noise_sigma[{i}]", positive=False)
@@ -207,7 +252,7 @@ def check_params(p: dict[str, Any], where: str) -> None:
             f"{where}.quality_curve.workload {curve.get('workload')!r} is not one of "
             f"simulate.workloads {sorted(p.get('workloads') or {})}"
         )
-    unknown = sorted(str(x) for x in set(map(str, p["policies"] or [])) - set(POLICIES))
+    unknown = sorted(str(x) for x in set(map(str, p["policies"])) - set(POLICIES))
     if unknown:
         raise PARSError(f"{where}.policies: unknown policy {unknown[0]!r} (known: {', '.join(POLICIES)})")
     engine = p["engine"]
@@ -218,7 +263,22 @@ def check_params(p: dict[str, Any], where: str) -> None:
     Section(engine, f"{where}.engine").only(EngineConfig.__dataclass_fields__)
     for key in ("M", "chunk", "token_budget", "max_num_seqs", "block_size"):
         if key in engine:
-            count(engine[key], f"engine.{key}")
+            count(engine[key], f"engine.{key}", maximum=MAX_ENGINE)
+    setting = {k: engine.get(k, getattr(EngineConfig, k)) for k in EngineConfig.__dataclass_fields__}
+    if setting["token_budget"] < setting["max_num_seqs"]:  # each running request decodes a token every step
+        raise PARSError(
+            f"{where}.engine.token_budget {setting['token_budget']} is below engine.max_num_seqs "
+            f"{setting['max_num_seqs']}: every running request takes a token of the budget each step"
+        )
+    if setting["block_size"] > setting["M"]:
+        raise PARSError(
+            f"{where}.engine.block_size {setting['block_size']} exceeds engine.M {setting['M']}: "
+            f"the KV cache would hold no whole block"
+        )
+    if not isinstance(setting["first_token_at_prefill"], bool):  # "false" would read as true
+        raise PARSError(
+            f"{where}.engine.first_token_at_prefill {setting['first_token_at_prefill']!r}: expected true or false"
+        )
     if "step_c0" in engine:
         number(engine["step_c0"], "engine.step_c0", positive=True)
     if "step_c1" in engine:
@@ -301,13 +361,28 @@ def plots(
     sweep: dict[float, dict],
     curve: list[dict] | None,
     measured: dict[str, dict] | None,
-) -> None:
+    outdir: Path = PLOTS,
+) -> list[Path]:
+    """The workload's figures in `outdir`; returns the files written."""
+    import os
+
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    PLOTS.mkdir(parents=True, exist_ok=True)
+    outdir.mkdir(parents=True, exist_ok=True)
+    written: list[Path] = []
+
+    def save(fig, kind: str) -> None:
+        # via a temp file: an interrupted run leaves the old figure, not half of a new one
+        path = outdir / f"{name}_{kind}.png"
+        tmp = path.with_name(f".{path.name}.tmp")
+        fig.savefig(tmp, dpi=120, format="png")
+        plt.close(fig)
+        os.replace(tmp, path)
+        written.append(path)
+
     color = dict(zip(ORDER, plt.cm.tab10.colors))  # one colour per policy in every plot
     fig, ax = plt.subplots(figsize=(6, 4))
     for p in ORDER:
@@ -320,8 +395,7 @@ def plots(
     ax.set_title(f"{name}: per-token latency CDF, burst")
     ax.legend()
     fig.tight_layout()
-    fig.savefig(PLOTS / f"{name}_latency_cdf.png", dpi=120)
-    plt.close(fig)
+    save(fig, "latency_cdf")
 
     fig, ax = plt.subplots(1, 2, figsize=(10, 3.6))
     for p in ORDER:
@@ -335,8 +409,7 @@ def plots(
         a.set_xlabel("time (s)")
         a.legend(fontsize=7)
     fig.tight_layout()
-    fig.savefig(PLOTS / f"{name}_burst_queue.png", dpi=120)
-    plt.close(fig)
+    save(fig, "burst_queue")
 
     if sweep:
         fig, ax = plt.subplots(figsize=(6, 4))
@@ -350,8 +423,7 @@ def plots(
         ax.set_title(f"{name}: Poisson arrivals, speedup vs load")
         ax.legend()
         fig.tight_layout()
-        fig.savefig(PLOTS / f"{name}_speedup_vs_load.png", dpi=120)
-        plt.close(fig)
+        save(fig, "speedup_vs_load")
 
     if curve:
         fig, ax = plt.subplots(figsize=(6, 4))
@@ -376,17 +448,35 @@ def plots(
         ax.set_title(f"{name}: what ranking quality buys (burst)")
         ax.legend(fontsize=8)
         fig.tight_layout()
-        fig.savefig(PLOTS / f"{name}_speedup_vs_tau.png", dpi=120)
-        plt.close(fig)
+        save(fig, "speedup_vs_tau")
+    return written
 
 
-def run_workload(name: str, w: dict[str, Any], p: dict[str, Any], cfg, data_root: str | Path) -> dict[str, Any]:
+def load_workload(name: str, w: dict[str, Any], cfg, data_root: str | Path, where: str):
+    """load_requests, and a refusal naming the file when its longest request cannot fit in the KV
+    cache (found now, not by the simulator after other workloads have run)."""
+    samples, scores, notes = load_requests(w["model"], w["score_model"], data_root)
+    longest = int((samples.s + samples.o).max())
+    blocks = -(-longest // cfg.block_size)  # a request holds whole blocks
+    if longest >= cfg.M or blocks > cfg.M_blocks:
+        raise PARSError(
+            f"{generations_path(w['model'], data_root)}: a request of {longest} tokens (prompt + answer) "
+            f"does not fit in the KV cache: {where}.engine.M {cfg.M} (block_size {cfg.block_size}) must be larger"
+        )
+    return samples, scores, notes
+
+
+def run_workload(
+    name: str, w: dict[str, Any], p: dict[str, Any], cfg, loaded: tuple, times: np.ndarray | None
+) -> tuple[dict[str, Any], tuple]:
+    """The workload's results, and the arguments of its plots() (drawn once every workload has run)."""
     from tqdm import tqdm
 
     from pipeline.queueing.simulator import burst, poisson, trace
 
     seed = int(p["seed"])
-    samples, scores, notes = load_requests(w["model"], w["score_model"], data_root)
+    samples, scores, notes = loaded
+    notes = list(notes)
     policies = [x for x in p["policies"] if x not in SCORE_METHODS or x in scores.columns]
     if "fcfs" not in policies:
         policies.insert(0, "fcfs")
@@ -427,13 +517,11 @@ def run_workload(name: str, w: dict[str, Any], p: dict[str, Any], cfg, data_root
         table = summarise(*run_policies(sub, poisson(m, load * capacity_rate, rng), scores, policies, cfg, seed))
         scen[f"poisson_{load:g}"] = table
         sweep[load] = table
-    if p.get("trace"):
+    if times is not None:
         # a recorded arrival trace: one arrival time (seconds) per line, or a parquet/CSV column `arrival`
-        times = read_trace(p["trace"])
         sub = draw(samples, times.size, rng)
         scen["trace"] = summarise(*run_policies(sub, trace(times), scores, policies, cfg, seed))
     measured = {x: scen[f"burst_{n}"][x] for x in policies if x in SCORE_METHODS}
-    plots(name, burst_res, sweep, curve, measured)
     out = {
         "model": w["model"],
         "score_model": w["score_model"],
@@ -456,26 +544,39 @@ def run_workload(name: str, w: dict[str, Any], p: dict[str, Any], cfg, data_root
     }
     if curve is not None:
         out["quality_curve"] = curve
-    return out
+    return out, (burst_res, sweep, curve, measured)
 
 
-def run(p: dict[str, Any], data_root: str | Path = "data") -> dict[str, Any]:
+def run(
+    p: dict[str, Any], data_root: str | Path = "data", out_json: str | Path = METRICS, plots_dir: str | Path = PLOTS
+) -> dict[str, Any]:
     from pipeline.queueing.simulator import EngineConfig
 
     cfg = EngineConfig.from_dict(p["engine"])
-    for w in p["workloads"].values():  # inputs first: a run that cannot start deletes nothing
+    where = getattr(p, "where", "simulate")
+    # every input is read and checked before the first simulation; the outputs are replaced only
+    # at the end, so a run that fails on the way leaves the last good ones
+    for w in p["workloads"].values():
         for path in (prompts_path(data_root), generations_path(w["model"], data_root)):
             if not path.is_file():
                 raise FileNotFoundError(f"{path} does not exist (has the stage that writes it run?)")
-    if PLOTS.exists():  # the stage rewrites its outs whole
-        for old in PLOTS.glob("*.png"):
-            old.unlink()
-    workloads = {name: run_workload(name, w, p, cfg, data_root) for name, w in p["workloads"].items()}
+    loaded = {name: load_workload(name, w, cfg, data_root, where) for name, w in p["workloads"].items()}
+    times = read_trace(p["trace"]) if p.get("trace") else None
+    workloads, figures = {}, {}
+    for name, w in p["workloads"].items():
+        workloads[name], figures[name] = run_workload(name, w, p, cfg, loaded[name], times)
     out = {
         "engine": {k: (v if np.isfinite(v) else None) if isinstance(v, float) else v for k, v in cfg.__dict__.items()},
         "workloads": workloads,
     }
-    write_json(out, METRICS)
+    plots_dir = Path(plots_dir)
+    written = {path for name, args in figures.items() for path in plots(name, *args, outdir=plots_dir)}
+    write_json(out, out_json)
+    # then the figures this run did not redraw (a workload renamed or dropped, a curve turned off);
+    # only files named as plots() names them: a --plots directory may hold other files
+    for old in plots_dir.glob("*.png"):
+        if old not in written and old.stem.endswith(tuple(f"_{kind}" for kind in PLOT_KINDS)):
+            old.unlink()
     return out
 
 
@@ -501,6 +602,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--workload", action="append", help="run only this workload of simulate.workloads (repeatable)")
     ap.add_argument("--trace", help="also replay this arrival trace (seconds; text, CSV or parquet column `arrival`)")
     ap.add_argument("--params", default=None, help="params file (default params.yaml)")
+    ap.add_argument("--out", default=str(METRICS), help=f"metrics JSON to write (default {METRICS})")
+    ap.add_argument("--plots", default=str(PLOTS), help=f"directory of the figures (default {PLOTS})")
     args = ap.parse_args(argv)
     p = load_params("simulate", args.params)
     check_params(p, p.where)
@@ -508,11 +611,29 @@ def main(argv: list[str] | None = None) -> int:
         unknown = sorted(set(args.workload) - set(p["workloads"]))
         if unknown:
             ap.error(f"--workload {unknown[0]!r} is not in simulate.workloads {sorted(p['workloads'])}")
-        p = {**p, "workloads": {k: v for k, v in p["workloads"].items() if k in args.workload}}
+        # The stage's outputs hold every workload, from one run of one params section: a partial
+        # run writes elsewhere (merging it in could mix results of two engine settings or seeds)
+        subset = set(args.workload) != set(p["workloads"])
+        stage_outs = [
+            flag
+            for flag, given, default in (("--out", args.out, METRICS), ("--plots", args.plots, PLOTS))
+            if Path(given).resolve() == default.resolve()
+        ]
+        if subset and stage_outs:
+            raise PARSError(
+                f"--workload {' '.join(sorted(set(args.workload)))} runs part of simulate.workloads: give "
+                f"{' and '.join(stage_outs)} outside the stage's outputs ({METRICS}, {PLOTS}), which hold "
+                f"every workload"
+            )
+        p = Section({**p, "workloads": {k: v for k, v in p["workloads"].items() if k in args.workload}}, p.where)
+    check_score_models(p["workloads"], p.where, args.data_root)
+    ensure_parent(args.out, create=False)
+    if Path(args.plots).exists() and not Path(args.plots).is_dir():
+        raise PARSError(f"--plots {args.plots}: not a directory")
     if args.trace:
         read_trace(args.trace)  # a bad trace is refused before minutes of simulation, not after
-        p = {**p, "trace": args.trace}
-    out = run(p, args.data_root)
+        p = Section({**p, "trace": args.trace}, p.where)
+    out = run(p, args.data_root, args.out, args.plots)
     for name, w in out["workloads"].items():
         for scenario in w["scenarios"]:
             print_table(name, w, scenario)
@@ -521,5 +642,5 @@ def main(argv: list[str] | None = None) -> int:
                 f"{name}: tau_b {point['kendall_tau_b']:.2f} -> mean {point['speedup_mean_over_fcfs']:.2f}x, "
                 f"p90 {point['speedup_p90_over_fcfs']:.2f}x over FCFS"
             )
-    print(f"\nwrote {METRICS}, {PLOTS}/*.png")
+    print(f"\nwrote {args.out}, {args.plots}/*.png")
     return 0

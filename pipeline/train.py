@@ -118,9 +118,11 @@ def lexical_prior_settings(raw: Any, where: str = "params train") -> dict[str, A
     return out
 
 
-def check_params(params: Mapping[str, Any], methods: list[str]) -> Section:
+def check_params(params: Mapping[str, Any], methods: list[str], machine: bool = True) -> Section:
     """The train section checked before any slow work: a bad value fails in one line naming its
-    key, instead of a Lightning or numpy error (or a silently different run) minutes later."""
+    key, instead of a Lightning or numpy error (or a silently different run) minutes later.
+    `machine=False` (`pars profile`) leaves out what asks this machine: whether the hub or the
+    accelerator and devices named are here (a profile is often switched to on another machine)."""
     cfg = params if isinstance(params, Section) else Section(params, "train")
     cfg.only(TRAIN_KEYS)
     for key in ("epochs", "batch_size", "eval_batch_size", "torch_threads", "micro_batches"):
@@ -153,7 +155,7 @@ def check_params(params: Mapping[str, Any], methods: list[str]) -> Section:
     check_wandb(cfg)
 
     # the encoder: a mistyped name fails now; its config.json (when on this machine) bounds the layers
-    config = encoder_config(resolve_encoder(cfg["encoder"], key=f"{cfg.where}.encoder")) or {}
+    config = encoder_config(resolve_encoder(cfg["encoder"], key=f"{cfg.where}.encoder", lookup=machine)) or {}
     n_layers, positions = config.get("num_hidden_layers"), config.get("max_position_embeddings")
     frozen = cfg.integer("frozen_layers", minimum=0, maximum=n_layers if isinstance(n_layers, int) else None)
     # room for [CLS], one prompt token and [SEP]; no more positions than the encoder has
@@ -167,8 +169,12 @@ def check_params(params: Mapping[str, Any], methods: list[str]) -> Section:
     lt.integer("num_nodes", minimum=1)
     if str(lt["precision"]) not in PRECISIONS:  # str: YAML's 32 is Lightning's "32"
         raise PARSError(f"{lt.where}.precision {lt['precision']!r}: must be one of {', '.join(PRECISIONS)}")
-    check_devices(lt, check_accelerator(lt))  # imports Lightning (seconds): last
-    if str(lt["precision"]) in ("16-mixed", "16") and _runs_on_cpu(lt["accelerator"]):
+    if machine:
+        check_devices(lt, check_accelerator(lt))  # imports Lightning (seconds): last
+    else:
+        lt.choice("accelerator", accelerator_names())
+    on_cpu = _runs_on_cpu(lt["accelerator"]) if machine else lt["accelerator"] == "cpu"
+    if str(lt["precision"]) in ("16-mixed", "16") and on_cpu:
         # Lightning would switch to bf16-mixed with a log line, and the metrics would record 16-mixed
         raise PARSError(
             f"{lt.where}.precision {lt['precision']!r}: mixed float16 needs a GPU; on a CPU use auto, "
@@ -219,12 +225,19 @@ def check_cross_models(cfg: Section) -> None:
             raise PARSError(f"{where} {members!r}: must be a non-empty list of distinct model names")
 
 
+def accelerator_names() -> tuple[str, ...]:
+    """The names train.lightning.accelerator may take: Lightning's, and auto and gpu."""
+    from lightning.pytorch.accelerators import AcceleratorRegistry
+
+    return ("auto", "gpu", *sorted(AcceleratorRegistry.available_accelerators()))
+
+
 def check_accelerator(lt: Section) -> str:
     """train.lightning.accelerator: a name Lightning knows whose device this machine has (Lightning
     itself would refuse it only after the data, the tokenizer and the frozen cache)."""
     from lightning.pytorch.accelerators import AcceleratorRegistry
 
-    value = lt.choice("accelerator", ("auto", "gpu", *sorted(AcceleratorRegistry.available_accelerators())))
+    value = lt.choice("accelerator", accelerator_names())
     wanted = {"auto": (), "gpu": ("cuda", "mps")}.get(value, (value,))
     if wanted and not any(AcceleratorRegistry[name]["accelerator"].is_available() for name in wanted):
         why = "torch_xla is not installed" if value == "tpu" and not _importable("torch_xla") else "no such device here"

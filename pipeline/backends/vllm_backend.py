@@ -6,18 +6,75 @@ but the prompts in flight)."""
 
 from __future__ import annotations
 
+import dataclasses
+import difflib
 import hashlib
+import inspect
+import json
 import math
 import os
 from pathlib import Path
 from typing import Any, Iterable, Iterator
 
 from pipeline.backends.base import Backend, PromptItem, Sample, normalise_finish_reason, split_reasoning
+from pipeline.errors import PARSError
 from pipeline.hashing import update_from_file
 
 # what generate.models.<m>.dtype may be: vLLM's spellings, and `native` (resolve_dtype)
 DTYPES = ("native", "auto", "half", "float16", "bfloat16", "float", "float32")
 DTYPE_SPELLINGS = {"half": "float16", "float": "float32"}  # one dtype, one cache key
+DEFAULT_MAX_MODEL_LEN = 4096  # what the engine gets when the model's entry sets no max_model_len
+# LLM(...) arguments the backend sets from the entry's own keys (the prompt-length limit and the
+# cache key read those): engine_args setting one again would be silently overridden, or override
+OWN_ENGINE_ARGS = tuple(
+    "model dtype seed max_model_len max_num_seqs tensor_parallel_size enforce_eager gpu_memory_utilization".split()
+)
+
+
+def check_engine_args(engine_args: dict[str, Any], where: str) -> None:
+    """Each key of `<where>.engine_args` must be an argument of the installed vLLM's LLM(...): its own
+    or an EngineArgs field (a typo such as `tensor_paralel_size` would otherwise fail only after the
+    model has been hashed and the engine began to start). Importing vLLM's argument module takes
+    seconds, an engine start a minute or more. Without vLLM nothing is checked here: the engine
+    start says it is not installed, as before."""
+    if not engine_args:
+        return
+    try:
+        from vllm import LLM
+        from vllm.engine.arg_utils import EngineArgs
+    except ImportError:
+        return
+    known = {f.name for f in dataclasses.fields(EngineArgs)}
+    known |= set(inspect.signature(LLM.__init__).parameters) - {"self", "kwargs"}
+    for key in engine_args:
+        if key not in known:
+            close = difflib.get_close_matches(str(key), sorted(known), n=1)
+            # the backend's own arguments are set as the entry's keys, not in engine_args
+            hint = f"; did you mean {close[0]!r}?" if close else ""
+            if close and close[0] in OWN_ENGINE_ARGS:
+                hint += " set it beside engine_args, not in it"
+            raise PARSError(f"{where}.engine_args.{key}: not an argument of vLLM's LLM(...) or EngineArgs{hint}")
+
+
+def model_max_positions(path: Path) -> int | None:
+    """The positions a local model dir's config.json gives (max_position_embeddings, at the top or
+    in text_config), read without vLLM; None when unknown, or when rope scaling may stretch them (vLLM
+    then derives a longer limit than the config says)."""
+    try:
+        config = json.loads((path / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    if not isinstance(config, dict):
+        return None
+    if isinstance(config.get("text_config"), dict):
+        config = {**config["text_config"], **config}
+    for key in ("rope_scaling", "rope_parameters"):  # transformers 5 writes rope_parameters for every model
+        rope = config.get(key)
+        kind = rope.get("rope_type", rope.get("type", "default")) if isinstance(rope, dict) else rope
+        if kind not in (None, "default", "llama3"):  # llama3's factor is already in max_position_embeddings
+            return None
+    positions = config.get("max_position_embeddings")
+    return positions if type(positions) is int and positions > 0 else None
 
 
 def _on_cpu() -> bool:
@@ -160,7 +217,7 @@ class VllmBackend(Backend):
                 model=str(s["model"]),
                 dtype=self.dtype,
                 seed=int(s.get("seed", 0)),
-                max_model_len=int(s.get("max_model_len", 4096)),
+                max_model_len=int(s.get("max_model_len", DEFAULT_MAX_MODEL_LEN)),
                 max_num_seqs=int(s.get("max_num_seqs", 256)),
                 tensor_parallel_size=int(s.get("tensor_parallel_size", 1)),
                 enforce_eager=bool(s.get("enforce_eager", self.cpu)),
@@ -192,7 +249,7 @@ class VllmBackend(Backend):
         engine = llm.llm_engine
         tokenizer = llm.get_tokenizer()
         params = self._sampling()
-        limit = int(self.spec.get("max_model_len", 4096)) - params.max_tokens
+        limit = int(self.spec.get("max_model_len", DEFAULT_MAX_MODEL_LEN)) - params.max_tokens
         pending: dict[str, tuple[int, bool]] = {}  # prompt tokens, template opened <think>
         for item in items:
             ids = tokenizer.apply_chat_template(

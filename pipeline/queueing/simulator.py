@@ -533,7 +533,7 @@ def _simulate(req, heap, eng, series, skip, by_ready, first_provisional, sort_ru
     Returns (steps, skipped steps, area = KV token-steps, peak used blocks, samples recorded)."""
     n = req.shape[0]
     heap_size = 0
-    running = np.empty(eng.max_seqs, np.int64)
+    running = np.empty(min(eng.max_seqs, n), np.int64)  # never more than n run: a huge max_seqs allocates nothing
     n_run = 0
     free = eng.m_blocks
     kv_total = 0
@@ -787,11 +787,18 @@ def simulate(
     if not math.isfinite(first_provisional):
         raise ValueError("first_provisional must be finite")
     c = config
-    if c.max_num_seqs < 1 or c.chunk < 1 or c.token_budget < 1 or c.block_size < 1:
-        raise ValueError("max_num_seqs, chunk, token_budget and block_size must be >= 1")
+    sizes = {k: getattr(c, k) for k in ("M", "max_num_seqs", "chunk", "token_budget", "block_size")}
+    for k, v in sizes.items():  # whole numbers the kernel's int64 holds (numba overflows on 1e30)
+        number = isinstance(v, (int, float, np.integer, np.floating)) and not isinstance(v, (bool, np.bool_))
+        if not (number and math.isfinite(v) and v == int(v) and 1 <= v < 2**62):
+            raise ValueError(f"engine setting {k} {v!r}: must be a whole number from 1 to 2**62")
     if c.token_budget < c.max_num_seqs:
         # every running request decodes every step; vLLM requires the same
-        raise ValueError("token_budget must be >= max_num_seqs")
+        raise ValueError(f"token_budget {c.token_budget} must be >= max_num_seqs {c.max_num_seqs}")
+    if c.block_size > c.M:
+        raise ValueError(f"block_size {c.block_size} exceeds M = {c.M} tokens: the KV cache holds no whole block")
+    if not isinstance(c.first_token_at_prefill, (bool, np.bool_)):  # bool("false") is True
+        raise ValueError(f"first_token_at_prefill {c.first_token_at_prefill!r} must be True or False")
     if c.step_c0 < 0 or c.step_c1 < 0 or c.step_c0 + c.step_c1 <= 0:
         raise ValueError("step time must be positive")
     biggest = int(((s + o + c.block_size - 1) // c.block_size).max())

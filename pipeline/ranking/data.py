@@ -23,7 +23,6 @@ and in-batch pairs never compare two groups.
 from __future__ import annotations
 
 import copy
-import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
@@ -99,9 +98,12 @@ class RankingData:
             raise FileNotFoundError(f"{meta_file} is missing (re-run `dvc repro pairs@{model}`)")
         meta = read_json(meta_file)
         delta = meta.get("delta")
-        if isinstance(delta, bool) or not isinstance(delta, (int, float)) or not math.isfinite(delta):
-            raise PARSError(f"{meta_file}: delta {delta!r} is not a number (re-run `dvc repro pairs@{model}`)")
-        prompts = read_table(prompts_path(data_root), PROMPTS).drop_duplicates("prompt_id")
+        # the pairs stage's own range (pairs.delta): 0 < delta < 1; -1 or 5 would keep every pair or none
+        if isinstance(delta, bool) or not isinstance(delta, (int, float)) or not (0 < delta < 1):
+            raise PARSError(
+                f"{meta_file}: delta {delta!r} must be a number between 0 and 1 (re-run `dvc repro pairs@{model}`)"
+            )
+        prompts = read_table(prompts_path(data_root), PROMPTS)  # read_table refuses a repeated prompt_id
         missing = ~labels["prompt_id"].isin(prompts["prompt_id"])
         if missing.any():
             raise ValueError(

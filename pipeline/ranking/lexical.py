@@ -154,12 +154,20 @@ class TfidfRidge:
         from safetensors.numpy import load_file
         from sklearn.feature_extraction.text import TfidfVectorizer
 
+        try:  # what a damaged .safetensors file raises (a truncated header); absent in old releases
+            from safetensors import SafetensorError
+        except ImportError:
+            SafetensorError = ValueError
+
         path = Path(path)
         try:
             terms = json.loads((path / VOCAB_FILE).read_text(encoding="utf-8"))
-            arrays = load_file(str(path / WEIGHTS_FILE))
         except (OSError, ValueError) as exc:
-            raise ValueError(f"{path}: lexical model files could not be read ({exc})") from exc
+            raise ValueError(f"{path / VOCAB_FILE}: lexical vocabulary could not be read ({exc})") from exc
+        try:
+            arrays = load_file(str(path / WEIGHTS_FILE))
+        except (OSError, ValueError, SafetensorError) as exc:
+            raise ValueError(f"{path / WEIGHTS_FILE}: lexical weights could not be read ({exc})") from exc
         if not isinstance(terms, list) or not all(isinstance(t, str) for t in terms) or len(set(terms)) != len(terms):
             raise ValueError(f"{path / VOCAB_FILE}: not a list of distinct terms")
         if sorted(arrays) != ["coef", "idf", "intercept"]:

@@ -16,6 +16,7 @@ No vLLM import: the config is testable and reusable without the engine.
 from __future__ import annotations
 
 import math
+import numbers
 import os
 import re
 from collections.abc import Mapping
@@ -106,6 +107,9 @@ class PARSConfig:
         if not isinstance(section, Mapping):
             raise PARSConfigError(f"additional_config['pars'] must be a JSON object, got {section!r}")
         names = [f.name for f in fields(cls)]
+        odd = [k for k in section if not isinstance(k, str)]  # sorted() below would fail on mixed types
+        if odd:
+            raise PARSConfigError(f"additional_config['pars']: keys must be strings, got {odd}; known: {names}")
         unknown = sorted(set(section) - set(names))
         if unknown:
             raise PARSConfigError(f"additional_config['pars']: unknown key(s) {unknown}; known: {names}")
@@ -137,7 +141,10 @@ class PARSConfig:
 
 
 def _number(raw, where: str) -> float:
-    if isinstance(raw, bool):
+    # float() also takes other scripts' digits ("٣") and "1_0": a string (the environment's) must be ASCII
+    if isinstance(raw, bool) or (
+        isinstance(raw, str) and not re.fullmatch(r"[-+.0-9eE]+|[-+]?inf(inity)?", raw.strip(), re.I)
+    ):
         raise PARSConfigError(f"{where} must be a number, got {raw!r}")
     try:
         value = float(raw)
@@ -160,18 +167,32 @@ def _starvation_seconds(raw, where: str) -> float:
     return math.inf if raw is None else _positive_seconds(raw, where)
 
 
+def _whole(raw, where: str, rule: str) -> int:
+    """An int, or a string of ASCII digits (the environment's): int() would also take "٣" or "1_0",
+    and a float such as 2.0 is no count."""
+    if raw is None:
+        raise PARSConfigError(f"{where} must be a number, got None")
+    if isinstance(raw, str) and re.fullmatch(r"[-+]?[0-9]+", raw.strip()):
+        return int(raw)
+    if isinstance(raw, bool) or not isinstance(raw, numbers.Integral):
+        raise PARSConfigError(f"{where} must be {rule}, got {raw!r}")
+    return int(raw)
+
+
 def _batch_size(raw, where: str) -> int:
-    value = _number(raw, where)
-    if not math.isfinite(value) or value != int(value) or not 1 <= value <= MAX_BATCH_SIZE:
-        raise PARSConfigError(f"{where} must be an integer >= 1 and <= {MAX_BATCH_SIZE}, got {raw!r}")
-    return int(value)
+    rule = f"an integer >= 1 and <= {MAX_BATCH_SIZE}"
+    value = _whole(raw, where, rule)
+    if not 1 <= value <= MAX_BATCH_SIZE:
+        raise PARSConfigError(f"{where} must be {rule}, got {raw!r}")
+    return value
 
 
 def _threads(raw, where: str) -> int:
-    value = _number(raw, where)
-    if not math.isfinite(value) or value != int(value) or value < 0:
-        raise PARSConfigError(f"{where} must be an integer >= 0 (0: torch's default), got {raw!r}")
-    return int(value)  # more than the cores this process may use is cut to them where it is applied
+    rule = "an integer >= 0 (0: torch's default)"
+    value = _whole(raw, where, rule)
+    if value < 0:
+        raise PARSConfigError(f"{where} must be {rule}, got {raw!r}")
+    return value  # more than the cores this process may use is cut to them where it is applied
 
 
 def _text(raw, where: str) -> str:

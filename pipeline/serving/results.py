@@ -12,6 +12,8 @@ from pipeline.queueing.policies import POLICIES
 
 
 def _num(x: Any, fmt: str = ".3f") -> str:
+    if isinstance(x, bool):  # format(True, ".2f") is "1.00": a damaged file, not a number
+        raise TypeError(f"{x!r} where a number is expected")
     if x is None or (isinstance(x, float) and not math.isfinite(x)):
         return "–"
     return format(x, fmt)
@@ -109,10 +111,14 @@ def engine_section(bench: dict[str, Any]) -> list[str]:
         "|---|---|---|---|---|---|---|---|",
     ]
     fcfs = bench.get("fcfs", {}).get("mean_per_token_latency")
-    for policy in ("fcfs", "pars", "oracle"):
+    for policy in ("fcfs", "pars", "oracle"):  # fcfs first: checked before the others divide by it
         r = bench.get(policy)
         if not r:
             continue
+        for key in ("mean_per_token_latency", "p90_per_token_latency"):
+            # 0 would divide by zero in the FCFS ratio; NaN, inf or a negative one is no measurement
+            if isinstance(r[key], bool) or not isinstance(r[key], (int, float)) or not 0 < r[key] < math.inf:
+                raise ValueError(f"{policy}.{key} {r[key]!r}: must be a finite number of seconds > 0")
         ratio = fcfs / r["mean_per_token_latency"] if fcfs else None
         over = _num(100 * r["overhead_fraction"], ".3f") + " %" if "overhead_fraction" in r else "–"
         scoring = _num(100 * r["scoring_fraction"], ".1f") + " %" if "scoring_fraction" in r else "–"
