@@ -227,15 +227,11 @@ def check_stage_params(p: dict[str, Any], machine: bool = True) -> Section:
     where = p.where
     for key in ("M", "chunk", "token_budget", "max_num_seqs", "block_size"):
         _setting(p[key], f"{where}.{key}", True)
-    if p["token_budget"] < p["max_num_seqs"]:  # the simulator (and vLLM) refuse it, after minutes of sweeps
-        raise PARSError(
-            f"{where}.token_budget {p['token_budget']} is below capacity.max_num_seqs {p['max_num_seqs']}: "
-            f"every running request takes a token of the budget each step"
-        )
-    if p["block_size"] > p["M"]:
-        raise PARSError(
-            f"{where}.block_size {p['block_size']} exceeds capacity.M {p['M']}: the KV cache would hold no whole block"
-        )
+    from pipeline.queueing.simulator import engine_shape_problem
+
+    problem = engine_shape_problem(p["M"], p["token_budget"], p["max_num_seqs"], p["block_size"])
+    if problem:  # the simulator refuses it too, but after minutes of sweeps
+        raise PARSError(f"{where}: {problem}")
     _setting(p["step_time"], f"{where}.step_time", False)
     _margin(p["margin"], f"{where}.margin")
     if not isinstance(p["rates"], list):

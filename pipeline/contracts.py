@@ -170,7 +170,7 @@ def _check_rows(df: pd.DataFrame, schema: pa.Schema, path: Path) -> None:
     _refuse(~df["split"].isin(SPLITS), ids, path, f"have a split other than {', '.join(SPLITS)}")
     if schema.equals(LABELS):
         length = df["length"].to_numpy(np.float64)
-        _refuse(pd.Series(~np.isfinite(length) | (length < 0)), ids, path, "have a length that is not finite and >= 0")
+        _refuse(pd.Series(~np.isfinite(length) | (length < 0)), ids, path, "have a negative or non-finite length")
 
 
 def _refuse(bad: pd.Series, ids: pd.Series, path: Path, what: str) -> None:

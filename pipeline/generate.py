@@ -238,7 +238,7 @@ def check_vllm_spec(spec: Section, machine: bool) -> None:
     engine_args = spec.get("engine_args") or {}
     for key in OWN_ENGINE_ARGS:
         if key in engine_args:
-            raise PARSError(f"{where}.engine_args.{key}: set {where}.{key} instead (the backend passes it to vLLM)")
+            raise PARSError(f"{where}.engine_args.{key}: set {where}.{key} instead (the backend sets it)")
     # the engine gets DEFAULT_MAX_MODEL_LEN when the entry sets none: the answer must fit it too
     max_len = spec.get("max_model_len", DEFAULT_MAX_MODEL_LEN)
     if "max_tokens" in spec and spec["max_tokens"] >= max_len:
@@ -259,8 +259,11 @@ def check_vllm_spec(spec: Section, machine: bool) -> None:
             "writes it, e.g. `dvc repro materialize`; or give a hub id, org/name)"
         )
     # vLLM refuses a max_model_len beyond the model's positions, but only once the engine starts;
-    # a hub model's config is not read here (no download before the engine)
-    positions = model_max_positions(Path(path).expanduser()) if Path(path).expanduser().is_dir() else None
+    # a hub model's config is not read here (no download before the engine), nor one whose context
+    # engine_args may stretch (hf_overrides with rope scaling)
+    stretched = any(k in engine_args for k in ("hf_overrides", "rope_scaling", "rope_theta"))
+    local_dir = Path(path).expanduser().is_dir() and not stretched
+    positions = model_max_positions(Path(path).expanduser()) if local_dir else None
     if (
         positions is not None
         and max_len > positions

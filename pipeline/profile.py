@@ -91,7 +91,10 @@ def check_merged(merged: dict, base: dict, where: str) -> None:
     checks = {
         "generate": lambda sec: generate.check_params(sec, machine=False),
         "pairs": pairs.check_params,
-        "train": lambda sec: train.check_params(sec, list(METHODS), machine=False),  # every method
+        # train@<model> trains every method; with no per-model predictors only train_cross's pairwise
+        "train": lambda sec: train.check_params(
+            sec, list(METHODS) if sec.get("models") else ["pairwise"], machine=False
+        ),
         # one blend@<model> stage per entry of predictors, each checking the section for its entry
         "blend": lambda sec: [blend.check_params(model, sec, machine=False) for model in sec.mapping("predictors")],
         "evaluate": lambda sec: (evaluate.check_params(sec, machine=False), evaluated_predictors(sec)),

@@ -152,8 +152,6 @@ def main(argv: list[str] | None = None) -> int:
     if args.output and same_file(args.output, args.input):
         raise PARSError(f"-o {args.output}: is the input file {args.input}; the scores would replace the prompts")
     records = read_prompts(args.input, args.field, args.id_field)  # input errors before the (slower) model load
-    if not records:  # exit 0 with no output would look like a run that scored the file
-        raise PARSError(f"{args.input}: no prompts to score (no records in the file)")
     if args.output:
         if Path(args.output).suffix not in (".jsonl", ".parquet"):
             raise PARSError(f"-o {args.output}: output must end in .jsonl or .parquet")

@@ -71,6 +71,8 @@ def _check(path: str | Path, data: dict[str, Any], role: str) -> None:
     """Every field the stage reads from a `role` (calibration or validation) burst, checked before
     the replay: a NaN step time, a 2.5-token answer or a latency list of the wrong length would
     otherwise fail deep in the simulator, or give a wrong figure."""
+    from pipeline.queueing.simulator import engine_shape_problem
+
     # absent or null: a bench from before it recorded its setup
     data["setup"] = {} if data.get("setup") is None else _mapping(path, data["setup"], "setup")
     w = data["workload"]
@@ -85,13 +87,11 @@ def _check(path: str | Path, data: dict[str, Any], role: str) -> None:
         engine = _mapping(path, run.get("engine"), f"{policy}.engine")
         for key in ENGINE:
             _number(path, engine.get(key), f"{policy}.engine.{key}", minimum=1, whole=True)
-        if engine["token_budget"] < engine["max_num_seqs"]:
-            raise PARSError(
-                f"{path}: {policy}.engine.token_budget {engine['token_budget']} is below max_num_seqs "
-                f"{engine['max_num_seqs']} (vLLM refuses that engine)"
-            )
-        if engine["block_size"] > engine["M"]:
-            raise PARSError(f"{path}: {policy}.engine.block_size {engine['block_size']} exceeds M {engine['M']}")
+        problem = engine_shape_problem(
+            engine["M"], engine["token_budget"], engine["max_num_seqs"], engine["block_size"]
+        )
+        if problem:
+            raise PARSError(f"{path}: {policy}.engine: {problem}")
         if role == "calibration":
             fit = _mapping(path, run.get("step_fit"), f"{policy}.step_fit")
             _number(path, fit.get("c0_s"), f"{policy}.step_fit.c0_s", minimum=0)

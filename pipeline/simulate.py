@@ -8,7 +8,8 @@ knows the true length and the predictors do not. A burst takes distinct prompts 
 has enough (ShareGPT/ChatGPT: 3,000+ test prompts); otherwise (SmolLM2: ~60) it resamples them
 with replacement, each copy drawing its own answer sample. Learned policies rank by the evaluate
 stage's scores (data/scores/scores.parquet) of the predictors named in the workload's `score_model`;
-a missing score file or predictor skips that policy, and the output says so.
+a missing score file skips those policies, and the output says so; a score_model naming a train
+model or method the file lacks is refused.
 
 `quality_curve` adds, for one workload's burst, the serving speedup of scores with a known ranking
 quality: log(true length) plus Gaussian noise of each given sigma, and the tau_b that noise gives.
@@ -35,6 +36,7 @@ from pipeline.contracts import (
     generations_path,
     prompts_path,
     read_table,
+    same_file,
     scores_path,
     write_json,
 )
@@ -258,23 +260,16 @@ def check_params(p: dict[str, Any], where: str) -> None:
     engine = p["engine"]
     if not isinstance(engine, dict):
         raise PARSError(f"{where}.engine: expected a mapping of engine settings, got {engine!r}")
-    from pipeline.queueing.simulator import EngineConfig
+    from pipeline.queueing.simulator import EngineConfig, engine_shape_problem
 
     Section(engine, f"{where}.engine").only(EngineConfig.__dataclass_fields__)
     for key in ("M", "chunk", "token_budget", "max_num_seqs", "block_size"):
         if key in engine:
             count(engine[key], f"engine.{key}", maximum=MAX_ENGINE)
     setting = {k: engine.get(k, getattr(EngineConfig, k)) for k in EngineConfig.__dataclass_fields__}
-    if setting["token_budget"] < setting["max_num_seqs"]:  # each running request decodes a token every step
-        raise PARSError(
-            f"{where}.engine.token_budget {setting['token_budget']} is below engine.max_num_seqs "
-            f"{setting['max_num_seqs']}: every running request takes a token of the budget each step"
-        )
-    if setting["block_size"] > setting["M"]:
-        raise PARSError(
-            f"{where}.engine.block_size {setting['block_size']} exceeds engine.M {setting['M']}: "
-            f"the KV cache would hold no whole block"
-        )
+    problem = engine_shape_problem(*(setting[k] for k in ("M", "token_budget", "max_num_seqs", "block_size")))
+    if problem:
+        raise PARSError(f"{where}.engine: {problem}")
     if not isinstance(setting["first_token_at_prefill"], bool):  # "false" would read as true
         raise PARSError(
             f"{where}.engine.first_token_at_prefill {setting['first_token_at_prefill']!r}: expected true or false"
@@ -456,9 +451,10 @@ def load_workload(name: str, w: dict[str, Any], cfg, data_root: str | Path, wher
     """load_requests, and a refusal naming the file when its longest request cannot fit in the KV
     cache (found now, not by the simulator after other workloads have run)."""
     samples, scores, notes = load_requests(w["model"], w["score_model"], data_root)
+    from pipeline.queueing.simulator import fits_in_cache
+
     longest = int((samples.s + samples.o).max())
-    blocks = -(-longest // cfg.block_size)  # a request holds whole blocks
-    if longest >= cfg.M or blocks > cfg.M_blocks:
+    if not fits_in_cache(longest, cfg.M, cfg.block_size):
         raise PARSError(
             f"{generations_path(w['model'], data_root)}: a request of {longest} tokens (prompt + answer) "
             f"does not fit in the KV cache: {where}.engine.M {cfg.M} (block_size {cfg.block_size}) must be larger"
@@ -617,13 +613,12 @@ def main(argv: list[str] | None = None) -> int:
         stage_outs = [
             flag
             for flag, given, default in (("--out", args.out, METRICS), ("--plots", args.plots, PLOTS))
-            if Path(given).resolve() == default.resolve()
+            if same_file(given, default)
         ]
         if subset and stage_outs:
             raise PARSError(
-                f"--workload {' '.join(sorted(set(args.workload)))} runs part of simulate.workloads: give "
-                f"{' and '.join(stage_outs)} outside the stage's outputs ({METRICS}, {PLOTS}), which hold "
-                f"every workload"
+                f"--workload runs part of simulate.workloads: give {' and '.join(stage_outs)} outside "
+                f"{METRICS} and {PLOTS}, which hold every workload"
             )
         p = Section({**p, "workloads": {k: v for k, v in p["workloads"].items() if k in args.workload}}, p.where)
     check_score_models(p["workloads"], p.where, args.data_root)

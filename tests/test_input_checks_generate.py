@@ -97,7 +97,9 @@ def test_a_mistyped_engine_arg_is_named_before_any_backend(gen, capsys):
     write(lambda s: s.update(engine_args={"tensor_paralel_size": 2}))
     rc, _, err = run_cli(capsys, *argv)
     line = one_line_error(rc, err, "generate", "generate.models.smollm2.engine_args.tensor_paralel_size")
-    assert line.endswith("did you mean 'tensor_parallel_size'? set it beside engine_args, not in it")
+    assert "did you mean 'tensor_parallel_size'? Set it as " in line and line.endswith(
+        ".tensor_parallel_size, beside engine_args."
+    )
     write(lambda s: s.update(engine_args={"kv_cache_dtpye": "fp8"}))
     rc, _, err = run_cli(capsys, *argv)
     assert "did you mean 'kv_cache_dtype'" in one_line_error(rc, err, "generate", "engine_args.kv_cache_dtpye")

@@ -37,11 +37,9 @@ def test_score_output_that_is_the_input_is_refused(capsys, tmp_path, tiny_checkp
         assert inp.read_bytes() == before
 
 
-def test_score_refuses_an_empty_file_and_ids_that_are_not_finite(capsys, tmp_path, tiny_checkpoint):
+def test_score_refuses_ids_that_are_not_finite(capsys, tmp_path, tiny_checkpoint):
     src = tmp_path / "in.jsonl"
     for blob, named in (
-        ("", f"{src}: no prompts"),
-        ("\n  \n", f"{src}: no prompts"),
         ('{"id": 1, "prompt": "a"}\n{"id": NaN, "prompt": "b"}\n', f"{src}:2: id 'id' is nan"),
         ('{"prompt_id": 1e400, "prompt": "a"}\n', f"{src}:1: id 'prompt_id' is inf"),
     ):

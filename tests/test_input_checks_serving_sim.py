@@ -70,8 +70,8 @@ def _damage_generations(root: Path) -> None:
     "changes, damage, named",
     [
         ({}, _damage_generations, "generations.parquet"),
-        ({"engine__token_budget": 8}, None, "simulate.engine.token_budget 8 is below engine.max_num_seqs 16"),
-        ({"engine__block_size": 1_000_000}, None, "simulate.engine.block_size 1000000 exceeds engine.M 3000"),
+        ({"engine__token_budget": 8}, None, "simulate.engine: token_budget 8 is below max_num_seqs 16"),
+        ({"engine__block_size": 1_000_000}, None, "simulate.engine: block_size 1000000 exceeds M 3000"),
         ({"engine__M": 10**30}, None, "simulate.engine.M"),
         ({"engine__M": 100}, None, "simulate.engine.M 100 (block_size 16) must be larger"),  # longest request > M
         ({"poisson_loads": None}, None, "simulate.poisson_loads None: expected a list"),
@@ -151,8 +151,8 @@ def test_the_simulator_refuses_engine_settings_it_would_misread():
     for change, message in (
         ({"first_token_at_prefill": "false"}, "first_token_at_prefill 'false'"),
         ({"M": 10**30}, "engine setting M"),
-        ({"block_size": 10**6}, "block_size 1000000 exceeds M = 3000"),
-        ({"token_budget": 8}, "token_budget 8 must be >= max_num_seqs 16"),
+        ({"block_size": 10**6}, "block_size 1000000 exceeds M 3000"),
+        ({"token_budget": 8}, "token_budget 8 is below max_num_seqs 16"),
     ):
         with pytest.raises(ValueError, match=message):
             simulate(burst(3), [10, 10, 10], [5, 5, 5], config=EngineConfig(**{**base, **change}))
@@ -171,8 +171,8 @@ def test_the_simulator_refuses_engine_settings_it_would_misread():
 @pytest.mark.parametrize(
     "stage, changes, named",
     [
-        (True, {"token_budget": 16}, "capacity.token_budget 16 is below capacity.max_num_seqs 256"),
-        (True, {"block_size": 200000}, "capacity.block_size 200000 exceeds capacity.M 131000"),
+        (True, {"token_budget": 16}, "capacity: token_budget 16 is below max_num_seqs 256"),
+        (True, {"block_size": 200000}, "capacity: block_size 200000 exceeds M 131000"),
         (False, {"margn": 0.5}, "capacity.margn: not a setting here (did you mean 'margin'?"),
     ],
 )
@@ -249,7 +249,7 @@ _DELETE = object()
         ("val", _set("workload.output_tokens.0", 0), "workload.output_tokens[0] 0"),
         ("val", _set("workload.output_tokens.0", 2.5), "workload.output_tokens[0] 2.5"),
         ("val", _set("fcfs.mean_ttft", 0), "fcfs.mean_ttft 0: must be positive"),
-        ("val", _set("pars.engine.token_budget", 2), "pars.engine.token_budget 2 is below max_num_seqs 4"),
+        ("val", _set("pars.engine.token_budget", 2), "pars.engine: token_budget 2 is below max_num_seqs 4"),
     ],
 )
 def test_sim_fidelity_checks_the_bench_files_up_front(tmp_path, monkeypatch, which, edit, named):

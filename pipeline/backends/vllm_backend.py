@@ -49,10 +49,9 @@ def check_engine_args(engine_args: dict[str, Any], where: str) -> None:
     for key in engine_args:
         if key not in known:
             close = difflib.get_close_matches(str(key), sorted(known), n=1)
-            # the backend's own arguments are set as the entry's keys, not in engine_args
             hint = f"; did you mean {close[0]!r}?" if close else ""
-            if close and close[0] in OWN_ENGINE_ARGS:
-                hint += " set it beside engine_args, not in it"
+            if close and close[0] in OWN_ENGINE_ARGS:  # the backend's own: an entry key, not an engine_arg
+                hint += f" Set it as {where}.{close[0]}, beside engine_args."
             raise PARSError(f"{where}.engine_args.{key}: not an argument of vLLM's LLM(...) or EngineArgs{hint}")
 
 

@@ -618,6 +618,22 @@ def _simulate(req, heap, eng, series, skip, by_ready, first_provisional, sort_ru
 # ---------------------------------------------------------------- Python interface
 
 
+def engine_shape_problem(M: int, token_budget: int, max_num_seqs: int, block_size: int) -> str | None:
+    """What makes an engine shape unusable, or None; each caller names its own keys before it.
+    Every running request decodes a token each step (vLLM refuses a smaller budget too), and the KV
+    cache must hold at least one whole block."""
+    if token_budget < max_num_seqs:
+        return f"token_budget {token_budget} is below max_num_seqs {max_num_seqs}: each running request takes a token of the budget every step"
+    if block_size > M:
+        return f"block_size {block_size} exceeds M {M}: the KV cache would hold no whole block"
+    return None
+
+
+def fits_in_cache(tokens: int, M: int, block_size: int) -> bool:
+    """Whether a request of `tokens` (prompt + answer) fits in the KV cache: whole blocks of M."""
+    return -(-tokens // block_size) <= M // block_size
+
+
 @dataclass(frozen=True)
 class EngineConfig:
     """The serving engine the simulator stands for."""
@@ -792,17 +808,14 @@ def simulate(
         number = isinstance(v, (int, float, np.integer, np.floating)) and not isinstance(v, (bool, np.bool_))
         if not (number and math.isfinite(v) and v == int(v) and 1 <= v < 2**62):
             raise ValueError(f"engine setting {k} {v!r}: must be a whole number from 1 to 2**62")
-    if c.token_budget < c.max_num_seqs:
-        # every running request decodes every step; vLLM requires the same
-        raise ValueError(f"token_budget {c.token_budget} must be >= max_num_seqs {c.max_num_seqs}")
-    if c.block_size > c.M:
-        raise ValueError(f"block_size {c.block_size} exceeds M = {c.M} tokens: the KV cache holds no whole block")
+    problem = engine_shape_problem(c.M, c.token_budget, c.max_num_seqs, c.block_size)
+    if problem:
+        raise ValueError(problem)
     if not isinstance(c.first_token_at_prefill, (bool, np.bool_)):  # bool("false") is True
         raise ValueError(f"first_token_at_prefill {c.first_token_at_prefill!r} must be True or False")
     if c.step_c0 < 0 or c.step_c1 < 0 or c.step_c0 + c.step_c1 <= 0:
         raise ValueError("step time must be positive")
-    biggest = int(((s + o + c.block_size - 1) // c.block_size).max())
-    if biggest > c.M_blocks:
+    if not fits_in_cache(int((s + o).max()), c.M, c.block_size):
         raise ValueError(f"a request of {int((s + o).max())} tokens does not fit in M = {c.M} tokens")
     if record < 1:
         raise ValueError("record must be >= 1 sample")

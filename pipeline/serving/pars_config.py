@@ -170,7 +170,7 @@ def _starvation_seconds(raw, where: str) -> float:
 def _whole(raw, where: str, rule: str) -> int:
     """An int, or a string of ASCII digits (the environment's): int() would also take "٣" or "1_0",
     and a float such as 2.0 is no count."""
-    if raw is None:
+    if raw is None:  # as _number says it for every other key
         raise PARSConfigError(f"{where} must be a number, got None")
     if isinstance(raw, str) and re.fullmatch(r"[-+]?[0-9]+", raw.strip()):
         return int(raw)

@@ -46,7 +46,10 @@ class Source:
 def package_file(package: str, relative: str, pip_name: str | None = None) -> Path:
     """A data file inside an installed package, found without importing the package."""
     pip_name = pip_name or package.replace("_", "-")
-    spec = importlib.util.find_spec(package)
+    try:
+        spec = importlib.util.find_spec(package)
+    except (ImportError, ValueError):  # a dotted name whose parent is missing, or an empty name
+        spec = None
     if spec is None or not spec.submodule_search_locations:
         raise SourceUnavailable(
             f"package {pip_name!r} is not installed; install it with `pip install --no-deps {pip_name}` "
