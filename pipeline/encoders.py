@@ -75,7 +75,8 @@ def _hub_problem(repo_id: str) -> str | None:
 def encoder_config(resolved: str) -> dict[str, Any] | None:
     """The config.json of a resolved encoder when it is on this machine (a directory, the
     packaged encoder, a hub id in the local cache), else None: the layer count and the longest
-    position are then known before any model loads."""
+    position are then known before any model loads. A damaged one is a PARSError naming it (the
+    bounds it gives would otherwise be skipped silently)."""
     path = Path(resolved).expanduser() / "config.json"
     if not path.is_file():
         from huggingface_hub import try_to_load_from_cache
@@ -87,8 +88,44 @@ def encoder_config(resolved: str) -> dict[str, Any] | None:
         if not isinstance(cached, str):
             return None
         path = Path(cached)
+    config = _read_json(path)
+    if not isinstance(config, dict):
+        raise PARSError(f"{path}: holds a JSON {type(config).__name__}, not the encoder's config object")
+    return config
+
+
+def _read_json(path: Path) -> Any:
+    """A JSON file of an encoder; a damaged one (a cut download) fails naming it: transformers'
+    own error names no file, or comes only when the model loads, after the slow work."""
     try:
-        config = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None  # from_pretrained reports it, naming the file
-    return config if isinstance(config, dict) else None
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise PARSError(f"{path}: not readable JSON ({exc})") from None
+
+
+def check_encoder_files(resolved: str) -> None:
+    """The tokenizer and weights files of a local encoder directory, checked cheaply before the slow
+    work: the JSON ones parse, and each safetensors file's header is whole (safe_open reads the
+    header and checks the file is as long as it says). A hub id is left to from_pretrained."""
+    root = Path(resolved).expanduser()
+    if not root.is_dir():
+        return
+    for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
+        if (root / name).is_file():
+            _read_json(root / name)
+    weights = [root / "model.safetensors"] if (root / "model.safetensors").is_file() else []
+    index = root / "model.safetensors.index.json"
+    if index.is_file():
+        spec = _read_json(index)
+        weight_map = spec.get("weight_map") if isinstance(spec, dict) else None
+        if not isinstance(weight_map, dict):
+            raise PARSError(f"{index}: has no weight_map")
+        weights += [root / str(shard) for shard in sorted(set(weight_map.values()))]
+    from safetensors import safe_open
+
+    for path in weights:
+        try:
+            with safe_open(str(path), framework="pt"):
+                pass
+        except Exception as exc:  # SafetensorError (a cut file), OSError (a missing shard)
+            raise PARSError(f"{path}: not a readable safetensors file ({exc})") from None

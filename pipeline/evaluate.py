@@ -18,7 +18,8 @@ encoder share their frozen lower layers bit for bit: those run once per batch fo
 (`score_together`), the same scores for a fraction of the work.
 
 Writes metrics/ranking.json, metrics/transfer.json, data/scores/scores.parquet and
-plots/evaluate/ (a DVC plot CSV and two PNGs); logs the table to W&B (offline by default).
+plots/evaluate/ (a DVC plot CSV and two PNGs), all only once every metric is computed; logs the
+table to W&B (offline by default).
 """
 
 from __future__ import annotations
@@ -26,7 +27,6 @@ from __future__ import annotations
 import argparse
 import math
 import os
-import shutil
 from pathlib import Path
 
 import numpy as np
@@ -45,16 +45,21 @@ from pipeline.contracts import (
     write_json,
     write_table,
 )
-from pipeline.encoders import resolve_encoder
+from pipeline.encoders import PACKAGED_ENCODERS, resolve_encoder
 from pipeline.errors import PARSError
 from pipeline.params import Section, load_params
 from pipeline.ranking import metrics as M
-from pipeline.ranking.labels import prompt_labels
+from pipeline.ranking.labels import check_generations, check_known_prompts, prompt_labels
 from pipeline.ranking.predictors import evaluated_predictors
 from pipeline.ranking.report_tables import OVERALL, ranking_rows, render_markdown
 from pipeline.serving.scorer import PRECISIONS, resolve_precision
 
 PAIRWISE = "pairwise"  # method_differences compares every other method against this one
+# what write_plots writes: the only files of the plots directory it replaces (nothing else there is touched)
+PLOT_FILES = ("tau_b.csv", "tau_b.png", "transfer.png")
+# wandb.init's modes (dryrun and run: its old names for offline and online)
+WANDB_MODES = ("online", "offline", "disabled", "shared", "dryrun", "run")
+TOKENIZER_FILES = ("tokenizer.json", "vocab.txt", "tokenizer_config.json")
 
 
 def prompt_token_counts(texts: list[str], tokenizer_name: str) -> np.ndarray:
@@ -85,6 +90,24 @@ def check_params(params, machine: bool = True) -> dict:
             continue
         if not isinstance(names, list) or not all(isinstance(n, str) and n for n in names):
             raise PARSError(f"{sec.where}.{key} {names!r}: must be a list of names")
+        twice = sorted({n for n in names if names.count(n) > 1})
+        if twice:  # one predictor twice breaks the score table's index after all the scoring
+            raise PARSError(f"{sec.where}.{key}: {', '.join(twice)} named twice")
+    if not sec["eval_models"]:
+        raise PARSError(f"{sec.where}.eval_models []: no eval model, nothing to evaluate")
+    origin: dict = {}  # predictor -> the key naming it: cross_models or blends may repeat train_models'
+    for key, keys in (("train_models", ("train_models", "methods")), ("cross_models", ()), ("blends", ())):
+        for model, method in evaluated_predictors({k: sec[k] for k in keys or (key,)}):
+            if (model, method) in origin:
+                raise PARSError(
+                    f"{sec.where}.{key}: {model}/{method} is already evaluated through {origin[model, method]}"
+                )
+            origin[model, method] = key
+    if not origin:
+        raise PARSError(
+            f"{sec.where}.train_models {sec['train_models']!r} (with methods, cross_models, blends): "
+            "no predictor, nothing to evaluate"
+        )
     boot = _section(sec.mapping("bootstrap"), f"{sec.where}.bootstrap").only(("n", "seed", "level"))
     tfidf = _section(sec.mapping("tfidf_ridge"), f"{sec.where}.tfidf_ridge")
     keys = ("ngram_max", "min_df", "alphas", "min_train_prompts")
@@ -101,16 +124,28 @@ def check_params(params, machine: bool = True) -> dict:
     resolve_encoder(
         tokenizer, key=f"{sec.where}.baseline_tokenizer", lookup=machine
     )  # a mistyped name: one line naming the key
+    local = Path(tokenizer).expanduser()
+    if tokenizer not in PACKAGED_ENCODERS and local.exists():
+        # resolve_encoder takes any existing path; transformers' words for a wrong one name no key
+        if not (local.is_dir() and any((local / name).is_file() for name in TOKENIZER_FILES)):
+            raise PARSError(
+                f"{sec.where}.baseline_tokenizer {tokenizer!r}: not a tokenizer directory "
+                f"(it holds none of {', '.join(TOKENIZER_FILES)})"
+            )
     wandb = _section(sec.mapping("wandb"), f"{sec.where}.wandb").only(("enabled", "project", "mode"))
     if not isinstance(wandb["enabled"], bool):
         raise PARSError(f"{wandb.where}.enabled {wandb['enabled']!r}: must be true or false")
     for key in ("project", "mode") if wandb["enabled"] else ():
         if key not in wandb:  # read at the very end: missing, it would fail after all the scoring
             raise PARSError(f"{wandb.where}.{key} is missing")
+    if wandb["enabled"]:  # wandb.init refuses a bad mode only after every output is written
+        wandb.choice("mode", WANDB_MODES)
+        if os.environ.get("WANDB_MODE", "disabled") not in WANDB_MODES:  # log_wandb prefers it
+            raise PARSError(f"WANDB_MODE {os.environ['WANDB_MODE']!r}: must be one of {', '.join(WANDB_MODES)}")
     return {
         "batch_size": sec.integer("batch_size", minimum=1),
         "delta": sec.number("delta", positive=True, below=1),
-        "n_boot": boot.integer("n", minimum=1),
+        "n_boot": boot.integer("n", minimum=2),  # one resample is no interval
         "seed": boot.integer("seed", minimum=0),
         "level": boot.number("level", positive=True, below=1),
         "torch_threads": sec.integer("torch_threads", minimum=1, optional=True),
@@ -122,14 +157,19 @@ def check_params(params, machine: bool = True) -> dict:
 
 def check_outputs(data_root: Path, models_root: Path, metrics_dir: Path, plots_dir: Path) -> None:
     """Every output path writable in shape (no file where a directory goes) before any scoring; and
-    the plots directory, deleted whole, must not hold the working directory or the stage's data."""
+    the plots directory one of its own: not holding the working directory or the stage's data, nor
+    inside the inputs (its PLOT_FILES are replaced there)."""
     for path in (scores_path(data_root), metrics_dir / "ranking.json", metrics_dir / "transfer.json"):
         ensure_parent(path, create=False)
-    ensure_parent(plots_dir / "tau_b.png", create=False)
+    for name in PLOT_FILES:
+        ensure_parent(plots_dir / name, create=False)
     plots = plots_dir.resolve()
     for other in (Path.cwd(), data_root, models_root, metrics_dir):
         if plots == other.resolve() or plots in other.resolve().parents:
-            raise PARSError(f"plots directory {plots_dir} holds {other}; it is deleted and rewritten whole")
+            raise PARSError(f"plots directory {plots_dir} holds {other}; give the plots a directory of their own")
+    for flag, root in (("--data", data_root), ("--models", models_root)):
+        if root.resolve() in plots.parents:
+            raise PARSError(f"plots directory {plots_dir} (--plots) is inside {flag} {root}; put it outside the inputs")
 
 
 def score_predictors(
@@ -200,7 +240,16 @@ def _tau_block(
 
 
 def tfidf_ridge_scores(
-    train_texts, train_lengths, val_texts, val_lengths, test_texts, *, alphas, ngram_max: int, min_df: int
+    train_texts,
+    train_lengths,
+    val_texts,
+    val_lengths,
+    test_texts,
+    *,
+    alphas,
+    ngram_max: int,
+    min_df: int,
+    min_df_key: str = "min_df",
 ) -> tuple[np.ndarray, float, float]:
     """TF-IDF (lowercased word 1..ngram_max-grams, sublinear tf) + ridge on log1p(length): the
     bag-of-words reference. Returns (test scores, chosen alpha, its val tau_b).
@@ -208,13 +257,19 @@ def tfidf_ridge_scores(
     Vocabulary, IDF and ridge are fitted on the train texts only; alpha is the grid's best tau_b
     on val (the first of the grid on ties, and when val cannot rank: under two prompts or constant
     predictions, val tau_b then NaN). The train fit at that alpha is the one kept (no refit on
-    train + val: val only chooses). Test texts are only transformed: their labels never come in."""
+    train + val: val only chooses). Test texts are only transformed: their labels never come in.
+    A min_df no term reaches is a ValueError naming `min_df_key` (the params key)."""
     from pipeline.ranking.lexical import TfidfRidge
 
     alphas = [float(a) for a in alphas]
     if not alphas:
         raise ValueError("tfidf_ridge_scores: empty alpha grid")
-    fits = TfidfRidge.fit_grid(train_texts, train_lengths, alphas=alphas, ngram_max=ngram_max, min_df=min_df)
+    try:
+        fits = TfidfRidge.fit_grid(train_texts, train_lengths, alphas=alphas, ngram_max=ngram_max, min_df=min_df)
+    except ValueError:
+        # fit_grid's message names no params key: vectorize again to raise it naming min_df_key
+        TfidfRidge.vectorize(train_texts, ngram_max=ngram_max, min_df=min_df, key=min_df_key)
+        raise
     val_texts = list(val_texts)
     best_fit, best_alpha, best_tau = None, alphas[0], float("nan")
     for alpha, fit in zip(alphas, fits):
@@ -259,6 +314,7 @@ def _tfidf_reference(
         alphas=settings["alphas"],
         ngram_max=settings["ngram_max"],
         min_df=settings["min_df"],
+        min_df_key=f"{getattr(settings, 'where', 'evaluate.tfidf_ridge')}.min_df",
     )
     print(
         f"evaluate: TF-IDF + ridge for {eval_model}: {len(train)} train prompts, alpha={alpha:g} "
@@ -299,6 +355,37 @@ def train_twins(prompts: pd.DataFrame) -> pd.Series:
     return prompts.loc[(prompts["split"] == "test") & text.isin(seen), "prompt_id"]
 
 
+def eval_prompts(prompts: pd.DataFrame) -> tuple[pd.Series, pd.DataFrame]:
+    """(train twins, the test prompts tau_b is taken on: the test split without them, by prompt_id)."""
+    twins = train_twins(prompts)
+    return twins, prompts[prompts["split"] == "test"].set_index("prompt_id").drop(index=twins)
+
+
+def check_eval_generations(
+    prompts: pd.DataFrame, generations: dict[str, pd.DataFrame], where: dict[str, str] | None = None
+) -> None:
+    """Each eval model's generations as the pairs stage takes them (no null or unknown prompt_id, no
+    negative tokens, ...) and answering some test prompt, else a ValueError naming `where[model]` (its
+    file): a bad row would otherwise be dropped in silence, or fail after all the scoring."""
+    twins, test = eval_prompts(prompts)
+    for model, gens in generations.items():
+        name = (where or {}).get(model, f"generations of {model}")
+        check_generations(gens, name)
+        check_known_prompts(gens["prompt_id"], prompts["prompt_id"], name)
+        if not gens["prompt_id"].isin(test.index).any():
+            raise ValueError(
+                f"{name}: no answers to test-split prompts"
+                + (f" (besides {len(twins)} left out as twins of train/val prompts)" if len(twins) else "")
+            )
+
+
+def tfidf_references(prompts: pd.DataFrame, generations: dict[str, pd.DataFrame], settings: dict) -> dict:
+    """eval model -> its TF-IDF + ridge reference (`_tfidf_reference`); the stage fits them before
+    scoring, so a bad tfidf_ridge setting fails before the slow work."""
+    test = eval_prompts(prompts)[1]
+    return {m: _tfidf_reference(prompts, gens, m, test, settings) for m, gens in generations.items()}
+
+
 def evaluate(
     prompts: pd.DataFrame,
     generations: dict[str, pd.DataFrame],
@@ -310,15 +397,19 @@ def evaluate(
     seed: int,
     level: float,
     tfidf_ridge: dict,
+    tfidf_refs: dict | None = None,
 ) -> dict:
     """All metrics from in-memory tables (no files, no neural models): the testable core of the stage.
 
     `generations` maps eval model -> its generations (all splits: train and val prompts feed the
     TF-IDF reference); `scores` has SCORES' columns; `prompt_tokens` is indexed by prompt_id;
-    `tfidf_ridge` is params `evaluate.tfidf_ridge` (ngram_max, min_df, alphas, min_train_prompts).
+    `tfidf_ridge` is params `evaluate.tfidf_ridge` (ngram_max, min_df, alphas, min_train_prompts);
+    `tfidf_refs` the TF-IDF references already fitted (`tfidf_references`), else fitted here.
     Returns the ranking.json structure."""
-    twins = train_twins(prompts)
-    test = prompts[prompts["split"] == "test"].set_index("prompt_id").drop(index=twins)
+    check_eval_generations(prompts, generations)
+    twins, test = eval_prompts(prompts)
+    if tfidf_refs is None:
+        tfidf_refs = tfidf_references(prompts, generations, tfidf_ridge)
     predictors = list(dict.fromkeys(zip(scores["train_model"], scores["method"])))
     score_of = {key: grp.set_index("prompt_id")["score"] for key, grp in scores.groupby(["train_model", "method"])}
 
@@ -339,7 +430,7 @@ def evaluate(
         samples = M.sample_length_matrix(gens, labels.index)
         # the same resamples for the baseline, the ceiling and every predictor: paired comparisons
         idx_of = {group: M.bootstrap_indices(len(lab), n_boot, seed) for group, lab in groups.items()}
-        tfidf = _tfidf_reference(prompts, gens, eval_model, test, tfidf_ridge)
+        tfidf = tfidf_refs[eval_model]
         references[eval_model] = {}
         base_boot: dict[str, np.ndarray] = {}
         tfidf_boot: dict[str, np.ndarray] = {}
@@ -470,7 +561,7 @@ def transfer_matrix(ranking: dict, group: str = OVERALL) -> dict:
 
 def write_plots(ranking: dict, transfer: dict, out_dir: Path) -> list[Path]:
     """tau_b by predictor and eval model (intervals, the references), the transfer heatmaps, and
-    the DVC plot CSV. The directory is rewritten whole."""
+    the DVC plot CSV: PLOT_FILES in `out_dir`, replaced (nothing else there is touched)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -478,8 +569,9 @@ def write_plots(ranking: dict, transfer: dict, out_dir: Path) -> list[Path]:
     from matplotlib.lines import Line2D
     from matplotlib.patches import Patch
 
-    shutil.rmtree(out_dir, ignore_errors=True)
     out_dir.mkdir(parents=True, exist_ok=True)
+    for name in PLOT_FILES:  # only these: a mistaken --plots must not cost anything else there
+        (out_dir / name).unlink(missing_ok=True)
     rows = ranking_rows(ranking)
     overall = rows[rows["dataset"] == OVERALL]
     overall.assign(
@@ -508,7 +600,8 @@ def write_plots(ranking: dict, transfer: dict, out_dir: Path) -> list[Path]:
         ax.bar(
             x,
             sub["kendall_tau_b"],
-            yerr=np.nan_to_num(yerr),
+            # a percentile interval need not hold its estimate (few resamples): no negative bar
+            yerr=np.clip(np.nan_to_num(yerr), 0, None),
             capsize=3,
             color=[colors[m] for m in sub["method"]],
             edgecolor="black",
@@ -547,7 +640,7 @@ def write_plots(ranking: dict, transfer: dict, out_dir: Path) -> list[Path]:
     tm = transfer["kendall_tau_b"]
     methods = sorted(tm)
     if not methods:  # nothing to draw (no predictor results)
-        return sorted(out_dir.iterdir())
+        return [out_dir / name for name in PLOT_FILES if (out_dir / name).exists()]
     width = (1.3 + 1.1 * len(eval_models)) * max(1, len(methods))
     fig, axes = plt.subplots(
         1, max(1, len(methods)), figsize=(width, 1.6 + 0.5 * len(transfer["train_models"])), squeeze=False
@@ -569,7 +662,7 @@ def write_plots(ranking: dict, transfer: dict, out_dir: Path) -> list[Path]:
     fig.suptitle("Cross-model transfer (test split, all datasets)", fontsize=10, y=1.04)
     fig.savefig(out_dir / "transfer.png", dpi=120, bbox_inches="tight")
     plt.close(fig)
-    return sorted(out_dir.iterdir())
+    return [out_dir / name for name in PLOT_FILES]
 
 
 def log_wandb(ranking: dict, params: dict) -> None:
@@ -635,13 +728,15 @@ def run(
     test = prompts[prompts["split"] == "test"].sort_values("prompt_id").reset_index(drop=True)
     if test.empty:
         raise ValueError(f"{prompts_path(data_root)} has no test-split prompts")
+    # every input checked, and the TF-IDF references fitted, before the slow scoring
+    check_eval_generations(prompts, generations, {m: str(generations_path(m, data_root)) for m in generations})
+    tfidf_refs = tfidf_references(prompts, generations, tfidf)
 
     if settings["torch_threads"]:  # on a CPU shared with other jobs, fewer threads can be faster
         import torch
 
         torch.set_num_threads(settings["torch_threads"])
     scores = score_predictors(test, predictors, models_root, settings["batch_size"], precision)
-    write_table(scores, scores_path(data_root), SCORES)
     ptoks = pd.Series(prompt_token_counts(test["prompt"].tolist(), tokenizer), index=test["prompt_id"].to_numpy())
     ranking = evaluate(
         prompts,
@@ -653,11 +748,13 @@ def run(
         seed=settings["seed"],
         level=settings["level"],
         tfidf_ridge=tfidf,
+        tfidf_refs=tfidf_refs,
     )
     ranking["settings"]["baseline_tokenizer"] = tokenizer
     ranking["settings"]["precision"] = resolve_precision(precision, "cpu")
     ranking["settings"]["lexical_prior"] = lexical_prior_predictors(predictors, models_root)
     transfer = transfer_matrix(ranking)
+    write_table(scores, scores_path(data_root), SCORES)  # outputs only once every metric is computed
     write_json(_no_nan(ranking), metrics_dir / "ranking.json")
     write_json(_no_nan(transfer), metrics_dir / "transfer.json")
     write_plots(ranking, transfer, plots_dir)
@@ -673,7 +770,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--data", default="data", help="data root (prompts, generations; writes scores/)")
     parser.add_argument("--models", default="models", help="models root (<root>/<model>/<method>/)")
     parser.add_argument("--metrics", default="metrics", help="writes ranking.json, transfer.json here")
-    parser.add_argument("--plots", default="plots/evaluate", help="plots directory (rewritten whole)")
+    parser.add_argument(
+        "--plots", default="plots/evaluate", help=f"plots directory (its {', '.join(PLOT_FILES)} are replaced)"
+    )
     args = parser.parse_args(argv)
     params = load_params("evaluate", args.params)
     if args.no_wandb:

@@ -26,7 +26,7 @@ from typing import Any
 import pandas as pd
 
 from pipeline.contracts import ensure_parent, write_json
-from pipeline.encoders import encoder_config, resolve_encoder
+from pipeline.encoders import check_encoder_files, encoder_config, resolve_encoder
 from pipeline.errors import PARSError
 from pipeline.hardware import auto_precision, cpu_has_native_bf16
 from pipeline.params import Section, load_params
@@ -374,9 +374,15 @@ def train_methods(
     from pipeline.ranking.data import RankingData, RankingDataModule
     from pipeline.ranking.dropout import fast_dropout
     from pipeline.ranking.lightning import BestWeights, RankerModule, prepare_for_training
-    from pipeline.ranking.model import LengthRanker, load_tokenizer
+    from pipeline.ranking.model import LengthRanker, load_encoder, load_tokenizer
 
     torch.set_num_threads(int(cfg["torch_threads"]))
+    # the encoder's files before the data and the slow work (tokenizing, the lexical prior): a damaged
+    # tokenizer or weights file fails now, naming it. The encoder loaded here only shows its weights
+    # are whole; each method loads its own after the seed, as before
+    check_encoder_files(resolve_encoder(cfg["encoder"], lookup=False))  # check_params looked the name up
+    tokenizer = load_tokenizer(cfg["encoder"])
+    load_encoder(cfg["encoder"])
     on_gpu = _runs_on_gpu(lt["accelerator"])
     if precision.startswith("bf16") and not on_gpu and not cpu_has_native_bf16():
         print(
@@ -391,7 +397,6 @@ def train_methods(
         data = RankingData.load_union(model_name, list(cross[model_name]), data_root)
     else:
         data = RankingData.load(model_name, data_root)
-    tokenizer = load_tokenizer(cfg["encoder"])
     head_fraction, frozen = float(cfg["head_fraction"]), int(cfg["frozen_layers"])
     shared = RankingDataModule(  # every method's loaders read these tables (token ids, prior, cache)
         data,

@@ -110,6 +110,19 @@ class RankingData:
                 f"{labels_path(model, data_root)}: {int(missing.sum())} prompt(s) not in "
                 f"{prompts_path(data_root)}; re-run the pairs stage"
             )
+        # the split a prompt trains or validates in must be the one prepare gave it: a test prompt
+        # relabelled train in either file would be trained on and then scored as unseen
+        split_of = labels["prompt_id"].map(prompts.set_index("prompt_id")["split"])
+        moved = (labels["split"] != split_of).to_numpy()
+        if moved.any():
+            first = labels.loc[moved].iloc[0]
+            raise ValueError(
+                f"{labels_path(model, data_root)}: {int(moved.sum())} prompt(s) have another split than in "
+                f"{prompts_path(data_root)} (e.g. {first['prompt_id']!r}: {first['split']} here, "
+                f"{split_of[moved].iloc[0]} there); re-run the pairs stage"
+            )
+        for split, name, frame in (("train", "train.parquet", train_pairs), ("val", "val.parquet", val_pairs)):
+            _check_pair_splits(frame, labels, split, pdir / name, labels_path(model, data_root))
         used = prompts[prompts["prompt_id"].isin(labels["prompt_id"])]
         train_ids = set(labels.loc[labels["split"] == "train", "prompt_id"])
         datasets = sorted(used.loc[used["prompt_id"].isin(train_ids), "dataset"].unique().tolist())
@@ -157,6 +170,23 @@ class RankingData:
             deltas.pop(),
             tuple(models),
         )
+
+
+def _check_pair_splits(pairs: pd.DataFrame, labels: pd.DataFrame, split: str, path: Path, labels_file: Path) -> None:
+    """Both prompts of every pair of `path` are labelled, in `split` (the pairs stage never crosses
+    splits): a pair with a val prompt among the train pairs would leak val into training."""
+    split_of = labels.set_index("prompt_id")["split"]
+    a, b = pairs["a"].map(split_of), pairs["b"].map(split_of)
+    bad = ((a != split) | (b != split)).to_numpy()
+    if not bad.any():
+        return
+    row = int(np.flatnonzero(bad)[0])
+    pid, found = (pairs["a"].iloc[row], a.iloc[row]) if a.iloc[row] != split else (pairs["b"].iloc[row], b.iloc[row])
+    where = f"not in {labels_file}" if pd.isna(found) else f"a {found} prompt in {labels_file}"
+    raise ValueError(
+        f"{path}: {int(bad.sum())} {split} pair(s) cross splits or name an unlabelled prompt (e.g. row {row}: "
+        f"{pid!r} is {where}); re-run the pairs stage"
+    )
 
 
 class _Rows(Dataset):
@@ -322,8 +352,11 @@ def pair_indices(pairs: pd.DataFrame, table: PromptTable, where: str) -> np.ndar
     pos = table.position()
     try:
         return np.array([[pos[a], pos[b]] for a, b in zip(pairs["a"], pairs["b"])], dtype=np.int64).reshape(-1, 2)
-    except KeyError as exc:
-        raise ValueError(f"{where}: prompt {exc.args[0]!r} has no label in labels.parquet") from exc
+    except KeyError as exc:  # RankingData.load checks the pairs files; this is a table built otherwise
+        raise ValueError(
+            f"{where}: prompt {exc.args[0]!r} is not among this split's labelled prompts (a pair that "
+            f"crosses splits, or a prompt with no label in labels.parquet)"
+        ) from exc
 
 
 def _check_trainable(data: RankingData, method: str) -> None:

@@ -6,6 +6,7 @@ No Lightning here: export and serving use this module alone.
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 from typing import Sequence
 
@@ -13,6 +14,7 @@ import torch
 from torch import nn
 
 from pipeline.encoders import resolve_encoder
+from pipeline.errors import PARSError
 from pipeline.ranking.dropout import scaled_dot_product_attention
 
 POOLINGS = ("cls", "mean")
@@ -38,9 +40,7 @@ class LengthRanker(nn.Module):
 
     @classmethod
     def from_pretrained_encoder(cls, name: str, dropout: float = 0.1, pooling: str = "cls") -> "LengthRanker":
-        from transformers import AutoModel
-
-        return cls(AutoModel.from_pretrained(resolve_encoder(name)), dropout=dropout, pooling=pooling)
+        return cls(load_encoder(name), dropout=dropout, pooling=pooling)
 
     @classmethod
     def from_config(cls, config, dropout: float = 0.1, pooling: str = "cls") -> "LengthRanker":
@@ -166,12 +166,58 @@ def _first_position_layer(layer: nn.Module, hidden: torch.Tensor, attention_mask
     return layer.output(layer.intermediate(attended), attended)
 
 
+# what a pretrained encoder's weights may lack for the ranker: the pooler (it pools the hidden
+# states itself) and index buffers that some checkpoints store and others compute
+_UNUSED_ENCODER_KEYS = re.compile(r"(^|\.)pooler\.|(^|\.)(position_ids|token_type_ids)$")
+
+
+def load_encoder(name: str) -> nn.Module:
+    """The pretrained encoder `name` (AutoModel). Weights that lack a tensor the ranker uses are a
+    PARSError naming the directory and some of the keys: transformers would initialise them at
+    random and only log a report. A file it cannot read is a PARSError naming the directory."""
+    from transformers import AutoModel
+    from transformers.utils import logging as hf_logging
+
+    resolved = resolve_encoder(name)
+    # quiet: its load report (what matters in it is refused below) and its progress bar (a
+    # fraction of a second), either of which would come before a one-line error
+    verbosity, bars = hf_logging.get_verbosity(), hf_logging.is_progress_bar_enabled()
+    hf_logging.set_verbosity_error()
+    hf_logging.disable_progress_bar()
+    try:
+        encoder, info = AutoModel.from_pretrained(resolved, output_loading_info=True)
+    except Exception as exc:  # a cut or foreign weights file, a config of another architecture
+        raise PARSError(f"encoder {resolved} could not be loaded: {exc}") from exc
+    finally:
+        hf_logging.set_verbosity(verbosity)
+        if bars:
+            hf_logging.enable_progress_bar()
+    missing = sorted(k for k in info["missing_keys"] if not _UNUSED_ENCODER_KEYS.search(k))
+    if missing:
+        raise PARSError(
+            f"encoder {resolved}: the weights lack {len(missing)} tensor(s) the ranker uses "
+            f"(e.g. {', '.join(missing[:3])}); the weights file is incomplete or of another model"
+        )
+    return encoder
+
+
 def load_tokenizer(name_or_path: str | os.PathLike):
+    """The tokenizer of an encoder or checkpoint. One that loads but cannot encode (an empty
+    vocab.txt loads as an empty vocabulary) is a PARSError naming the directory, before any prompt."""
     from transformers import AutoTokenizer
 
-    return AutoTokenizer.from_pretrained(
-        resolve_encoder(str(name_or_path)) if not Path(name_or_path).exists() else str(name_or_path)
-    )
+    path = resolve_encoder(str(name_or_path)) if not Path(name_or_path).exists() else str(name_or_path)
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(path)
+    except (OSError, ValueError) as exc:  # a cut JSON file: the message names no file
+        raise PARSError(f"tokenizer {path} could not be loaded: {exc}") from None
+    try:
+        tokenizer("a")
+    except Exception as exc:  # the tokenizers library's own Exception ("WordPiece error: ...")
+        files = [name for name in ("tokenizer.json", "vocab.txt") if (Path(path) / name).is_file()]
+        where = " or ".join(str(Path(path) / name) for name in files) or path
+        raise PARSError(f"{where}: the tokenizer cannot encode text ({exc}); the vocabulary is damaged") from None
+    return tokenizer
 
 
 def encode_prompts(tokenizer, texts, max_length: int, head_fraction: float = 1.0) -> list[list[int]]:

@@ -385,10 +385,7 @@ class Scorer:
         """Token ids as the model sees them: cut to max_length, head + tail, as in training."""
         from pipeline.ranking.model import encode_prompts
 
-        texts = list(texts)
-        for i, text in enumerate(texts):
-            if not isinstance(text, str):
-                raise TypeError(f"score: item {i} is {type(text).__name__}, not str")
+        texts = _text_list(texts)
         return encode_prompts(self.tokenizer, texts, self.max_length, self.head_fraction) if texts else []
 
 
@@ -397,11 +394,29 @@ def as_stored(texts: Sequence[str]) -> list[str]:
     reaches the server decomposed (NFD) would otherwise split into other words for the lexical prior."""
     from pipeline.sources.base import normalise
 
+    return [normalise(_encodable(text)) for text in _text_list(texts)]
+
+
+def _text_list(texts: Sequence[str]) -> list[str]:
+    """`texts` as a list of str; TypeError for anything else, and for one bare str (whose
+    characters would each be scored as a prompt)."""
+    if isinstance(texts, str):
+        raise TypeError("score: texts is one str; pass a list of prompts (e.g. [text])")
     texts = list(texts)
     for i, text in enumerate(texts):
         if not isinstance(text, str):
             raise TypeError(f"score: item {i} is {type(text).__name__}, not str")
-    return [normalise(text) for text in texts]
+    return texts
+
+
+def _encodable(text: str) -> str:
+    """`text` with each lone UTF-16 surrogate (JSON can escape one: "\\ud800") as '?': no tokenizer
+    takes it, and the whole batch would fail. Other text is returned as is (encoding it is the check)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return text.encode("utf-8", "replace").decode("utf-8")
+    return text
 
 
 def _length_sorted_batches(ids: list[list[int]], pad_id: int, batch_size: int, progress: bool):
