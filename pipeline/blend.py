@@ -33,6 +33,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from pipeline.contracts import write_figure
 from pipeline.errors import PARSError
 from pipeline.params import Section, load_params, number_list
 
@@ -334,8 +335,7 @@ def write_plot(facts: dict, name: str, out: Path, features: str = "tfidf") -> No
     )
     ax.legend(fontsize=8)
     fig.tight_layout()
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out, dpi=110)
+    write_figure(fig, out, dpi=110)
     plt.close(fig)
 
 

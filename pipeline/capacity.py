@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from pipeline.contracts import GENERATIONS, generations_path, read_json, read_table, write_json
+from pipeline.contracts import GENERATIONS, generations_path, read_json, read_table, write_figure, write_json
 from pipeline.errors import PARSError, check_number
 from pipeline.params import Section, load_params
 from pipeline.queueing import theory as th
@@ -157,7 +157,7 @@ def plot_sweeps(results: dict[str, dict], path: Path) -> None:
         ax.legend(fontsize=7)
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=120)
+    write_figure(fig, path, dpi=120)
     plt.close(fig)
 
 
@@ -182,7 +182,7 @@ def plot_queues(traces: dict[float, dict[str, np.ndarray]], name: str, path: Pat
         a.legend(fontsize=8)
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=120)
+    write_figure(fig, path, dpi=120)
     plt.close(fig)
 
 
@@ -215,7 +215,7 @@ def plot_engine(fit: dict, path: Path) -> None:
     ax[1].set_title(f"theory vs engine: gap {fit['gap']:.1%} (M = {fit['M_tokens']} tokens)")
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=120)
+    write_figure(fig, path, dpi=120)
     plt.close(fig)
 
 

@@ -239,6 +239,19 @@ def write_text(text: str, path: str | Path) -> Path:
     return path
 
 
+def write_figure(fig, path: str | Path, **savefig: Any) -> Path:
+    """Save a matplotlib figure atomically (format from the file's suffix): an interrupted run leaves
+    the old figure (or none), never half of a new one."""
+    path = ensure_parent(path)
+    tmp = path.with_name(f".{path.name}.tmp")
+    try:
+        fig.savefig(tmp, format=path.suffix.lstrip(".") or None, **savefig)
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+    return path
+
+
 def write_json(obj: Any, path: str | Path) -> Path:
     """Write JSON atomically, pretty-printed (metrics files are read by people and by DVC)."""
     return write_text(json.dumps(obj, indent=2, sort_keys=False, default=_json_default) + "\n", path)

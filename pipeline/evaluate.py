@@ -42,8 +42,10 @@ from pipeline.contracts import (
     prompts_path,
     read_table,
     scores_path,
+    write_figure,
     write_json,
     write_table,
+    write_text,
 )
 from pipeline.encoders import PACKAGED_ENCODERS, resolve_encoder
 from pipeline.errors import PARSError
@@ -59,7 +61,15 @@ PAIRWISE = "pairwise"  # method_differences compares every other method against 
 PLOT_FILES = ("tau_b.csv", "tau_b.png", "transfer.png")
 # wandb.init's modes (dryrun and run: its old names for offline and online)
 WANDB_MODES = ("online", "offline", "disabled", "shared", "dryrun", "run")
-TOKENIZER_FILES = ("tokenizer.json", "vocab.txt", "tokenizer_config.json")
+# what a local tokenizer directory holds (fast, WordPiece, BPE, SentencePiece)
+TOKENIZER_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "vocab.txt",
+    "vocab.json",
+    "spiece.model",
+    "tokenizer.model",
+)
 
 
 def prompt_token_counts(texts: list[str], tokenizer_name: str) -> np.ndarray:
@@ -125,7 +135,7 @@ def check_params(params, machine: bool = True) -> dict:
         tokenizer, key=f"{sec.where}.baseline_tokenizer", lookup=machine
     )  # a mistyped name: one line naming the key
     local = Path(tokenizer).expanduser()
-    if tokenizer not in PACKAGED_ENCODERS and local.exists():
+    if machine and tokenizer not in PACKAGED_ENCODERS and local.exists():
         # resolve_encoder takes any existing path; transformers' words for a wrong one name no key
         if not (local.is_dir() and any((local / name).is_file() for name in TOKENIZER_FILES)):
             raise PARSError(
@@ -140,7 +150,7 @@ def check_params(params, machine: bool = True) -> dict:
             raise PARSError(f"{wandb.where}.{key} is missing")
     if wandb["enabled"]:  # wandb.init refuses a bad mode only after every output is written
         wandb.choice("mode", WANDB_MODES)
-        if os.environ.get("WANDB_MODE", "disabled") not in WANDB_MODES:  # log_wandb prefers it
+        if machine and os.environ.get("WANDB_MODE", "disabled") not in WANDB_MODES:  # log_wandb prefers it
             raise PARSError(f"WANDB_MODE {os.environ['WANDB_MODE']!r}: must be one of {', '.join(WANDB_MODES)}")
     return {
         "batch_size": sec.integer("batch_size", minimum=1),
@@ -157,8 +167,8 @@ def check_params(params, machine: bool = True) -> dict:
 
 def check_outputs(data_root: Path, models_root: Path, metrics_dir: Path, plots_dir: Path) -> None:
     """Every output path writable in shape (no file where a directory goes) before any scoring; and
-    the plots directory one of its own: not holding the working directory or the stage's data, nor
-    inside the inputs (its PLOT_FILES are replaced there)."""
+    the plots directory not one holding the working directory or the stage's data (only its
+    PLOT_FILES are replaced there, so it may sit inside a scratch run's root)."""
     for path in (scores_path(data_root), metrics_dir / "ranking.json", metrics_dir / "transfer.json"):
         ensure_parent(path, create=False)
     for name in PLOT_FILES:
@@ -167,9 +177,6 @@ def check_outputs(data_root: Path, models_root: Path, metrics_dir: Path, plots_d
     for other in (Path.cwd(), data_root, models_root, metrics_dir):
         if plots == other.resolve() or plots in other.resolve().parents:
             raise PARSError(f"plots directory {plots_dir} holds {other}; give the plots a directory of their own")
-    for flag, root in (("--data", data_root), ("--models", models_root)):
-        if root.resolve() in plots.parents:
-            raise PARSError(f"plots directory {plots_dir} (--plots) is inside {flag} {root}; put it outside the inputs")
 
 
 def score_predictors(
@@ -264,12 +271,9 @@ def tfidf_ridge_scores(
     alphas = [float(a) for a in alphas]
     if not alphas:
         raise ValueError("tfidf_ridge_scores: empty alpha grid")
-    try:
-        fits = TfidfRidge.fit_grid(train_texts, train_lengths, alphas=alphas, ngram_max=ngram_max, min_df=min_df)
-    except ValueError:
-        # fit_grid's message names no params key: vectorize again to raise it naming min_df_key
-        TfidfRidge.vectorize(train_texts, ngram_max=ngram_max, min_df=min_df, key=min_df_key)
-        raise
+    fits = TfidfRidge.fit_grid(
+        train_texts, train_lengths, alphas=alphas, ngram_max=ngram_max, min_df=min_df, min_df_key=min_df_key
+    )
     val_texts = list(val_texts)
     best_fit, best_alpha, best_tau = None, alphas[0], float("nan")
     for alpha, fit in zip(alphas, fits):
@@ -574,14 +578,14 @@ def write_plots(ranking: dict, transfer: dict, out_dir: Path) -> list[Path]:
         (out_dir / name).unlink(missing_ok=True)
     rows = ranking_rows(ranking)
     overall = rows[rows["dataset"] == OVERALL]
-    overall.assign(
+    table = overall.assign(
         predictor=overall["train_model"] + "/" + overall["method"],
         cell=overall["eval_model"] + " | " + overall["train_model"] + "/" + overall["method"],
     ).to_csv(
-        out_dir / "tau_b.csv",
         index=False,
         columns=["cell", "eval_model", "train_model", "method", "kendall_tau_b", "ci_low", "ci_high", "n_prompts"],
     )
+    write_text(table, out_dir / "tau_b.csv")
 
     eval_models = list(ranking["references"])
     ncol = min(3, max(1, len(eval_models)))
@@ -634,7 +638,7 @@ def write_plots(ranking: dict, transfer: dict, out_dir: Path) -> list[Path]:
     fig.suptitle("Predicted rank vs. true answer length, by eval model", fontsize=10)
     fig.tight_layout(rect=(0, 0.06, 1, 1))
     fig.legend(handles=handles, loc="lower center", ncol=len(handles), fontsize=8, frameon=False)
-    fig.savefig(out_dir / "tau_b.png", dpi=120)
+    write_figure(fig, out_dir / "tau_b.png", dpi=120)
     plt.close(fig)
 
     tm = transfer["kendall_tau_b"]
@@ -660,7 +664,7 @@ def write_plots(ranking: dict, transfer: dict, out_dir: Path) -> list[Path]:
     axes[0][0].set_ylabel("trained on", fontsize=8)
     fig.colorbar(im, ax=axes[0].tolist(), shrink=0.8, label="Kendall τ_b")
     fig.suptitle("Cross-model transfer (test split, all datasets)", fontsize=10, y=1.04)
-    fig.savefig(out_dir / "transfer.png", dpi=120, bbox_inches="tight")
+    write_figure(fig, out_dir / "transfer.png", dpi=120, bbox_inches="tight")
     plt.close(fig)
     return [out_dir / name for name in PLOT_FILES]
 
@@ -736,8 +740,9 @@ def run(
         import torch
 
         torch.set_num_threads(settings["torch_threads"])
-    scores = score_predictors(test, predictors, models_root, settings["batch_size"], precision)
+    # the baseline's tokenizer (a hub one may be missing offline) before the slow scoring
     ptoks = pd.Series(prompt_token_counts(test["prompt"].tolist(), tokenizer), index=test["prompt_id"].to_numpy())
+    scores = score_predictors(test, predictors, models_root, settings["batch_size"], precision)
     ranking = evaluate(
         prompts,
         generations,

@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from pipeline.contracts import GENERATIONS, PROMPTS, ensure_parent, prompts_path, read_table, write_json
+from pipeline.contracts import GENERATIONS, PROMPTS, ensure_parent, prompts_path, read_table, write_figure, write_json
 from pipeline.errors import PARSError
 from pipeline.ranking.labels import check_generations, check_known_prompts
 
@@ -75,7 +75,7 @@ def plot(frames: dict[str, pd.DataFrame], out: Path) -> None:
     ax.legend(fontsize=8)
     fig.tight_layout()
     out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out, dpi=120)
+    write_figure(fig, out, dpi=120)
     plt.close(fig)
 
 

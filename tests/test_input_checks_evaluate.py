@@ -32,16 +32,6 @@ def assert_nothing_scored_or_written(out: str) -> None:
 # ---------------------------------------------------------------- 1. the plots directory
 
 
-@pytest.mark.parametrize("flag, inner", [("--data", "data/generations"), ("--models", "models/m/pairwise")])
-def test_plots_dir_inside_an_input_root_is_refused(capsys, tmp_path, flag, inner):
-    kept = tmp_path / inner / "generations.parquet"
-    kept.parent.mkdir(parents=True)
-    kept.write_text("input")
-    rc, _, err = evaluate_cli(capsys, tmp_path, PARAMS, "--plots", kept.parent)
-    one_line_error(rc, err, "evaluate", flag)
-    assert kept.read_text() == "input"
-
-
 def test_plots_replace_only_their_own_files(project, capsys):  # noqa: F811
     root, params = project
     plots = root / "out/plots"

@@ -49,12 +49,19 @@ class TfidfRidge:
 
     @classmethod
     def fit_grid(
-        cls, texts: Sequence[str], lengths: Sequence[float], *, alphas, ngram_max: int, min_df: int
+        cls,
+        texts: Sequence[str],
+        lengths: Sequence[float],
+        *,
+        alphas,
+        ngram_max: int,
+        min_df: int,
+        min_df_key: str = "min_df",
     ) -> list["TfidfRidge"]:
         """One fit per alpha of the grid on the same vocabulary (the vocabulary and idf see only `texts`)."""
         from sklearn.linear_model import Ridge
 
-        vectorizer, x = cls.vectorize(texts, ngram_max=ngram_max, min_df=min_df)
+        vectorizer, x = cls.vectorize(texts, ngram_max=ngram_max, min_df=min_df, key=min_df_key)
         y = np.log1p(np.asarray(lengths, dtype=float))
         fits = []
         for alpha in alphas:

@@ -179,11 +179,12 @@ def load_encoder(name: str) -> nn.Module:
     from transformers.utils import logging as hf_logging
 
     resolved = resolve_encoder(name)
-    # quiet: its load report (what matters in it is refused below) and its progress bar (a
-    # fraction of a second), either of which would come before a one-line error
+    # quiet: its load report (what matters in it is refused below) and, for a local directory, its
+    # progress bar would come before a one-line error; a hub encoder's download progress stays visible
     verbosity, bars = hf_logging.get_verbosity(), hf_logging.is_progress_bar_enabled()
     hf_logging.set_verbosity_error()
-    hf_logging.disable_progress_bar()
+    if Path(resolved).is_dir():
+        hf_logging.disable_progress_bar()
     try:
         encoder, info = AutoModel.from_pretrained(resolved, output_loading_info=True)
     except Exception as exc:  # a cut or foreign weights file, a config of another architecture

@@ -411,7 +411,9 @@ def _text_list(texts: Sequence[str]) -> list[str]:
 
 def _encodable(text: str) -> str:
     """`text` with each lone UTF-16 surrogate (JSON can escape one: "\\ud800") as '?': no tokenizer
-    takes it, and the whole batch would fail. Other text is returned as is (encoding it is the check)."""
+    takes it, and the whole batch would fail. Other text is returned as is (encoding it is the check).
+    `pars score` refuses such a line instead, naming it (a file can be fixed); here, on the serving
+    path, one client's prompt must not fail the batch of others."""
     try:
         text.encode("utf-8")
     except UnicodeEncodeError:
