@@ -45,6 +45,7 @@ from pipeline.errors import PARSError
 from pipeline.params import Section, load_params
 from pipeline.queueing import theory as th
 from pipeline.queueing.policies import POLICIES, SCORE_METHODS, on_pars_scheduler, policy_key
+from pipeline.ranking.labels import check_generations
 from pipeline.ranking.metrics import kendall_tau_b
 
 METRICS = Path("metrics/simulation.json")
@@ -66,6 +67,8 @@ def load_requests(
     and notes on what is missing."""
     prompts = read_table(prompts_path(data_root), PROMPTS)
     gens = read_table(generations_path(model, data_root), GENERATIONS)
+    # a null or negative length would otherwise be dropped below without a word
+    check_generations(gens, where=str(generations_path(model, data_root)))
     test_ids = set(prompts.loc[prompts.split == "test", "prompt_id"])
     g = gens[gens.prompt_id.isin(test_ids) & (gens.output_tokens > 0) & (gens.prompt_tokens > 0)]
     if g.empty:

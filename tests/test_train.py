@@ -15,18 +15,6 @@ from pipeline.ranking.losses import METHODS
 
 
 @pytest.fixture(scope="module")
-def tiny_encoder_dir(tmp_path_factory, tiny_bert_config, tokenizer):
-    """A tiny random BERT saved like a hub encoder, so `encoder: <dir>` takes the real loading path."""
-    from transformers import AutoModel
-
-    out = tmp_path_factory.mktemp("tiny-encoder")
-    torch.manual_seed(0)
-    AutoModel.from_config(tiny_bert_config).save_pretrained(out)
-    tokenizer.save_pretrained(out)
-    return out
-
-
-@pytest.fixture(scope="module")
 def toy_root(tmp_path_factory):
     root = tmp_path_factory.mktemp("toy")
     write_dataset(root / "data", n_train=40, n_val=16, truncated={"train000"})
