@@ -156,7 +156,6 @@ def plot_sweeps(results: dict[str, dict], path: Path) -> None:
         ax.set_ylabel("throughput (req/s)")
         ax.legend(fontsize=7)
     fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
     write_figure(fig, path, dpi=120)
     plt.close(fig)
 
@@ -181,7 +180,6 @@ def plot_queues(traces: dict[float, dict[str, np.ndarray]], name: str, path: Pat
     for a in ax:
         a.legend(fontsize=8)
     fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
     write_figure(fig, path, dpi=120)
     plt.close(fig)
 
@@ -214,7 +212,6 @@ def plot_engine(fit: dict, path: Path) -> None:
     ax[1].set_ylabel("requests / s at saturation")
     ax[1].set_title(f"theory vs engine: gap {fit['gap']:.1%} (M = {fit['M_tokens']} tokens)")
     fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
     write_figure(fig, path, dpi=120)
     plt.close(fig)
 
@@ -227,9 +224,7 @@ def check_stage_params(p: dict[str, Any], machine: bool = True) -> Section:
     where = p.where
     for key in ("M", "chunk", "token_budget", "max_num_seqs", "block_size"):
         _setting(p[key], f"{where}.{key}", True)
-    from pipeline.queueing.simulator import engine_shape_problem
-
-    problem = engine_shape_problem(p["M"], p["token_budget"], p["max_num_seqs"], p["block_size"])
+    problem = th.engine_shape_problem(p["M"], p["token_budget"], p["max_num_seqs"], p["block_size"])
     if problem:  # the simulator refuses it too, but after minutes of sweeps
         raise PARSError(f"{where}: {problem}")
     _setting(p["step_time"], f"{where}.step_time", False)

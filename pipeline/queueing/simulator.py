@@ -48,6 +48,8 @@ from typing import Any
 
 import numpy as np
 
+from pipeline.queueing.theory import engine_shape_problem, fits_in_cache
+
 try:  # numba ships with vLLM; without it the same code runs as plain Python (slowly)
     from numba import njit
 
@@ -616,22 +618,6 @@ def _simulate(req, heap, eng, series, skip, by_ready, first_provisional, sort_ru
 
 
 # ---------------------------------------------------------------- Python interface
-
-
-def engine_shape_problem(M: int, token_budget: int, max_num_seqs: int, block_size: int) -> str | None:
-    """What makes an engine shape unusable, or None; each caller names its own keys before it.
-    Every running request decodes a token each step (vLLM refuses a smaller budget too), and the KV
-    cache must hold at least one whole block."""
-    if token_budget < max_num_seqs:
-        return f"token_budget {token_budget} is below max_num_seqs {max_num_seqs}: each running request takes a token of the budget every step"
-    if block_size > M:
-        return f"block_size {block_size} exceeds M {M}: the KV cache would hold no whole block"
-    return None
-
-
-def fits_in_cache(tokens: int, M: int, block_size: int) -> bool:
-    """Whether a request of `tokens` (prompt + answer) fits in the KV cache: whole blocks of M."""
-    return -(-tokens // block_size) <= M // block_size
 
 
 @dataclass(frozen=True)

@@ -35,6 +35,22 @@ import numpy as np
 STABLE, UNSTABLE, UNDECIDED = "stable", "unstable", "undecided"
 
 
+def engine_shape_problem(M: int, token_budget: int, max_num_seqs: int, block_size: int) -> str | None:
+    """What makes an engine shape unusable, or None; each caller names its own keys before it.
+    Every running request decodes a token each step (vLLM refuses a smaller budget too), and the KV
+    cache must hold at least one whole block."""
+    if token_budget < max_num_seqs:
+        return f"token_budget {token_budget} is below max_num_seqs {max_num_seqs}: each running request takes a token of the budget every step"
+    if block_size > M:
+        return f"block_size {block_size} exceeds M {M}: the KV cache would hold no whole block"
+    return None
+
+
+def fits_in_cache(tokens: int, M: int, block_size: int) -> bool:
+    """Whether a request of `tokens` (prompt + answer) fits in the KV cache: whole blocks of M."""
+    return -(-tokens // block_size) <= M // block_size
+
+
 def prefill_area(s, chunk: int):
     """sum_{k=1}^{ceil(s/chunk)} min(k*chunk, s): memory area of the chunked prefill phase."""
     s = np.asarray(s, dtype=np.int64)

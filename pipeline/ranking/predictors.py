@@ -11,7 +11,9 @@ from pipeline.errors import PARSError
 def names(evaluate: dict[str, Any], key: str) -> list[str]:
     """evaluate[key], a list of names (empty when absent or null); anything else is one line naming the
     key, not a TypeError from iterating it (`train_models: 5`, set by a profile)."""
-    value = evaluate.get(key) or []
+    value = evaluate.get(key)
+    if value is None:
+        return []
     if not isinstance(value, list) or not all(isinstance(n, str) and n for n in value):
         raise PARSError(f"{getattr(evaluate, 'where', 'params evaluate')}.{key} {value!r}: must be a list of names")
     return value
