@@ -45,6 +45,35 @@ def _spans(deciles: set[int]) -> str:
     return ", ".join(f"{r[0]}-{r[-1]}" if len(r) > 1 else str(r[0]) for r in out) or "none"
 
 
+def mean_remaining(lengths: np.ndarray, scores: np.ndarray) -> dict[str, dict[str, float | None]]:
+    """{decile: {g: E[L - g | L > g]}} over the requests of each score decile ("1" = lowest scores);
+    None where fewer than MIN_LEFT requests are still running at g."""
+    decile = np.minimum((np.argsort(np.argsort(scores, kind="stable")) * DECILES) // len(scores), DECILES - 1)
+    table = {}
+    for d in range(DECILES):
+        row = {}
+        for g in GENERATED:
+            left = lengths[(decile == d) & (lengths > g)]
+            row[str(g)] = float((left - g).mean()) if left.size >= MIN_LEFT else None
+        table[str(d + 1)] = row
+    return table
+
+
+def judge(table: dict[str, dict[str, float | None]]) -> tuple[list[int], list[int]]:
+    """(deciles whose mean remaining answer grows somewhere with g, deciles in which a running request
+    comes to expect at least what the next decile up expects at its start). In a burst served in
+    score order the requests waiting while decile d runs are of decile d + 1 and up: only the second
+    kind makes preempting on expected remaining answer pay."""
+    rising, overtaken = [], []
+    for d in range(1, DECILES + 1):
+        known = [v for v in table[str(d)].values() if v is not None]
+        if any(b > a for a, b in zip(known, known[1:])):
+            rising.append(d)
+        if d < DECILES and max(known) >= table[str(d + 1)]["0"]:
+            overtaken.append(d)
+    return rising, overtaken
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default="chatgpt", help="eval model whose val answers are measured")
@@ -68,24 +97,11 @@ def main(argv: list[str] | None = None) -> int:
     lengths = req.output_tokens.to_numpy(np.int64)
     print(f"attained_service: {len(req)} val prompts of {args.model}; scoring with {args.predictor}", flush=True)
     scores = Scorer.from_pretrained(ckpt).score(prompts.loc[req.prompt_id, "prompt"].tolist(), progress=True)
-    decile = np.minimum((np.argsort(np.argsort(scores, kind="stable")) * DECILES) // len(scores), DECILES - 1)
-
-    table, rising = {}, []
+    table = mean_remaining(lengths, scores)
+    rising, overtaken = judge(table)
     print(f"\n{'score decile':<13}" + "".join(f"{'g=' + str(g):>8}" for g in GENERATED))
-    for d in range(1, DECILES + 1):
-        row = {}
-        for g in GENERATED:
-            left = lengths[(decile == d - 1) & (lengths > g)]
-            row[str(g)] = float((left - g).mean()) if left.size >= MIN_LEFT else None
-        known = [v for v in row.values() if v is not None]
-        if any(b > a for a, b in zip(known, known[1:])):
-            rising.append(d)
-        table[str(d)] = row
+    for d, row in table.items():
         print(f"{d:<13}" + "".join(f"{'-' if v is None else round(v):>8}" for v in row.values()))
-    # In a burst served in score order, the requests waiting while decile d runs are of decile d + 1
-    # and up: a running request is worth preempting only if it expects more than they do in all.
-    peak = {d: max(v for v in table[str(d)].values() if v is not None) for d in range(1, DECILES + 1)}
-    overtaken = [d for d in range(1, DECILES) if peak[d] >= table[str(d + 1)]["0"]]
     finding = (
         (
             f"the mean remaining answer falls as a request runs in deciles {_spans(set(range(1, DECILES + 1)) - set(rising))}"

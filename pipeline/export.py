@@ -20,9 +20,16 @@ import math
 from pathlib import Path
 
 from pipeline.errors import PARSError, plain_name
-from pipeline.hashing import sha256_file
 from pipeline.params import Section, load_params
-from pipeline.ranking.checkpoint import META, TYPICAL_SCORE, CheckpointError, copy_checkpoint, read_meta
+from pipeline.ranking.checkpoint import (
+    FILES_SHA256,
+    META,
+    TYPICAL_SCORE,
+    CheckpointError,
+    copy_checkpoint,
+    file_hashes,
+    read_meta,
+)
 
 
 def export_dir(name: str, root: str | Path = "models/export") -> Path:
@@ -30,15 +37,12 @@ def export_dir(name: str, root: str | Path = "models/export") -> Path:
 
 
 def record_file_hashes(dst: Path) -> dict[str, str]:
-    """Add the sha256 of every file of the checkpoint (config, tokenizer files, weights) to its
-    pars.json, so the serving loader refuses any of them changed after export, not only the weights."""
+    """List the sha256 of every file of the checkpoint (config, tokenizer files, weights, the lexical
+    and decoder files) in its pars.json, so the serving loader refuses any of them changed after export."""
     from pipeline.contracts import write_json
-    from pipeline.serving.scorer import FILES_SHA256
 
     meta = json.loads((dst / META).read_text(encoding="utf-8"))
-    meta[FILES_SHA256] = {
-        f.relative_to(dst).as_posix(): sha256_file(f) for f in sorted(dst.rglob("*")) if f.is_file() and f != dst / META
-    }
+    meta[FILES_SHA256] = file_hashes(dst)
     write_json(meta, dst / META)
     return meta[FILES_SHA256]
 

@@ -165,3 +165,22 @@ def test_seed_spread_retrains_when_any_train_setting_changed(bench, monkeypatch,
     assert ss.stale(ckpt, {**cfg, "epochs": 3})  # not in pars.json's record
     assert ss.stale(ckpt, {**cfg, "lexical_prior": {"ngram_max": 2, "folds": 3}})
     assert ss.stale(ckpt, {**cfg, "lr": 2e-4})  # in pars.json's record
+
+
+def test_attained_service_flags_only_a_decile_that_overtakes_the_next(bench):
+    """Preempting on expected remaining answer pays only where a running request comes to expect more
+    than the next decile up expects at its start: a long tail among the shortest-predicted does that,
+    lengths that shrink as they run do not."""
+    attained = bench("attained_service")
+    rng = np.random.default_rng(0)
+    scores = np.arange(1000.0)  # decile d holds scores 100 (d - 1) .. 100 d - 1
+    even = np.repeat(np.arange(1, 11) * 50, 100) + rng.integers(0, 20, 1000)  # decile d: about 50 d tokens
+    rising, overtaken = attained.judge(attained.mean_remaining(even, scores))
+    assert overtaken == []
+    tail = even.copy()
+    tail[:100] = np.where(np.arange(100) < 90, 3, 600)  # decile 1: most answers of 3 tokens, a tenth of 600
+    table = attained.mean_remaining(tail, scores)
+    assert table["1"]["0"] < table["2"]["0"] < table["1"]["25"]  # starts shortest, then expects more than decile 2
+    rising, overtaken = attained.judge(table)
+    assert 1 in rising and overtaken == [1]
+    assert attained._spans({1, 2, 3, 5, 7, 8}) == "1-3, 5, 7-8" and attained._spans(set()) == "none"

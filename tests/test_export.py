@@ -156,13 +156,28 @@ def test_export_hashes_every_file_and_the_loader_checks_them(trained):
     for name in ("config.json", tok):  # a changed config or tokenizer would load silently and score differently
         original = (dst / name).read_bytes()
         (dst / name).write_bytes(original + b" ")
-        with pytest.raises(CheckpointError, match=f"{name} sha256 .* changed after export"):
+        with pytest.raises(CheckpointError, match=f"{name} sha256 .* changed after the checkpoint was written"):
             Scorer.from_pretrained(dst)
         (dst / name).unlink()
         with pytest.raises(CheckpointError, match=f"missing {name}"):
             Scorer.from_pretrained(dst)
         (dst / name).write_bytes(original)
     Scorer.from_pretrained(dst)  # restored: loads again
+
+
+def test_a_train_checkpoint_lists_its_files_and_the_loader_checks_them(trained):
+    """Not only exports: a train checkpoint (what evaluate, simulate and blend score with) lists its
+    config and tokenizer files too, so an edited config.json is refused instead of scoring silently."""
+    from pipeline.serving.scorer import FILES_SHA256, Scorer
+
+    ckpt = trained / "models/m/pairwise"
+    meta = json.loads((ckpt / META).read_text())
+    assert set(meta[FILES_SHA256]) == {p.name for p in ckpt.iterdir() if p.name != META}
+    assert meta[FILES_SHA256][WEIGHTS] == meta["weights_sha256"]
+    config = json.loads((ckpt / "config.json").read_text())
+    (ckpt / "config.json").write_text(json.dumps({**config, "num_hidden_layers": 1}))
+    with pytest.raises(CheckpointError, match="config.json sha256 .* changed after the checkpoint was written"):
+        Scorer.from_pretrained(ckpt)
 
 
 def test_export_records_the_median_val_score_where_unscored_requests_wait(trained):

@@ -72,8 +72,12 @@ def test_refuses_missing_files_unknown_version_and_bad_hash(tiny_checkpoint):
     weights.write_bytes(bytes(blob))
     Scorer.from_pretrained(tiny_checkpoint)  # restored: loads again
 
+    tokenizer_file = next(n for n in ("tokenizer.json", "vocab.txt") if (tiny_checkpoint / n).is_file())
     for name in ("tokenizer.json", "vocab.txt"):
         (tiny_checkpoint / name).unlink(missing_ok=True)
+    _refuses(tiny_checkpoint, f"missing {tokenizer_file} \\(listed in pars.json files_sha256\\)")
+    # a checkpoint written before files were listed: the tokenizer is still looked for
+    (tiny_checkpoint / META).write_text(json.dumps({k: v for k, v in meta.items() if k != "files_sha256"}))
     _refuses(tiny_checkpoint, "no tokenizer files")
     (tiny_checkpoint / "config.json").unlink()
     _refuses(tiny_checkpoint, "missing config.json")

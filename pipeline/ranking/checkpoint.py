@@ -4,7 +4,8 @@ model.safetensors   encoder + head weights (the LengthRanker state dict)
 config.json         the encoder's Hugging Face config
 tokenizer files     whatever the tokenizer's save_pretrained writes
 pars.json           format version, method, score direction, max length, head fraction, encoder,
-                    training data, test tau_b, sha256 of model.safetensors
+                    training data, test tau_b, sha256 of model.safetensors and of every file above
+                    (`files_sha256`; export re-lists them with the files added after training)
 lexical files       (optional) a TF-IDF + ridge model whose prediction is added to the encoder's
                     score: pars.json `lexical` says with which weights (see `attach_lexical`)
 decoder/            (optional) a frozen causal LM + ridge whose prediction is added to the score
@@ -27,6 +28,9 @@ META = "pars.json"
 # pars.json key written by export: {"median": the checkpoint's median score on the val prompts, ...}
 TYPICAL_SCORE = "typical_score"
 CONFIG = "config.json"
+# pars.json key: sha256 of every other file of the checkpoint dir (the loader checks each): a changed
+# config.json or tokenizer file would load silently and score differently
+FILES_SHA256 = "files_sha256"
 # pars.json key: the lexical model added to the encoder's score (train's lexical prior, or the
 # blend stage); serving computes encoder_weight * encoder score + lexical_weight * lexical prediction
 LEXICAL = "lexical"
@@ -61,6 +65,7 @@ def save_checkpoint(
     save_file(state, str(out / WEIGHTS))
     model.encoder.config.save_pretrained(out)
     tokenizer.save_pretrained(out)
+    files = file_hashes(out)
     meta = {
         "format_version": FORMAT_VERSION,
         "method": method,
@@ -72,7 +77,8 @@ def save_checkpoint(
         "encoder": encoder,
         "trained_on": trained_on or {},
         "test_tau_b": test_tau_b,
-        "weights_sha256": sha256_file(out / WEIGHTS),
+        "weights_sha256": files[WEIGHTS],
+        FILES_SHA256: files,
         # how the encoder's output becomes one vector (LengthRanker.pooling): written when it is not
         # the paper's [CLS], so cls checkpoints stay as they were (absent = cls)
         **({"pooling": model.pooling} if model.pooling != "cls" else {}),
@@ -80,6 +86,15 @@ def save_checkpoint(
     }
     (out / META).write_text(json.dumps(meta, indent=2) + "\n", encoding="utf-8")
     return out
+
+
+def file_hashes(directory: Path) -> dict[str, str]:
+    """sha256 of every file under a checkpoint directory but its pars.json, by relative path."""
+    return {
+        f.relative_to(directory).as_posix(): sha256_file(f)
+        for f in sorted(directory.rglob("*"))
+        if f.is_file() and f != directory / META
+    }
 
 
 def read_meta(path: str | Path, verify_hash: bool = True) -> dict[str, Any]:

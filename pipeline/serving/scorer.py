@@ -13,6 +13,7 @@ import numpy as np
 from pipeline.hashing import sha256_file
 from pipeline.ranking.checkpoint import (
     DECODER,
+    FILES_SHA256,
     LEXICAL,
     META,
     TYPICAL_SCORE,
@@ -24,8 +25,6 @@ from pipeline.ranking.checkpoint import (
 # save_pretrained of a fast BERT tokenizer writes tokenizer.json; a slow one writes vocab.txt
 TOKENIZER_FILES = ("tokenizer.json", "vocab.txt")
 SCORE_DIRECTION = "higher_is_longer"
-# pars.json key (written by the export stage): sha256 of every other file of the checkpoint dir
-FILES_SHA256 = "files_sha256"
 # how the encoder computes: float32, or bfloat16 autocast (as bf16-mixed training does); auto =
 # bf16-mixed where bfloat16 is native (CPU AVX512-BF16 / AMX, a GPU that supports it), else 32-true
 PRECISIONS = ("32-true", "bf16-mixed", "auto")
@@ -50,11 +49,12 @@ def load_meta(path: Path) -> dict:
 
 
 def verify_files(path: Path, meta: dict) -> None:
-    """Every file export hashed (config, tokenizer files, weights) must be there and unchanged:
-    a changed config.json or tokenizer file would load silently and score differently."""
+    """Every file pars.json lists (config, tokenizer files, weights; an export's lexical and decoder
+    files too) must be there and unchanged: a changed config.json or tokenizer file would load
+    silently and score differently."""
     listed = meta.get(FILES_SHA256)
     if listed is None:
-        return  # a checkpoint from train or an older export: only the weights are hashed
+        return  # a checkpoint written before files were listed: only the weights are hashed
     if not isinstance(listed, dict) or not all(isinstance(v, str) for v in listed.values()):
         raise CheckpointError(f"checkpoint {path}: {META} {FILES_SHA256} is not a mapping of file name to sha256")
     for name, expected in sorted(listed.items()):
@@ -68,7 +68,7 @@ def verify_files(path: Path, meta: dict) -> None:
         if actual != expected:
             raise CheckpointError(
                 f"checkpoint {path}: {name} sha256 {actual[:12]}… does not match {META} "
-                f"({expected[:12]}…); the file was changed after export"
+                f"({expected[:12]}…); the file was changed after the checkpoint was written"
             )
 
 
