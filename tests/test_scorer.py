@@ -48,6 +48,34 @@ def test_long_prompts_are_truncated_to_max_length(tiny_checkpoint):
     assert a != pytest.approx(short, abs=1e-6)
 
 
+def test_an_mpnet_checkpoint_scores_as_its_own_forward(tmp_path, tokenizer):
+    """`train.encoder` may be an MPNet (all-mpnet-base-v2): its checkpoint loads and scores through
+    the split forward (relative-position bias passed to every layer) as the encoder's own forward."""
+    import torch
+    from conftest import make_tiny_ranker
+    from transformers import MPNetConfig
+
+    from pipeline.ranking.checkpoint import save_checkpoint
+    from pipeline.ranking.model import encode_prompts, pad_batch
+
+    config = MPNetConfig(
+        vocab_size=tokenizer.vocab_size,
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        intermediate_size=64,
+        max_position_embeddings=130,
+        pad_token_id=tokenizer.pad_token_id,
+    )
+    ranker = make_tiny_ranker(config).eval()
+    ckpt = save_checkpoint(ranker, tokenizer, tmp_path / "mpnet", method="pairwise", max_length=64, encoder="mpnet")
+    scores = Scorer.from_pretrained(ckpt).score(TEXTS, batch_size=3)
+    ids, mask = pad_batch(encode_prompts(tokenizer, TEXTS, 64, 1.0), tokenizer.pad_token_id)
+    with torch.no_grad():
+        expected = ranker.full_forward(input_ids=ids, attention_mask=mask).numpy()
+    np.testing.assert_allclose(scores, expected, rtol=1e-4, atol=1e-5)
+
+
 def _refuses(path, match):
     with pytest.raises(CheckpointError, match=match):
         Scorer.from_pretrained(path)
