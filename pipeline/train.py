@@ -32,7 +32,7 @@ from pipeline.hardware import auto_precision, cpu_has_native_bf16
 from pipeline.params import Section, load_params
 from pipeline.ranking.losses import METHODS
 
-POOLINGS = ("cls", "mean")  # pipeline.ranking.model (not imported here: it imports torch)
+POOLINGS = ("cls", "mean", "last")  # pipeline.ranking.model (not imported here: it imports torch)
 PAIRWISE_MODES = ("in_batch", "per_pair")  # pipeline.ranking.data
 # every key of params.yaml's train section (the one home of defaults)
 TRAIN_KEYS = (
@@ -157,6 +157,12 @@ def check_params(params: Mapping[str, Any], methods: list[str], machine: bool = 
     # the encoder: a mistyped name fails now; its config.json (when on this machine) bounds the layers
     config = encoder_config(resolve_encoder(cfg["encoder"], key=f"{cfg.where}.encoder", lookup=machine)) or {}
     n_layers, positions = config.get("num_hidden_layers"), config.get("max_position_embeddings")
+    if cfg["pooling"] == "cls" and any(str(a).endswith("ForCausalLM") for a in config.get("architectures") or []):
+        # a causal LM's first position sees nothing of the prompt after it
+        raise PARSError(
+            f"{cfg.where}.pooling cls: {cfg['encoder']} is a causal LM, whose first position reads no "
+            "prompt; use last (where the answer would start) or mean"
+        )
     frozen = cfg.integer("frozen_layers", minimum=0, maximum=n_layers if isinstance(n_layers, int) else None)
     # room for [CLS], one prompt token and [SEP]; no more positions than the encoder has
     cfg.integer("max_length", minimum=3, maximum=positions if isinstance(positions, int) else None)

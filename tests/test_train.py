@@ -149,6 +149,54 @@ def test_best_epoch_is_exported_and_scores_match(toy_root, tiny_encoder_dir, mon
     assert res["val_tau_b"] == pytest.approx(history["val_tau_b"].max())
 
 
+def test_a_causal_lm_trains_from_its_cache_and_serves_what_it_learned(toy_root, tokenizer, tmp_path, monkeypatch):
+    """A Llama-style decoder (a tiny SmolLM2) as the encoder: its prompts framed by its chat template,
+    the last position read, lower layers cached; the served checkpoint re-scores val as training did.
+    [CLS] pooling, which would read no prompt, is refused before anything loads."""
+    monkeypatch.setenv("WANDB_MODE", "disabled")
+    import copy
+
+    import pandas as pd
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from pipeline.errors import PARSError
+    from pipeline.ranking.metrics import kendall_tau_b
+    from pipeline.serving.scorer import Scorer
+
+    torch.manual_seed(0)
+    decoder = tmp_path / "tiny-llama"
+    config = LlamaConfig(
+        vocab_size=tokenizer.vocab_size,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        max_position_embeddings=64,
+        pad_token_id=tokenizer.pad_token_id,
+    )
+    LlamaForCausalLM(config).save_pretrained(decoder)  # as SmolLM2's directory holds it
+    chat = copy.deepcopy(tokenizer)
+    chat.chat_template = "{% for m in messages %}user : {{ m['content'] }} ;{% endfor %}assistant :"
+    chat.save_pretrained(decoder)
+
+    from pipeline.train import check_params
+
+    with pytest.raises(PARSError, match="pooling cls: .* is a causal LM"):
+        check_params(train_params(decoder, pooling="cls", frozen_layers=1), ["pairwise"])
+    check_params(train_params(decoder, pooling="last", frozen_layers=1), ["pairwise"])
+    res = run(toy_root, decoder, "pairwise", "llama", pooling="last", frozen_layers=1, lr=5e-3)
+    labels = pd.read_parquet(toy_root / "data" / "pairs" / "toy" / "labels.parquet")
+    prompts = pd.read_parquet(toy_root / "data" / "prompts" / "prompts.parquet").set_index("prompt_id")
+    val = labels[labels["split"] == "val"].sort_values("prompt_id")
+    scorer = Scorer.from_pretrained(toy_root / "llama" / "models" / "toy" / "pairwise")
+    assert scorer.meta["pooling"] == "last"
+    ids = scorer.encode(prompts.loc[val["prompt_id"], "prompt"].tolist()[:1])[0]
+    assert ids[-3:] == chat("; assistant :", add_special_tokens=False)["input_ids"][-3:]
+    scores = scorer.score(prompts.loc[val["prompt_id"], "prompt"].tolist())
+    assert kendall_tau_b(scores, val["length"]) == pytest.approx(res["val_tau_b"], abs=1e-6)
+
+
 @pytest.mark.parametrize("method", METHODS)
 def test_lexical_prior_is_trained_under_and_served_with_the_encoder(toy_root, tiny_encoder_dir, monkeypatch, method):
     """train.lexical_prior: the checkpoint carries the TF-IDF ridge fitted on the train prompts; the
@@ -339,6 +387,73 @@ def test_split_forward_equals_full_forward_for_mpnet():
     ranker.freeze_lower(1)
     assert not ranker.encoder.encoder.relative_attention_bias.weight.requires_grad
     assert ranker.encoder.encoder.layer[1].attention.attn.q.weight.requires_grad
+
+
+@pytest.mark.parametrize("pooling", ["last", "mean"])
+def test_split_forward_equals_full_forward_for_a_causal_lm(pooling):
+    """A Llama-style decoder read as an encoder (SmolLM2's architecture): the split forward applies
+    rotary positions, the causal and padding mask and the final norm as the model's own forward
+    does, at every split point; a right-padded row scores as it does alone; freezing the lower
+    layers freezes the token embeddings."""
+    from transformers import AutoModel, LlamaConfig
+
+    from pipeline.ranking.model import LengthRanker
+
+    torch.manual_seed(0)
+    config = LlamaConfig(
+        vocab_size=100,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=3,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=64,
+        pad_token_id=0,
+    )
+    ranker = LengthRanker(AutoModel.from_config(config), pooling=pooling).eval()
+    ids = torch.randint(3, 100, (3, 12))
+    mask = torch.ones_like(ids)
+    mask[1, 7:], ids[1, 7:] = 0, 0
+    mask[2, 4:], ids[2, 4:] = 0, 0
+    with torch.no_grad():
+        full = ranker.full_forward(input_ids=ids, attention_mask=mask)
+        assert torch.allclose(ranker(input_ids=ids, attention_mask=mask), full, atol=1e-5)
+        for k in range(ranker.num_layers + 1):
+            split = ranker.score_from(ranker.hidden_after(ids, mask, k), mask, k)
+            assert torch.allclose(split, full, atol=1e-5), k
+        alone = ranker.score_from(ranker.hidden_after(ids[2:, :4], mask[2:, :4], 1), mask[2:, :4], 1)
+        assert torch.allclose(alone, full[2:], atol=1e-5)
+        if pooling == "last":  # the last real token is read, not the padding after it
+            ids2 = ids.clone()
+            ids2[2, 3] = (ids[2, 3] + 1) % 97 + 3
+            changed = ranker.full_forward(input_ids=ids2, attention_mask=mask)
+            assert not torch.allclose(changed[2], full[2]) and torch.allclose(changed[:2], full[:2])
+    ranker.freeze_lower(2)
+    assert not ranker.encoder.embed_tokens.weight.requires_grad
+    assert not ranker.encoder.layers[1].mlp.up_proj.weight.requires_grad
+    assert ranker.encoder.layers[2].mlp.up_proj.weight.requires_grad and ranker.encoder.norm.weight.requires_grad
+
+
+def test_encode_prompts_frames_a_chat_lm_prompt_in_its_template(tokenizer):
+    """A tokenizer with a chat template (a causal LM's) wraps every prompt, cut to fit, in its user
+    turn and generation prompt: the last token is where the answer would start."""
+    import copy
+
+    from pipeline.ranking.model import encode_prompts
+
+    chat = copy.deepcopy(tokenizer)
+    chat.chat_template = "{% for m in messages %}user : {{ m['content'] }} ;{% endfor %}assistant :"
+    frame_pre = chat("user :", add_special_tokens=False)["input_ids"]
+    frame_post = chat("; assistant :", add_special_tokens=False)["input_ids"]
+    body = chat("two words", add_special_tokens=False)["input_ids"]
+    assert encode_prompts(chat, ["two words"], 64, 0.5)[0] == frame_pre + body + frame_post
+    text = " ".join(f"w{i}" for i in range(50))
+    cut = encode_prompts(chat, [text], 20, 0.5)[0]
+    whole = chat(text, add_special_tokens=False)["input_ids"]
+    inner = 20 - len(frame_pre) - len(frame_post)
+    head = round(inner * 0.5)
+    assert cut == frame_pre + whole[:head] + whole[len(whole) - (inner - head) :] + frame_post
+    assert encode_prompts(tokenizer, ["two words"], 64, 0.5)[0] == tokenizer("two words")["input_ids"]
 
 
 def test_first_position_shortcut_trains_like_the_full_layer(tiny_ranker):

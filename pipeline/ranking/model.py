@@ -1,6 +1,8 @@
-"""The plain predictor: a Hugging Face encoder's pooled output ([CLS] vector, the paper's, or the
-mean over the prompt's tokens) and a linear head, one score per prompt, higher = longer answer.
-No Lightning here: export and serving use this module alone.
+"""The plain predictor: a Hugging Face encoder's pooled output ([CLS] vector, the paper's, the mean
+over the prompt's tokens, or the last token's) and a linear head, one score per prompt, higher =
+longer answer. The encoder is BERT-style (BERT, MiniLM, MPNet, ...) or a Llama-style causal LM read
+as an encoder (SmolLM2: its prompt framed by its chat template, the last position read, where the
+answer would start). No Lightning here: export and serving use this module alone.
 """
 
 from __future__ import annotations
@@ -17,11 +19,12 @@ from pipeline.encoders import resolve_encoder
 from pipeline.errors import PARSError
 from pipeline.ranking.dropout import scaled_dot_product_attention
 
-POOLINGS = ("cls", "mean")
+POOLINGS = ("cls", "mean", "last")
 
 
 class LengthRanker(nn.Module):
-    """encoder -> pooling ([CLS] vector, or mean over non-padding tokens) -> dropout -> linear -> score."""
+    """encoder -> pooling ([CLS] vector, mean over non-padding tokens, or the last non-padding
+    token) -> dropout -> linear -> score."""
 
     def __init__(self, encoder: nn.Module, dropout: float = 0.1, pooling: str = "cls"):
         super().__init__()
@@ -29,6 +32,8 @@ class LengthRanker(nn.Module):
             raise ValueError(f"pooling must be one of {POOLINGS}, got {pooling!r}")
         self.encoder = encoder
         self.pooling = pooling
+        if pooling == "cls" and self._decoder_style():
+            raise ValueError("pooling cls reads a causal LM's first position, which sees no prompt: use last or mean")
         self.dropout = nn.Dropout(dropout)
         self.head = nn.Linear(encoder.config.hidden_size, 1)
         # [CLS] pooling reads the first position only, so the last layer computes that one alone;
@@ -64,6 +69,9 @@ class LengthRanker(nn.Module):
         if self.pooling == "mean":
             mask = attention_mask[:, :, None].to(hidden.dtype)
             pooled = (hidden * mask).sum(1) / mask.sum(1).clamp(min=1.0)
+        elif self.pooling == "last":  # right padding: a row's last real token
+            last = (attention_mask.sum(1) - 1).clamp(min=0).to(hidden.device)
+            pooled = hidden[torch.arange(hidden.shape[0], device=hidden.device), last]
         else:
             pooled = hidden[:, 0]
         pooled = self.dropout(pooled)
@@ -77,13 +85,28 @@ class LengthRanker(nn.Module):
         layers = getattr(getattr(self.encoder, "encoder", None), "layer", None)
         return isinstance(layers, nn.ModuleList) and hasattr(self.encoder, "embeddings")
 
+    def _decoder_style(self) -> bool:
+        """A Llama-style causal LM's base model (SmolLM2, Qwen, Mistral): embed_tokens, `layers`,
+        a final norm and rotary position embeddings."""
+        enc = self.encoder
+        return isinstance(getattr(enc, "layers", None), nn.ModuleList) and all(
+            hasattr(enc, a) for a in ("embed_tokens", "norm", "rotary_emb")
+        )
+
     def _layers(self) -> nn.ModuleList:
+        if self._decoder_style():
+            return self.encoder.layers
         if not self._bert_style():
             raise ValueError(
-                f"{type(self.encoder).__name__} is not a BERT-style encoder (embeddings + "
-                f"encoder.layer): train.frozen_layers must be 0 for it"
+                f"{type(self.encoder).__name__} is neither a BERT-style encoder (embeddings + "
+                f"encoder.layer) nor a Llama-style decoder: train.frozen_layers must be 0 for it"
             )
         return self.encoder.encoder.layer
+
+    def _embed(self, input_ids: torch.Tensor) -> torch.Tensor:
+        if self._decoder_style():
+            return self.encoder.embed_tokens(input_ids)
+        return self.encoder.embeddings(input_ids=input_ids)
 
     @property
     def num_layers(self) -> int:
@@ -96,7 +119,7 @@ class LengthRanker(nn.Module):
         if not 0 <= n_layers <= len(layers):
             raise ValueError(f"train.frozen_layers must be in 0..{len(layers)}, got {n_layers}")
         if n_layers:
-            self.encoder.embeddings.requires_grad_(False)
+            (self.encoder.embed_tokens if self._decoder_style() else self.encoder.embeddings).requires_grad_(False)
             for layer in layers[:n_layers]:
                 layer.requires_grad_(False)
             bias = self._relative_position_bias()
@@ -105,8 +128,7 @@ class LengthRanker(nn.Module):
 
     def hidden_after(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, n_layers: int) -> torch.Tensor:
         """Hidden states after the embeddings and the first `n_layers` layers."""
-        hidden = self.encoder.embeddings(input_ids=input_ids)
-        return self._run_layers(hidden, attention_mask, 0, n_layers)
+        return self._run_layers(self._embed(input_ids), attention_mask, 0, n_layers)
 
     def score_from(self, hidden: torch.Tensor, attention_mask: torch.Tensor, start_layer: int) -> torch.Tensor:
         """Scores from the hidden states after layer `start_layer`: the rest of `forward`.
@@ -125,6 +147,8 @@ class LengthRanker(nn.Module):
             hidden = _first_position_layer(self._layers()[stop - 1], hidden, attention_mask)
         else:
             hidden = self._run_layers(hidden, attention_mask, start_layer, stop)
+            if self._decoder_style():  # a causal LM normalises its last layer's output
+                hidden = self.encoder.norm(hidden)
         return self._head(hidden, attention_mask)
 
     def _relative_position_bias(self) -> nn.Module | None:
@@ -133,6 +157,8 @@ class LengthRanker(nn.Module):
         return getattr(getattr(self.encoder, "encoder", None), "relative_attention_bias", None)
 
     def _run_layers(self, hidden: torch.Tensor, attention_mask: torch.Tensor, start: int, stop: int) -> torch.Tensor:
+        if self._decoder_style():
+            return self._run_decoder_layers(hidden, attention_mask, start, stop)
         # additive mask (batch, 1, 1, keys): 0 where attended, the dtype's minimum on padding
         additive = (1.0 - attention_mask[:, None, None, :].to(hidden.dtype)) * torch.finfo(hidden.dtype).min
         extra = {}
@@ -141,6 +167,21 @@ class LengthRanker(nn.Module):
             extra["position_bias"] = self.encoder.encoder.compute_position_bias(hidden).to(hidden.dtype)
         for layer in self._layers()[start:stop]:
             out = layer(hidden, attention_mask=additive, **extra)
+            hidden = out[0] if isinstance(out, tuple) else out
+        return hidden
+
+    def _run_decoder_layers(self, hidden: torch.Tensor, attention_mask: torch.Tensor, start: int, stop: int):
+        # right padding: positions count from 0 in every row, and a real token attends only to
+        # the real tokens at or before it (causal and key-padding mask, additive, (batch, 1, q, k))
+        width = hidden.shape[1]
+        positions = torch.arange(width, device=hidden.device)[None].expand(hidden.shape[0], -1)
+        rotary = self.encoder.rotary_emb(hidden, position_ids=positions)
+        causal = torch.ones(width, width, dtype=torch.bool, device=hidden.device).tril()
+        allowed = causal[None, None] & attention_mask[:, None, None, :].bool().to(hidden.device)
+        additive = torch.zeros(allowed.shape, dtype=hidden.dtype, device=hidden.device)
+        additive = additive.masked_fill(~allowed, torch.finfo(hidden.dtype).min)
+        for layer in self._layers()[start:stop]:
+            out = layer(hidden, attention_mask=additive, position_ids=positions, position_embeddings=rotary)
             hidden = out[0] if isinstance(out, tuple) else out
         return hidden
 
@@ -238,20 +279,39 @@ def encode_prompts(tokenizer, texts, max_length: int, head_fraction: float = 1.0
 
     A longer prompt keeps its first round(head_fraction * body) tokens and its last ones, body being
     max_length minus the special tokens: long chat prompts often paste a document first and put the
-    instruction at the end. head_fraction 1.0 is plain right truncation. Training, evaluation and
-    serving all encode through here (the checkpoint records head_fraction)."""
+    instruction at the end. head_fraction 1.0 is plain right truncation. A tokenizer with a chat
+    template (a causal LM's) frames each prompt as its user turn followed by the generation prompt,
+    the frame counted in max_length as [CLS] and [SEP] are. Training, evaluation and serving all
+    encode through here (the checkpoint records head_fraction)."""
     if not 0.0 <= float(head_fraction) <= 1.0:
         raise ValueError(f"head_fraction must be in [0, 1], got {head_fraction}")
-    # where the tokenizer puts its special tokens ([CLS] ... [SEP] for BERT), from a probe
-    probe, bare = tokenizer("a")["input_ids"], tokenizer("a", add_special_tokens=False)["input_ids"]
-    n_pre = next(i for i in range(len(probe)) if probe[i : i + len(bare)] == bare)
+    chat = bool(getattr(tokenizer, "chat_template", None))
+    # where the tokenizer puts its special tokens ([CLS] ... [SEP] for BERT; a chat LM's template
+    # around a user turn, up to the generation prompt), from a probe
+    bare = tokenizer("a", add_special_tokens=False)["input_ids"]
+    if chat:
+        framed = tokenizer.apply_chat_template(
+            [{"role": "user", "content": "a"}], add_generation_prompt=True, tokenize=False
+        )
+        probe = tokenizer(framed, add_special_tokens=False)["input_ids"]
+    else:
+        probe = tokenizer("a")["input_ids"]
+    n_pre = next((i for i in range(len(probe)) if probe[i : i + len(bare)] == bare), None)
+    if n_pre is None:
+        raise ValueError("the tokenizer's chat template splits a prompt's tokens: cannot frame prompts with it")
     n_post = len(probe) - n_pre - len(bare)
     body = int(max_length) - n_pre - n_post
     if body < 1:
         raise ValueError(f"max_length {max_length} leaves no room for prompt tokens")
     head = int(round(body * float(head_fraction)))
+    if chat:  # the frame's ids around each prompt's own
+        prefix, suffix = probe[:n_pre], probe[len(probe) - n_post :]
+        bodies = tokenizer(list(texts), add_special_tokens=False, verbose=False)["input_ids"]
+        encoded = [prefix + ids + suffix for ids in bodies]
+    else:
+        encoded = tokenizer(list(texts), truncation=False, verbose=False)["input_ids"]
     out = []
-    for ids in tokenizer(list(texts), truncation=False, verbose=False)["input_ids"]:
+    for ids in encoded:
         if len(ids) > int(max_length):
             inner = ids[n_pre : len(ids) - n_post]
             ids = ids[:n_pre] + inner[:head] + inner[len(inner) - (body - head) :] + ids[len(ids) - n_post :]
