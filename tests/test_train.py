@@ -170,8 +170,8 @@ def test_a_causal_lm_trains_from_its_cache_and_serves_what_it_learned(toy_root, 
         hidden_size=32,
         intermediate_size=64,
         num_hidden_layers=2,
-        num_attention_heads=2,
-        num_key_value_heads=1,
+        num_attention_heads=4,
+        num_key_value_heads=2,
         max_position_embeddings=64,
         pad_token_id=tokenizer.pad_token_id,
     )
@@ -428,6 +428,25 @@ def test_split_forward_equals_full_forward_for_a_causal_lm(pooling):
             ids2[2, 3] = (ids[2, 3] + 1) % 97 + 3
             changed = ranker.full_forward(input_ids=ids2, attention_mask=mask)
             assert not torch.allclose(changed[2], full[2]) and torch.allclose(changed[:2], full[:2])
+        # training runs inside fast_dropout (its own attention function): grouped key/value heads too
+        from pipeline.ranking.dropout import fast_dropout
+
+        with fast_dropout(ranker):
+            assert torch.allclose(ranker.score_from(ranker.hidden_after(ids, mask, 1), mask, 1), full, atol=1e-5)
+        # bf16-mixed training scores a bfloat16 cache under autocast; serving runs the whole model
+        # under autocast: the two agree to bfloat16 rounding (the residual stream stays float32)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            served = ranker.full_forward(input_ids=ids, attention_mask=mask).float()
+            trained = ranker.score_from(ranker.hidden_after(ids, mask, 2).to(torch.bfloat16), mask, 2).float()
+        assert torch.allclose(trained, served, atol=0.05), (trained, served)
+    import copy
+
+    from pipeline.serving.scorer import shared_lower_layers
+
+    twin = copy.deepcopy(ranker)
+    with torch.no_grad():
+        twin.encoder.layers[2].mlp.up_proj.weight.add_(1.0)
+    assert shared_lower_layers(ranker, twin) == 2  # serving shares the twins' cached lower layers
     ranker.freeze_lower(2)
     assert not ranker.encoder.embed_tokens.weight.requires_grad
     assert not ranker.encoder.layers[1].mlp.up_proj.weight.requires_grad

@@ -83,6 +83,9 @@ def scaled_dot_product_attention(
 def _hf_attention(module, query, key, value, attention_mask, dropout: float = 0.0, scaling=None, **kwargs):
     """A Hugging Face attention function (transformers' AttentionInterface) over `scaled_dot_product_attention`."""
     scale = scaling if scaling is not None else query.size(-1) ** -0.5
+    groups = int(getattr(module, "num_key_value_groups", 1))
+    if groups > 1:  # grouped-query attention (Llama): transformers leaves repeating the heads to us
+        key, value = key.repeat_interleave(groups, dim=1), value.repeat_interleave(groups, dim=1)
     out = scaled_dot_product_attention(query, key, value, attention_mask, float(dropout), scale)
     return out.transpose(1, 2).contiguous(), None
 

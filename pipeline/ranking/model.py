@@ -62,6 +62,8 @@ class LengthRanker(nn.Module):
     def full_forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, **kwargs) -> torch.Tensor:
         """The encoder's own forward over every position (any Hugging Face encoder); `forward` gives
         the same scores for a BERT-style one with less work (tested against this)."""
+        if self._decoder_style():
+            kwargs.setdefault("use_cache", False)  # one pass over the prompt: no KV cache to keep
         out = self.encoder(input_ids=input_ids, attention_mask=attention_mask, **kwargs)
         return self._head(out.last_hidden_state, attention_mask)
 
@@ -86,11 +88,12 @@ class LengthRanker(nn.Module):
         return isinstance(layers, nn.ModuleList) and hasattr(self.encoder, "embeddings")
 
     def _decoder_style(self) -> bool:
-        """A Llama-style causal LM's base model (SmolLM2, Qwen, Mistral): embed_tokens, `layers`,
-        a final norm and rotary position embeddings."""
+        """A Llama causal LM's base model (SmolLM2). Only Llama itself: look-alikes (Gemma scales its
+        embeddings, Mistral and Qwen may slide their attention window) compute other things in
+        their own forward than `_run_decoder_layers` does."""
         enc = self.encoder
-        return isinstance(getattr(enc, "layers", None), nn.ModuleList) and all(
-            hasattr(enc, a) for a in ("embed_tokens", "norm", "rotary_emb")
+        return getattr(getattr(enc, "config", None), "model_type", None) == "llama" and isinstance(
+            getattr(enc, "layers", None), nn.ModuleList
         )
 
     def _layers(self) -> nn.ModuleList:
@@ -102,6 +105,10 @@ class LengthRanker(nn.Module):
                 f"encoder.layer) nor a Llama-style decoder: train.frozen_layers must be 0 for it"
             )
         return self.encoder.encoder.layer
+
+    def embeddings_module(self) -> nn.Module:
+        """The encoder's input embeddings (token embeddings for a decoder)."""
+        return self.encoder.embed_tokens if self._decoder_style() else self.encoder.embeddings
 
     def _embed(self, input_ids: torch.Tensor) -> torch.Tensor:
         if self._decoder_style():
@@ -119,7 +126,7 @@ class LengthRanker(nn.Module):
         if not 0 <= n_layers <= len(layers):
             raise ValueError(f"train.frozen_layers must be in 0..{len(layers)}, got {n_layers}")
         if n_layers:
-            (self.encoder.embed_tokens if self._decoder_style() else self.encoder.embeddings).requires_grad_(False)
+            self.embeddings_module().requires_grad_(False)
             for layer in layers[:n_layers]:
                 layer.requires_grad_(False)
             bias = self._relative_position_bias()
@@ -172,7 +179,10 @@ class LengthRanker(nn.Module):
 
     def _run_decoder_layers(self, hidden: torch.Tensor, attention_mask: torch.Tensor, start: int, stop: int):
         # right padding: positions count from 0 in every row, and a real token attends only to
-        # the real tokens at or before it (causal and key-padding mask, additive, (batch, 1, q, k))
+        # the real tokens at or before it (causal and key-padding mask, additive, (batch, 1, q, k)).
+        # The residual stream in the weights' dtype, as the model's own forward keeps it under
+        # autocast: a bfloat16 cache would otherwise keep every residual sum and rotary angle in bfloat16
+        hidden = hidden.to(self.encoder.norm.weight.dtype)
         width = hidden.shape[1]
         positions = torch.arange(width, device=hidden.device)[None].expand(hidden.shape[0], -1)
         rotary = self.encoder.rotary_emb(hidden, position_ids=positions)

@@ -441,7 +441,7 @@ def _length_sorted_batches(ids: list[list[int]], pad_id: int, batch_size: int, p
 def shared_lower_layers(a, b) -> int:
     """How many transformer layers two LengthRankers share bit for bit after identical embeddings
     (the frozen, cached lower layers of predictors trained from one encoder); -1 when even the
-    embeddings differ or either is not BERT-style."""
+    embeddings differ or either has no layers the split forward knows (BERT-style or Llama)."""
     import torch
 
     def same(x, y) -> bool:
@@ -465,7 +465,7 @@ def shared_lower_layers(a, b) -> int:
         layers_a, layers_b = a._layers(), b._layers()
     except ValueError:
         return -1
-    if architecture(a) != architecture(b) or not same(a.encoder.embeddings, b.encoder.embeddings):
+    if architecture(a) != architecture(b) or not same(a.embeddings_module(), b.embeddings_module()):
         return -1
     n = 0
     while n < min(len(layers_a), len(layers_b)) and same(layers_a[n], layers_b[n]):
@@ -537,6 +537,8 @@ def _tokenizer_fingerprint(tokenizer) -> str | int:
     spec = json.loads(backend.to_str())
     spec.pop("truncation", None)
     spec.pop("padding", None)
+    # a chat template frames every prompt (pipeline.ranking.model.encode_prompts)
+    spec["chat_template"] = getattr(tokenizer, "chat_template", None)
     return type(tokenizer).__name__ + json.dumps(spec, sort_keys=True)
 
 
