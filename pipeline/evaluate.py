@@ -62,7 +62,7 @@ PLOT_FILES = ("tau_b.csv", "tau_b.png", "transfer.png")
 # wandb.init's modes (dryrun and run: its old names for offline and online)
 WANDB_MODES = ("online", "offline", "disabled", "shared", "dryrun", "run")
 # what a local tokenizer directory holds (fast, WordPiece, BPE, SentencePiece)
-TOKENIZER_FILES = (
+TOKENIZER_DIR_MARKERS = (
     "tokenizer.json",
     "tokenizer_config.json",
     "vocab.txt",
@@ -135,10 +135,10 @@ def check_params(params, machine: bool = True) -> dict:
     local = Path(tokenizer).expanduser()
     if machine and tokenizer not in PACKAGED_ENCODERS and local.exists():
         # resolve_encoder takes any existing path; transformers' words for a wrong one name no key
-        if not (local.is_dir() and any((local / name).is_file() for name in TOKENIZER_FILES)):
+        if not (local.is_dir() and any((local / name).is_file() for name in TOKENIZER_DIR_MARKERS)):
             raise PARSError(
                 f"{sec.where}.baseline_tokenizer {tokenizer!r}: not a tokenizer directory "
-                f"(it holds none of {', '.join(TOKENIZER_FILES)})"
+                f"(it holds none of {', '.join(TOKENIZER_DIR_MARKERS)})"
             )
     wandb = _section(sec.mapping("wandb"), f"{sec.where}.wandb").only(("enabled", "project", "mode"))
     if not isinstance(wandb["enabled"], bool):

@@ -16,7 +16,8 @@ from pathlib import Path
 
 BLOCK = 16
 TOKEN = 7  # a sampled token that is neither EOS nor a stop token
-TOKENIZER_FILES = (
+# the tokenizer files model_dir copies beside the tiny config (those the source holds)
+COPIED_TOKENIZER_FILES = (
     "tokenizer.json",
     "tokenizer_config.json",
     "special_tokens_map.json",
@@ -36,7 +37,7 @@ def model_dir(path: Path, tokenizer_dir: Path | None = None, tokenizer=None) -> 
         tokenizer.save_pretrained(path)
         vocab = len(tokenizer)
     else:
-        for name in TOKENIZER_FILES:
+        for name in COPIED_TOKENIZER_FILES:
             if (Path(tokenizer_dir) / name).is_file():
                 shutil.copy(Path(tokenizer_dir) / name, path / name)
         from transformers import AutoTokenizer

@@ -22,8 +22,8 @@ from pipeline.ranking.checkpoint import (
     read_meta,
 )
 
-# save_pretrained of a fast BERT tokenizer writes tokenizer.json; a slow one writes vocab.txt
-TOKENIZER_FILES = ("tokenizer.json", "vocab.txt")
+# a checkpoint holds one of these: save_pretrained of a fast tokenizer writes tokenizer.json, a slow BERT one vocab.txt
+CHECKPOINT_TOKENIZER_FILES = ("tokenizer.json", "vocab.txt")
 SCORE_DIRECTION = "higher_is_longer"
 # how the encoder computes: float32, or bfloat16 autocast (as bf16-mixed training does); auto =
 # bf16-mixed where bfloat16 is native (CPU AVX512-BF16 / AMX, a GPU that supports it), else 32-true
@@ -244,8 +244,10 @@ class Scorer:
         check_batch_size(batch_size)  # before the checkpoint loads
         path = Path(path)
         meta = load_meta(path)  # missing files, unknown format version, hashes of weights and files
-        if not any((path / name).is_file() for name in TOKENIZER_FILES):
-            raise CheckpointError(f"checkpoint {path} has no tokenizer files (expected one of {TOKENIZER_FILES})")
+        if not any((path / name).is_file() for name in CHECKPOINT_TOKENIZER_FILES):
+            raise CheckpointError(
+                f"checkpoint {path} has no tokenizer files (expected one of {CHECKPOINT_TOKENIZER_FILES})"
+            )
         if meta.get("score_direction") != SCORE_DIRECTION:
             raise CheckpointError(
                 f"checkpoint {path}: score_direction {meta.get('score_direction')!r} is not {SCORE_DIRECTION!r}"
