@@ -376,7 +376,7 @@ def train_methods(
     import lightning as L
     import torch
 
-    from pipeline.ranking.checkpoint import replace_dir
+    from pipeline.dirs import replace_dir
     from pipeline.ranking.data import RankingData, RankingDataModule
     from pipeline.ranking.dropout import fast_dropout
     from pipeline.ranking.lightning import BestWeights, RankerModule, prepare_for_training

@@ -1269,7 +1269,7 @@ def test_a_lexical_min_df_that_prunes_every_term_names_the_key(toy_root, tiny_en
 
 
 def test_replace_dir_swaps_by_renames_and_cleans_up(tmp_path):
-    from pipeline.ranking.checkpoint import replace_dir
+    from pipeline.dirs import replace_dir
 
     dst = tmp_path / "ckpt"
     dst.mkdir()

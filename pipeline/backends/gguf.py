@@ -7,8 +7,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from pipeline.dirs import replace_dir
 from pipeline.errors import PARSError, plain_name
-from pipeline.ranking.checkpoint import replace_dir
 from pipeline.sources.base import package_file
 
 

@@ -19,6 +19,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from pipeline.dirs import replace_dir
 from pipeline.errors import plain_name
 from pipeline.hashing import sha256_file
 
@@ -163,32 +164,6 @@ def copy_checkpoint(
             accept(tmp)
 
     return replace_dir(dst, fill)
-
-
-def replace_dir(dst: str | Path, fill: Callable[[Path], Any]) -> Path:
-    """Replace the directory `dst` whole: `fill(tmp)` creates and writes a temp sibling, which then
-    takes `dst`'s place by rename. A reader never finds a half-written `dst` (one that validates but
-    lacks a file written last); if `fill` raises, `dst` is untouched and the temp dir removed."""
-    import shutil
-
-    dst = Path(dst)
-    tmp, old = dst.with_name(f".{dst.name}.tmp"), dst.with_name(f".{dst.name}.old")
-    for leftover in (tmp, old):  # left by a run that was killed
-        shutil.rmtree(leftover, ignore_errors=True)
-    tmp.parent.mkdir(parents=True, exist_ok=True)
-    try:
-        fill(tmp)
-        # renames only: the old directory moves aside whole, so no moment leaves it half deleted
-        if dst.exists():
-            dst.rename(old)
-        tmp.rename(dst)
-    except BaseException:
-        if old.exists() and not dst.exists():  # the second rename failed: put the old one back
-            old.rename(dst)
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    shutil.rmtree(old, ignore_errors=True)
-    return dst
 
 
 def attach_lexical(out_dir: str | Path, lexical, *, encoder_weight: float, lexical_weight: float, **facts: Any) -> dict:
