@@ -37,6 +37,21 @@ def tiny_bert_config(tokenizer):
     )
 
 
+def tiny_llama_config(vocab_size: int, pad_token_id: int, **over):
+    """A random Llama small enough to build in a test (SmolLM2's architecture: grouped key/value heads)."""
+    from transformers import LlamaConfig
+
+    settings = dict(
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=3,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=64,
+    )
+    return LlamaConfig(vocab_size=vocab_size, pad_token_id=pad_token_id, **{**settings, **over})
+
+
 def make_tiny_ranker(config):
     import torch
 

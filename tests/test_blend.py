@@ -205,18 +205,17 @@ def tiny_decoder(tmp_path, tokenizer):
     import copy
 
     import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
+    from conftest import tiny_llama_config
+    from transformers import LlamaForCausalLM
 
     torch.manual_seed(0)
-    config = LlamaConfig(
-        vocab_size=len(tokenizer),
-        hidden_size=32,
-        intermediate_size=64,
+    config = tiny_llama_config(
+        len(tokenizer),
+        tokenizer.pad_token_id,
         num_hidden_layers=4,
         num_attention_heads=2,
         num_key_value_heads=1,
         max_position_embeddings=256,
-        pad_token_id=tokenizer.pad_token_id,
     )
     out = tmp_path / "decoder_base"
     LlamaForCausalLM(config).save_pretrained(out, safe_serialization=True)

@@ -157,7 +157,8 @@ def test_a_causal_lm_trains_from_its_cache_and_serves_what_it_learned(toy_root, 
     import copy
 
     import pandas as pd
-    from transformers import LlamaConfig, LlamaForCausalLM
+    from conftest import tiny_llama_config
+    from transformers import LlamaForCausalLM
 
     from pipeline.errors import PARSError
     from pipeline.ranking.metrics import kendall_tau_b
@@ -165,16 +166,7 @@ def test_a_causal_lm_trains_from_its_cache_and_serves_what_it_learned(toy_root, 
 
     torch.manual_seed(0)
     decoder = tmp_path / "tiny-llama"
-    config = LlamaConfig(
-        vocab_size=tokenizer.vocab_size,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=64,
-        pad_token_id=tokenizer.pad_token_id,
-    )
+    config = tiny_llama_config(tokenizer.vocab_size, tokenizer.pad_token_id, num_hidden_layers=2)
     LlamaForCausalLM(config).save_pretrained(decoder)  # as SmolLM2's directory holds it
     chat = copy.deepcopy(tokenizer)
     chat.chat_template = "{% for m in messages %}user : {{ m['content'] }} ;{% endfor %}assistant :"
@@ -395,21 +387,13 @@ def test_split_forward_equals_full_forward_for_a_causal_lm(pooling):
     rotary positions, the causal and padding mask and the final norm as the model's own forward
     does, at every split point; a right-padded row scores as it does alone; freezing the lower
     layers freezes the token embeddings."""
-    from transformers import AutoModel, LlamaConfig
+    from conftest import tiny_llama_config
+    from transformers import AutoModel
 
     from pipeline.ranking.model import LengthRanker
 
     torch.manual_seed(0)
-    config = LlamaConfig(
-        vocab_size=100,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=3,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=64,
-        pad_token_id=0,
-    )
+    config = tiny_llama_config(100, 0)
     ranker = LengthRanker(AutoModel.from_config(config), pooling=pooling).eval()
     ids = torch.randint(3, 100, (3, 12))
     mask = torch.ones_like(ids)
