@@ -110,11 +110,6 @@ class LengthRanker(nn.Module):
         """The encoder's input embeddings (token embeddings for a decoder)."""
         return self.encoder.embed_tokens if self._decoder_style() else self.encoder.embeddings
 
-    def _embed(self, input_ids: torch.Tensor) -> torch.Tensor:
-        if self._decoder_style():
-            return self.encoder.embed_tokens(input_ids)
-        return self.encoder.embeddings(input_ids=input_ids)
-
     @property
     def num_layers(self) -> int:
         return len(self._layers())
@@ -135,7 +130,7 @@ class LengthRanker(nn.Module):
 
     def hidden_after(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, n_layers: int) -> torch.Tensor:
         """Hidden states after the embeddings and the first `n_layers` layers."""
-        return self._run_layers(self._embed(input_ids), attention_mask, 0, n_layers)
+        return self._run_layers(self.embeddings_module()(input_ids), attention_mask, 0, n_layers)
 
     def score_from(self, hidden: torch.Tensor, attention_mask: torch.Tensor, start_layer: int) -> torch.Tensor:
         """Scores from the hidden states after layer `start_layer`: the rest of `forward`.
