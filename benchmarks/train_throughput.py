@@ -23,10 +23,14 @@ whole val split:
 - `frozen<k>+shuffle` frozen as above, random batches (`length_buckets: 1`): in-batch pairs join
                      prompts of any size, each batch padded to its longest prompt
 - `frozen<k>+micro<m>` the same random batches, each padded in m length-sorted parts
-                     (`micro_batches`; `--micro-batches` a comma list of m, default 4) and scored as one batch:
-                     the pipeline's default
+                     (`micro_batches`; `--micro-batches` a comma list of m, default 4) and scored as one batch
 - `frozen<k>+shuffle+bf16`, `frozen<k>+micro<m>+bf16` the same two in bfloat16 mixed precision, as
                      `precision: auto` trains them where bfloat16 is native
+- `frozen<k>+micro<m>+pad<p>`, `frozen<k>+micro<m>+bf16+pad<p>` the same with every part's width
+                     rounded up to a multiple of p (`--pad-to-multiple-of`, default 16; at most
+                     `--max-length`): `pad_to_multiple_of`, the pipeline's default. oneDNN compiles a
+                     bfloat16 matmul kernel for each new input shape, and widths taking every value
+                     up to max_length compile more than they compute
 - `per_pair`         the paper's batches: `batch_size / 2` rows of train.parquet per step, both
                      prompts encoded (the same number of encodings per step), full fine-tuning
 
@@ -119,6 +123,21 @@ def configurations(args) -> dict[str, dict]:
             for tag, prec in (("", fp32), ("+bf16", bf16))
             for m in args.micro_batches
         },
+        # the same with every width rounded up to a multiple of p (`pad_to_multiple_of`, the
+        # default train section): oneDNN compiles a bfloat16 matmul kernel per shape
+        **{
+            f"frozen{k}+micro{m}{tag}+pad{p}": {
+                "pairwise_mode": "in_batch",
+                "frozen_layers": k,
+                "length_buckets": 1,
+                "micro_batches": m,
+                "pad_to_multiple_of": p,
+                **prec,
+            }
+            for tag, prec in (("", fp32), ("+bf16", bf16))
+            for m in args.micro_batches
+            for p in [args.pad_to_multiple_of]
+        },
         "per_pair": {"pairwise_mode": "per_pair", "frozen_layers": 0, "length_buckets": 0, **fp32},
     }
 
@@ -148,6 +167,7 @@ def run_config(name: str, cfg: dict, args, data, tokenizer) -> dict:
         head_fraction=args.head_fraction,
         length_buckets=cfg["length_buckets"],
         micro_batches=cfg.get("micro_batches", 1),
+        pad_to_multiple_of=cfg.get("pad_to_multiple_of", 1),
     )
     model = LengthRanker.from_pretrained_encoder(args.encoder)
     model.last_layer_all_positions = bool(cfg.get("last_layer_all_positions", False))
@@ -273,7 +293,7 @@ def main(argv: list[str] | None = None) -> int:
         default=None,
         help="comma list of configurations to run (default all: full, full+buckets, frozen<k>+buckets, "
         "frozen<k>+buckets+bf16 and its +all_positions, +torch_dropout and +adamw_loop variants, "
-        "frozen<k>+shuffle, frozen<k>+micro<m>, each of those two +bf16, per_pair)",
+        "frozen<k>+shuffle, frozen<k>+micro<m>, each of those two +bf16, frozen<k>+micro<m>[+bf16]+pad<p>, per_pair)",
     )
     ap.add_argument("--steps", type=int, default=60, help="optimiser steps per configuration")
     ap.add_argument("--batch-size", type=int, default=32, help="prompts encoded per step, every configuration")
@@ -288,6 +308,12 @@ def main(argv: list[str] | None = None) -> int:
         type=lambda text: [int(m) for m in text.split(",")],
         default=[4],
         help="micro_batches of the +micro configurations, a comma list (e.g. 4,8: frozen3+micro4, frozen3+micro8)",
+    )
+    ap.add_argument(
+        "--pad-to-multiple-of",
+        type=int,
+        default=16,
+        help="p of the +pad<p> configurations (widths rounded up to a multiple of p, at most --max-length)",
     )
     ap.add_argument(
         "--max-train-prompts",

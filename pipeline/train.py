@@ -37,7 +37,7 @@ PAIRWISE_MODES = ("in_batch", "per_pair")  # pipeline.ranking.data
 # every key of params.yaml's train section (the one home of defaults)
 TRAIN_KEYS = (
     "models", "cross_models", "encoder", "max_length", "head_fraction", "pooling", "frozen_layers",
-    "length_buckets", "micro_batches", "epochs", "patience", "batch_size", "eval_batch_size", "lr",
+    "length_buckets", "micro_batches", "pad_to_multiple_of", "epochs", "patience", "batch_size", "eval_batch_size", "lr",
     "weight_decay", "warmup_fraction", "grad_clip", "margin", "margin_per_log_length", "lexical_prior",
     "pairwise_mode", "max_train_prompts", "seed", "dropout", "num_workers", "torch_threads", "lightning", "wandb",
 )  # fmt: skip
@@ -125,7 +125,7 @@ def check_params(params: Mapping[str, Any], methods: list[str], machine: bool = 
     accelerator and devices named are here (a profile is often switched to on another machine)."""
     cfg = params if isinstance(params, Section) else Section(params, "train")
     cfg.only(TRAIN_KEYS)
-    for key in ("epochs", "batch_size", "eval_batch_size", "torch_threads", "micro_batches"):
+    for key in ("epochs", "batch_size", "eval_batch_size", "torch_threads", "micro_batches", "pad_to_multiple_of"):
         cfg.integer(key, minimum=1)
     for key in ("length_buckets", "num_workers"):  # 0: off / load in this process
         cfg.integer(key, minimum=0)
@@ -418,6 +418,7 @@ def train_methods(
         head_fraction=head_fraction,
         length_buckets=int(cfg["length_buckets"]),
         micro_batches=int(cfg["micro_batches"]),
+        pad_to_multiple_of=int(cfg["pad_to_multiple_of"]),
     )
     # every method's loaders now: a method the data cannot train is refused before the slow work
     loaders = {method: shared.with_method(method) for method in methods}
@@ -563,6 +564,7 @@ def train_methods(
                 "batch_size": int(cfg["batch_size"]),
                 "length_buckets": int(cfg["length_buckets"]),
                 "micro_batches": int(cfg["micro_batches"]),
+                "pad_to_multiple_of": int(cfg["pad_to_multiple_of"]),
                 "pairwise_mode": cfg["pairwise_mode"] if method == "pairwise" else None,
                 "precision": precision,
             }
@@ -614,6 +616,7 @@ def write_checkpoint(out: Path, *, model, tokenizer, method: str, cfg: Section, 
                     "frozen_layers",
                     "length_buckets",
                     "micro_batches",
+                    "pad_to_multiple_of",
                 )
             }
         },

@@ -638,11 +638,26 @@ def test_least_padding_parts_match_a_brute_force_search():
     assert least_padding_parts(np.array([3, 90]), 5) == [slice(0, 1), slice(1, 2)]  # parts > prompts
 
 
+def test_padded_width_rounds_up_to_the_multiple_within_the_cap():
+    from pipeline.ranking.model import pad_batch, padded_width
+
+    assert [padded_width(n, 16) for n in (1, 16, 17, 120)] == [16, 16, 32, 128]
+    assert padded_width(117, 16, cap=128) == 128 and padded_width(121, 16, cap=124) == 124
+    assert padded_width(130, 16, cap=128) == 130  # a cap never cuts a prompt
+    assert padded_width(37, 1) == 37
+    ids, mask = pad_batch([[5, 6, 7], [8]], 0, multiple=4)
+    assert ids.tolist() == [[5, 6, 7, 0], [8, 0, 0, 0]] and mask.sum(1).tolist() == [3, 1]
+
+
 @pytest.mark.parametrize("frozen", [0, 1])
-def test_micro_batches_pad_apart_but_score_and_pair_the_whole_batch(tiny_bert_config, frozen):
+@pytest.mark.parametrize("pad_multiple, max_width, widths", [(1, None, [7, 16, 40]), (8, 38, [8, 16, 40])])
+def test_micro_batches_pad_apart_but_score_and_pair_the_whole_batch(
+    tiny_bert_config, frozen, pad_multiple, max_width, widths
+):
     """micro_batches: the batch is sorted by prompt size and padded in parts, each to its own
-    longest prompt, yet scores, in-batch pairs and so the loss and its gradient are those of the
-    whole batch padded at once (pairs cross the parts)."""
+    longest prompt (rounded up to `pad_multiple`, cut on the rounded widths), yet scores, in-batch
+    pairs and so the loss and its gradient are those of the whole batch padded at once (pairs cross
+    the parts)."""
     from pipeline.ranking.data import PromptCollate, PromptTable
     from pipeline.ranking.lightning import RankerModule
     from pipeline.ranking.model import LengthRanker
@@ -667,8 +682,8 @@ def test_micro_batches_pad_apart_but_score_and_pair_the_whole_batch(tiny_bert_co
     module = RankerModule(model, "pairwise", margin=0.0, margin_per_log_length=1.0, frozen_layers=frozen)
     rows = list(range(len(sizes)))
     whole = PromptCollate(table, 0, delta=0.2)(rows)
-    split = PromptCollate(table, 0, delta=0.2, micro_batches=3)(rows)
-    assert [p["attention_mask"].shape[1] for p in split["parts"]] == [7, 16, 40]
+    split = PromptCollate(table, 0, delta=0.2, micro_batches=3, pad_multiple=pad_multiple, max_width=max_width)(rows)
+    assert [p["attention_mask"].shape[1] for p in split["parts"]] == widths
     assert split["index"].tolist() == sorted(rows, key=lambda r: sizes[r])
     # the cut flags the pointwise and listwise losses read follow the rows' new order
     for batch in (whole, split):

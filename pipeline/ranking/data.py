@@ -37,7 +37,7 @@ from pipeline.contracts import LABELS, PAIRS, PROMPTS, labels_path, pairs_dir, p
 from pipeline.errors import PARSError
 from pipeline.ranking.labels import in_batch_pairs
 from pipeline.ranking.losses import METHODS
-from pipeline.ranking.model import encode_prompts, pad_batch
+from pipeline.ranking.model import encode_prompts, pad_batch, padded_width
 
 PAIRWISE_MODES = ("in_batch", "per_pair")
 
@@ -202,9 +202,12 @@ class _Rows(Dataset):
         return i
 
 
-def _pad_hidden(rows: Sequence[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
-    """Cached hidden states (tokens_i, d) -> (n, T, d) zero-padded, and the attention mask."""
-    width = max(h.shape[0] for h in rows)
+def _pad_hidden(
+    rows: Sequence[torch.Tensor], multiple: int = 1, cap: int | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Cached hidden states (tokens_i, d) -> (n, T, d) zero-padded, and the attention mask (T as
+    `padded_width` rounds it)."""
+    width = padded_width(max(h.shape[0] for h in rows), multiple, cap)
     out = torch.zeros((len(rows), width, rows[0].shape[1]), dtype=rows[0].dtype)
     mask = torch.zeros((len(rows), width), dtype=torch.long)
     for r, h in enumerate(rows):
@@ -281,16 +284,27 @@ class PromptCollate:
     With `micro_batches` > 1 the prompts are sorted by token length and padded in up to that many
     groups ("parts", cut where they pad least): the model scores each part at its own width and the loss sees the scores of the
     whole batch, so pairs still join a 9-token prompt with a 128-token one while the padding
-    approaches that of length-sorted batches (whose pairs almost never cross lengths)."""
+    approaches that of length-sorted batches (whose pairs almost never cross lengths).
+    `pad_multiple` rounds each part's width up to a multiple of it, at most `max_width`
+    (`padded_width`); the parts are cut on the rounded widths."""
 
-    def __init__(self, table: PromptTable, pad_id: int, delta: float | None = None, micro_batches: int = 1):
+    def __init__(
+        self,
+        table: PromptTable,
+        pad_id: int,
+        delta: float | None = None,
+        micro_batches: int = 1,
+        pad_multiple: int = 1,
+        max_width: int | None = None,
+    ):
         self.table, self.pad_id, self.delta, self.micro_batches = table, pad_id, delta, int(micro_batches)
+        self.pad_multiple, self.max_width = int(pad_multiple), max_width
 
     def _padded(self, rows: Sequence[int]) -> dict[str, torch.Tensor]:
         if self.table.hidden is not None:
-            hidden, mask = _pad_hidden([self.table.hidden[r] for r in rows])
+            hidden, mask = _pad_hidden([self.table.hidden[r] for r in rows], self.pad_multiple, self.max_width)
             return {"hidden": hidden, "attention_mask": mask}
-        ids, mask = pad_batch([self.table.input_ids[r] for r in rows], self.pad_id)
+        ids, mask = pad_batch([self.table.input_ids[r] for r in rows], self.pad_id, self.pad_multiple, self.max_width)
         return {"input_ids": ids, "attention_mask": mask}
 
     def __call__(self, rows: list[int]) -> dict[str, torch.Tensor]:
@@ -314,8 +328,9 @@ class PromptCollate:
         if self.table.prior is not None:
             batch["prior"] = torch.as_tensor(self.table.prior[rows_arr], dtype=torch.float32)
         if self.micro_batches > 1:
+            widths = [padded_width(int(n), self.pad_multiple, self.max_width) for n in sizes]
             batch["parts"] = [
-                self._padded(rows_arr[p].tolist()) for p in least_padding_parts(sizes, self.micro_batches)
+                self._padded(rows_arr[p].tolist()) for p in least_padding_parts(widths, self.micro_batches)
             ]
         else:
             batch.update(self._padded(rows_arr.tolist()))
@@ -325,13 +340,24 @@ class PromptCollate:
 class PairCollate:
     """Rows of a pairs table -> batch encoding both prompts of each pair (the paper's batches)."""
 
-    def __init__(self, table: PromptTable, a: np.ndarray, b: np.ndarray, pad_id: int):
+    def __init__(
+        self,
+        table: PromptTable,
+        a: np.ndarray,
+        b: np.ndarray,
+        pad_id: int,
+        pad_multiple: int = 1,
+        max_width: int | None = None,
+    ):
         self.table, self.a, self.b, self.pad_id = table, a, b, pad_id
+        self.pad_multiple, self.max_width = int(pad_multiple), max_width
 
     def __call__(self, rows: list[int]) -> dict[str, torch.Tensor]:
         rows_arr = np.asarray(rows, dtype=np.int64)
         members = np.concatenate([self.a[rows_arr], self.b[rows_arr]])
-        ids, mask = pad_batch([self.table.input_ids[r] for r in members], self.pad_id)
+        ids, mask = pad_batch(
+            [self.table.input_ids[r] for r in members], self.pad_id, self.pad_multiple, self.max_width
+        )
         p = len(rows)
         pairs = np.stack([np.arange(p), np.arange(p) + p], axis=1)
         batch = {
@@ -388,6 +414,7 @@ class RankingDataModule(L.LightningDataModule):
         head_fraction: float = 1.0,
         length_buckets: int = 0,
         micro_batches: int = 1,
+        pad_to_multiple_of: int = 1,
     ):
         super().__init__()
         _check_trainable(data, method)
@@ -398,6 +425,7 @@ class RankingDataModule(L.LightningDataModule):
         self.pairwise_mode, self.num_workers = pairwise_mode, num_workers
         self.per_pair = method == "pairwise" and pairwise_mode == "per_pair"
         self.seed, self.length_buckets, self.micro_batches = seed, int(length_buckets), int(micro_batches)
+        self.pad_to_multiple_of = int(pad_to_multiple_of)
         # the settings as given: `with_method` builds another method's loaders from them
         self._settings = {
             "max_length": max_length,
@@ -410,6 +438,7 @@ class RankingDataModule(L.LightningDataModule):
             "head_fraction": head_fraction,
             "length_buckets": length_buckets,
             "micro_batches": micro_batches,
+            "pad_to_multiple_of": pad_to_multiple_of,
         }
 
         labels = data.labels
@@ -521,7 +550,9 @@ class RankingDataModule(L.LightningDataModule):
                     range(0, len(order), batch_size), desc=f"frozen encoder ({name})", unit="batch", leave=False
                 ):
                     rows = order[start : start + batch_size]
-                    ids, mask = pad_batch([table.input_ids[r] for r in rows], self.pad_id)
+                    ids, mask = pad_batch(
+                        [table.input_ids[r] for r in rows], self.pad_id, self.pad_to_multiple_of, self.max_length
+                    )
                     out = model.hidden_after(ids.to(device), mask.to(device), n_layers).cpu()
                     out = out.to(torch.bfloat16 if bf16 else torch.float32)
                     for k, r in enumerate(rows):
@@ -529,6 +560,11 @@ class RankingDataModule(L.LightningDataModule):
                 table.hidden = hidden
         model.train(was_training).to(home)
         return time.perf_counter() - t0
+
+    @property
+    def _padding(self) -> tuple[int, int]:
+        """The collates' (pad_multiple, max_width): batch widths rounded up, never past max_length."""
+        return self.pad_to_multiple_of, self.max_length
 
     def _loader(self, dataset, collate, shuffle: bool, batch_size: int) -> DataLoader:
         return DataLoader(
@@ -546,10 +582,12 @@ class RankingDataModule(L.LightningDataModule):
 
     def train_dataloader(self) -> DataLoader:
         if self.per_pair:
-            collate = PairCollate(self.train_table, self.train_pair_idx[:, 0], self.train_pair_idx[:, 1], self.pad_id)
+            collate = PairCollate(
+                self.train_table, self.train_pair_idx[:, 0], self.train_pair_idx[:, 1], self.pad_id, *self._padding
+            )
             return self._loader(_Rows(len(self.train_pair_idx)), collate, True, self.batch_size)
         delta = self.data.delta if self.method == "pairwise" else None
-        collate = PromptCollate(self.train_table, self.pad_id, delta, self.micro_batches)
+        collate = PromptCollate(self.train_table, self.pad_id, delta, self.micro_batches, *self._padding)
         if self.length_buckets > 0 and self._single_process():  # under DDP Lightning shards a plain shuffle
             sampler = LengthBucketBatches(  # a bucket of 1 batch: random batches, each of one group
                 [len(x) for x in self.train_table.input_ids],
@@ -570,7 +608,7 @@ class RankingDataModule(L.LightningDataModule):
     def val_dataloader(self) -> DataLoader:
         return self._loader(
             _Rows(len(self.val_table)),
-            PromptCollate(self.val_table, self.pad_id, micro_batches=self.micro_batches),
+            PromptCollate(self.val_table, self.pad_id, None, self.micro_batches, *self._padding),
             False,
             self.eval_batch_size,
         )

@@ -324,10 +324,21 @@ def encode_prompts(tokenizer, texts, max_length: int, head_fraction: float = 1.0
     return out
 
 
-def pad_batch(seqs: Sequence[Sequence[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Right-pad token id lists to the longest of them -> (input_ids, attention_mask), both long.
-    Training and serving batch through here (the tokenizer's `pad` on ids warns and is slower)."""
-    width = max(len(s) for s in seqs)
+def padded_width(longest: int, multiple: int = 1, cap: int | None = None) -> int:
+    """`longest` rounded up to a multiple of `multiple`, never beyond `cap` (nor below `longest`).
+    oneDNN compiles a bfloat16 matmul kernel per input shape, so a batch width that takes every
+    value up to max_length spends more time compiling than computing (benchmarks/train_throughput.py)."""
+    width = -(-longest // multiple) * multiple
+    return max(longest, min(width, cap)) if cap is not None else width
+
+
+def pad_batch(
+    seqs: Sequence[Sequence[int]], pad_id: int, multiple: int = 1, cap: int | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Right-pad token id lists to the longest of them (rounded up as `padded_width` says) ->
+    (input_ids, attention_mask), both long. Training and serving batch through here (the
+    tokenizer's `pad` on ids warns and is slower)."""
+    width = padded_width(max(len(s) for s in seqs), multiple, cap)
     ids = torch.full((len(seqs), width), pad_id, dtype=torch.long)
     mask = torch.zeros((len(seqs), width), dtype=torch.long)
     for r, s in enumerate(seqs):
