@@ -112,21 +112,10 @@ def configurations(args) -> dict[str, dict]:
             f"frozen{k}+shuffle{tag}": {"pairwise_mode": "in_batch", "frozen_layers": k, "length_buckets": 1, **prec}
             for tag, prec in (("", fp32), ("+bf16", bf16))
         },
-        **{
-            f"frozen{k}+micro{m}{tag}": {
-                "pairwise_mode": "in_batch",
-                "frozen_layers": k,
-                "length_buckets": 1,
-                "micro_batches": m,
-                **prec,
-            }
-            for tag, prec in (("", fp32), ("+bf16", bf16))
-            for m in args.micro_batches
-        },
-        # the same with every width rounded up to a multiple of p (`pad_to_multiple_of`, the
+        # +pad<p>: every part's width rounded up to a multiple of p (`pad_to_multiple_of`, the
         # default train section): oneDNN compiles a bfloat16 matmul kernel per shape
         **{
-            f"frozen{k}+micro{m}{tag}+pad{p}": {
+            f"frozen{k}+micro{m}{tag}" + (f"+pad{p}" if p > 1 else ""): {
                 "pairwise_mode": "in_batch",
                 "frozen_layers": k,
                 "length_buckets": 1,
@@ -134,9 +123,9 @@ def configurations(args) -> dict[str, dict]:
                 "pad_to_multiple_of": p,
                 **prec,
             }
+            for p in (1, args.pad_to_multiple_of)
             for tag, prec in (("", fp32), ("+bf16", bf16))
             for m in args.micro_batches
-            for p in [args.pad_to_multiple_of]
         },
         "per_pair": {"pairwise_mode": "per_pair", "frozen_layers": 0, "length_buckets": 0, **fp32},
     }
