@@ -11,7 +11,7 @@ import pandas as pd
 import pytest
 
 from pipeline.backends import PromptItem, Sample, split_reasoning
-from pipeline.backends.openai_backend import EndpointError, OpenAIBackend
+from pipeline.backends.openai_backend import EndpointError, OpenAIBackend, estimated_reasoning_tokens
 from pipeline.generate import GenerationCache, cache_key, run, select_prompts
 
 
@@ -263,9 +263,10 @@ def test_recorded_backend_names_a_bad_source():
 class _Script:
     """Per-request status codes the server answers before it succeeds."""
 
-    def __init__(self, statuses, refuse_word=None):
+    def __init__(self, statuses, refuse_word=None, counts_reasoning=True):
         self.statuses = list(statuses)
         self.refuse_word = refuse_word  # a prompt holding it is refused (400), as one over the context length
+        self.counts_reasoning = counts_reasoning  # False: usage without completion_tokens_details, as vLLM's server
         self.calls = 0
         self.lock = threading.Lock()
 
@@ -297,12 +298,10 @@ def _serve(script: _Script):
                         "finish_reason": "length" if len(words) >= body["max_tokens"] else "stop",
                     }
                 ],
-                "usage": {
-                    "prompt_tokens": len(words),
-                    "completion_tokens": len(words) + 1,
-                    "completion_tokens_details": {"reasoning_tokens": 1},
-                },
+                "usage": {"prompt_tokens": len(words), "completion_tokens": len(words) + 1},
             }
+            if script.counts_reasoning:
+                payload["usage"]["completion_tokens_details"] = {"reasoning_tokens": 1}
             data = json.dumps(payload).encode()
             self.send_response(200)
             self.send_header("Content-Type", "application/json")
@@ -319,8 +318,8 @@ def _serve(script: _Script):
 def endpoint():
     servers = []
 
-    def start(statuses, refuse_word=None):
-        script = _Script(statuses, refuse_word)
+    def start(statuses, refuse_word=None, counts_reasoning=True):
+        script = _Script(statuses, refuse_word, counts_reasoning)
         server = _serve(script)
         servers.append(server)
         return f"http://127.0.0.1:{server.server_address[1]}/v1", script
@@ -350,6 +349,16 @@ def test_openai_retries_429_and_5xx_then_succeeds(endpoint):
     )
     assert b.finish_reason == "length"
     assert backend.retries == 3 and script.calls == 4 + 3
+
+
+def test_openai_uncounted_traces_are_estimated_and_counted_in_meta(endpoint):
+    url, _ = endpoint([], counts_reasoning=False)
+    backend = _backend(url)
+    results = dict(backend.generate([PromptItem("a", "one two"), PromptItem("b", "one two three four")]))
+    a = results["a"][0]
+    assert (a.output_tokens, a.reasoning, a.text) == (3, "hmm", "one two")
+    assert a.reasoning_tokens == round(3 * len("hmm") / len("hmmone two")) == 1
+    assert backend.describe()["reasoning_tokens_estimated_this_run"] == 4  # 2 prompts x k = 2
 
 
 @pytest.mark.parametrize("status", [401, 404, 400, 422])
@@ -649,3 +658,28 @@ def test_openai_plain_answer_keeps_its_text():
         }
     )
     assert (sample.reasoning, sample.text) == ("", "The answer is 4.")
+
+
+def test_openai_trace_the_endpoint_does_not_count_gets_an_estimate_not_zero():
+    """vLLM's server returns reasoning_content without completion_tokens_details: the trace's
+    tokens are estimated from its character share, not reported as 0."""
+    sample = OpenAIBackend._parse(
+        {
+            "choices": [
+                {"message": {"content": "Four.", "reasoning_content": "2 + 2 is four, so"}, "finish_reason": "stop"}
+            ],
+            "usage": {"completion_tokens": 12, "prompt_tokens": 3},
+        }
+    )
+    assert (sample.reasoning, sample.text, sample.output_tokens) == ("2 + 2 is four, so", "Four.", 12)
+    assert sample.reasoning_tokens == round(12 * 17 / 22) == 9
+    reported = OpenAIBackend._parse(
+        {
+            "choices": [
+                {"message": {"content": "Four.", "reasoning_content": "2 + 2 is four, so"}, "finish_reason": "stop"}
+            ],
+            "usage": {"completion_tokens": 11, "completion_tokens_details": {"reasoning_tokens": 6}},
+        }
+    )
+    assert reported.reasoning_tokens == 6
+    assert estimated_reasoning_tokens(11, "", "Four.") == 0

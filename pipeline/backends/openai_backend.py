@@ -3,7 +3,8 @@
 One request per sample (n=1), so `usage.completion_tokens` is that sample's exact token count;
 per the API it includes reasoning tokens (`completion_tokens_details.reasoning_tokens`), and a
 reasoning text returned apart (`reasoning_content` / `reasoning`) or inline as <think>…</think>
-is split out. At most `concurrency` requests are in flight; timeouts, connection errors, 408,
+is split out. An endpoint that returns a trace without counting it gets an estimate
+(`estimated_reasoning_tokens`), counted in meta.json. At most `concurrency` requests are in flight; timeouts, connection errors, 408,
 429 and 5xx are retried with exponential backoff (honouring Retry-After); a prompt the server
 refuses as such (over the context length, flagged: `refuses_the_prompt`) is skipped and listed;
 any other 4xx stops the run with the server's message. Prompts finished before an error are
@@ -43,6 +44,16 @@ PROMPT_REFUSALS = re.compile(
 
 def refuses_the_prompt(status: int, body: str) -> bool:
     return status == 413 or (status in (400, 422) and PROMPT_REFUSALS.search(body) is not None)
+
+
+def estimated_reasoning_tokens(output_tokens: int, reasoning: str, answer: str) -> int:
+    """The completion's tokens split by the reasoning text's share of the characters: for an
+    endpoint that returns a trace without counting it (vLLM's server leaves
+    `completion_tokens_details` out). No trace: 0. meta.json's
+    `reasoning_tokens_estimated_this_run` counts the samples so counted."""
+    if not reasoning:
+        return 0
+    return round(output_tokens * len(reasoning) / (len(reasoning) + len(answer)))
 
 
 class EndpointError(PARSError, RuntimeError):
@@ -86,6 +97,7 @@ class OpenAIBackend(Backend):
         self.api_key = os.environ.get(self.spec.get("api_key_env", "OPENAI_API_KEY"), "EMPTY")
         self.skipped: dict[str, str] = {}
         self.retries = 0
+        self.reasoning_estimated = 0  # samples whose reasoning_tokens the endpoint did not report
 
     def _number(self, key: str, default, kind):
         """A numeric spec value, or one line naming the key (`concurrency: abc` is not a traceback)."""
@@ -122,6 +134,7 @@ class OpenAIBackend(Backend):
             "tokenizer": "the endpoint's (usage.completion_tokens)",
             "concurrency": self.concurrency,
             "retries_this_run": self.retries,
+            "reasoning_tokens_estimated_this_run": self.reasoning_estimated,
         }
 
     def _body(self, prompt: str) -> dict[str, Any]:
@@ -163,7 +176,11 @@ class OpenAIBackend(Backend):
                         raise EndpointError(
                             f"{self.base_url} answered with a body that is not JSON: " f"{resp.text[:300]!r}"
                         ) from None
-                    return self._parse(data, self.base_url)
+                    sample = self._parse(data, self.base_url)
+                    details = data["usage"].get("completion_tokens_details") or {}
+                    if sample.reasoning and details.get("reasoning_tokens") is None:
+                        self.reasoning_estimated += 1
+                    return sample
                 last = f"HTTP {resp.status_code}: {resp.text[:300]}"
                 if refuses_the_prompt(resp.status_code, resp.text):
                     raise PromptRefused(last)
@@ -192,9 +209,15 @@ class OpenAIBackend(Backend):
                 # without one, a plain answer stays the answer
                 reasoning, content = split_reasoning(content, opened="</think>" in content)
             details = usage.get("completion_tokens_details") or {}
+            output_tokens = int(usage["completion_tokens"])
+            reported = details.get("reasoning_tokens")
             return Sample(
-                output_tokens=int(usage["completion_tokens"]),
-                reasoning_tokens=int(details.get("reasoning_tokens") or 0),
+                output_tokens=output_tokens,
+                reasoning_tokens=(
+                    int(reported)
+                    if reported is not None
+                    else estimated_reasoning_tokens(output_tokens, reasoning, content)
+                ),
                 finish_reason=normalise_finish_reason(choice.get("finish_reason")),
                 prompt_tokens=int(usage.get("prompt_tokens") or 0),
                 text=content,
