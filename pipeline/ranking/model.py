@@ -307,7 +307,11 @@ def encode_prompts(tokenizer, texts, max_length: int, head_fraction: float = 1.0
     n_post = len(probe) - n_pre - len(bare)
     body = int(max_length) - n_pre - n_post
     if body < 1:
-        raise ValueError(f"max_length {max_length} leaves no room for prompt tokens")
+        frame = "chat template" if chat else "special tokens"
+        raise ValueError(
+            f"max_length {max_length} leaves no room for prompt tokens: {n_pre + n_post} go to the "
+            f"tokenizer's {frame}"
+        )
     head = int(round(body * float(head_fraction)))
     if chat:  # the frame's ids around each prompt's own
         prefix, suffix = probe[:n_pre], probe[len(probe) - n_post :]
