@@ -391,7 +391,8 @@ def train_methods(
     try:  # a causal LM's chat template counts in max_length: one too short for it fails now, named
         encode_prompts(tokenizer, ["a"], int(cfg["max_length"]))
     except ValueError as exc:
-        raise PARSError(f"{cfg.where}.max_length {cfg['max_length']}: {exc}") from None
+        key = "" if str(exc).startswith("max_length") else f"encoder {cfg['encoder']}: "
+        raise PARSError(f"{cfg.where}.{key}{exc}") from None
     load_encoder(cfg["encoder"])
     on_gpu = _runs_on_gpu(lt["accelerator"])
     if precision.startswith("bf16") and not on_gpu and not cpu_has_native_bf16():

@@ -3,9 +3,9 @@
 One request per sample (n=1), so `usage.completion_tokens` is that sample's exact token count;
 per the API it includes reasoning tokens (`completion_tokens_details.reasoning_tokens`), and a
 reasoning text returned apart (`reasoning_content` / `reasoning`) or inline as <think>…</think>
-is split out. An endpoint that returns a trace without counting it gets an estimate
-(`estimated_reasoning_tokens`), counted in meta.json. At most `concurrency` requests are in flight; timeouts, connection errors, 408,
-429 and 5xx are retried with exponential backoff (honouring Retry-After); a prompt the server
+is split out (a trace returned without its count gets an estimate, `estimated_reasoning_tokens`,
+counted in meta.json). At most `concurrency` requests are in flight; timeouts, connection errors,
+408, 429 and 5xx are retried with exponential backoff (honouring Retry-After); a prompt the server
 refuses as such (over the context length, flagged: `refuses_the_prompt`) is skipped and listed;
 any other 4xx stops the run with the server's message. Prompts finished before an error are
 already saved.
