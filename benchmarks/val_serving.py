@@ -8,6 +8,8 @@ speedup over FCFS, gap to oracle, tau_b of each order on these requests, and whe
 to oracle (its excess mean per-token latency by true answer length). With --noise-twins each
 predictor also gets a twin of the same tau_b made of true lengths plus noise: where the two differ, the
 predictor's errors fall on requests that matter more (or less) to latency than random ones would.
+Each predictor's costliest requests (largest excess over oracle: answer length, where its order put
+them, the answer's first words) show which few requests a mean per-token latency hangs on.
 
     python benchmarks/val_serving.py                                   # ChatGPT val, the export and per-model predictors
     python benchmarks/val_serving.py --predictors recorded/pairwise,/tmp/exp/x/models/chatgpt/pairwise
@@ -25,6 +27,7 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
+from scipy.stats import rankdata
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -75,6 +78,12 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="also serve, for each predictor, log(1 + true length) + Gaussian noise at the predictor's tau_b: "
         "what its ranking quality would buy if its errors were plain noise",
+    )
+    ap.add_argument(
+        "--costliest",
+        type=int,
+        default=10,
+        help="list each predictor's N requests with the largest excess over oracle (0: none)",
     )
     args = ap.parse_args(argv)
 
@@ -127,6 +136,23 @@ def main(argv: list[str] | None = None) -> int:
             label: {"requests": int((bucket == i).sum()), "excess_s_per_token": float(excess[bucket == i].sum())}
             for i, label in enumerate(LENGTH_LABELS)
         }
+        if keys[name] is not None and name != "oracle" and args.costliest > 0:
+            # the few requests a mean per-token latency hangs on: where the order put them, what they said
+            top = np.argsort(-excess, kind="stable")[: args.costliest]
+            percentile = rankdata(keys[name]) / o.size
+            rows[name]["costliest_requests"] = {
+                "share_of_excess": float(excess[top].sum() / excess.sum()) if excess.sum() > 0 else None,
+                "requests": [
+                    {
+                        "prompt_id": str(req.prompt_id[i]),
+                        "answer_tokens": int(o[i]),
+                        "score_percentile": round(float(percentile[i]), 3),
+                        "excess_s_per_token": float(excess[i]),
+                        "answer_start": str(req.text[i])[:40],
+                    }
+                    for i in top
+                ],
+            }
     print(f"\n{'policy':<40} {'tau_b':>6} {'mean x':>7} {'p90 x':>7} {'x oracle':>8}")
     for name, r in rows.items():
         print(

@@ -506,6 +506,15 @@ def test_val_serving_benchmark_serves_the_val_split(tmp_path, monkeypatch, tiny_
             r["mean_per_token_latency"] - oracle_mean
         )
 
+    costliest = learned["costliest_requests"]["requests"]  # the few requests the mean hangs on, worst first
+    assert (
+        len(costliest) == 10 and "costliest_requests" not in rows["fcfs"] and "costliest_requests" not in rows["oracle"]
+    )
+    assert [r["excess_s_per_token"] for r in costliest] == sorted(
+        (r["excess_s_per_token"] for r in costliest), reverse=True
+    )
+    assert all(0 < r["score_percentile"] <= 1 and r["answer_tokens"] > 0 for r in costliest)
+
     with pytest.raises(SystemExit, match="models/nope/pairwise/pars.json not found"):
         bench.main(["--model", "toy", "--predictors", "nope/pairwise"])
 
