@@ -641,29 +641,31 @@ def test_which_refusals_are_the_prompts():
 def test_openai_answer_with_a_lone_closing_tag_splits_its_trace():
     """An R1-style model served without a reasoning parser: its template opened <think> in the
     prompt, which the endpoint does not show, so the content holds only the closing tag."""
-    sample = OpenAIBackend._parse(
+    sample, estimated = OpenAIBackend._parse(
         {
             "choices": [{"message": {"content": "plan it</think>The answer."}, "finish_reason": "stop"}],
             "usage": {"completion_tokens": 6, "prompt_tokens": 3},
         }
     )
     assert (sample.reasoning, sample.text) == ("plan it", "The answer.")
+    assert estimated and sample.reasoning_tokens == round(6 * 7 / 18)  # no count sent: estimated
 
 
 def test_openai_plain_answer_keeps_its_text():
-    sample = OpenAIBackend._parse(
+    sample, estimated = OpenAIBackend._parse(
         {
             "choices": [{"message": {"content": "The answer is 4."}, "finish_reason": "stop"}],
             "usage": {"completion_tokens": 5, "prompt_tokens": 3},
         }
     )
     assert (sample.reasoning, sample.text) == ("", "The answer is 4.")
+    assert not estimated and sample.reasoning_tokens == 0
 
 
 def test_openai_trace_the_endpoint_does_not_count_gets_an_estimate_not_zero():
     """vLLM's server returns reasoning_content without completion_tokens_details: the trace's
     tokens are estimated from its character share, not reported as 0."""
-    sample = OpenAIBackend._parse(
+    sample, estimated = OpenAIBackend._parse(
         {
             "choices": [
                 {"message": {"content": "Four.", "reasoning_content": "2 + 2 is four, so"}, "finish_reason": "stop"}
@@ -672,8 +674,8 @@ def test_openai_trace_the_endpoint_does_not_count_gets_an_estimate_not_zero():
         }
     )
     assert (sample.reasoning, sample.text, sample.output_tokens) == ("2 + 2 is four, so", "Four.", 12)
-    assert sample.reasoning_tokens == round(12 * 17 / 22) == 9
-    reported = OpenAIBackend._parse(
+    assert sample.reasoning_tokens == round(12 * 17 / 22) == 9 and estimated
+    reported, estimated_again = OpenAIBackend._parse(
         {
             "choices": [
                 {"message": {"content": "Four.", "reasoning_content": "2 + 2 is four, so"}, "finish_reason": "stop"}
@@ -681,5 +683,5 @@ def test_openai_trace_the_endpoint_does_not_count_gets_an_estimate_not_zero():
             "usage": {"completion_tokens": 11, "completion_tokens_details": {"reasoning_tokens": 6}},
         }
     )
-    assert reported.reasoning_tokens == 6
+    assert reported.reasoning_tokens == 6 and not estimated_again
     assert estimated_reasoning_tokens(11, "", "Four.") == 0

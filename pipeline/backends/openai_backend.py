@@ -176,10 +176,8 @@ class OpenAIBackend(Backend):
                         raise EndpointError(
                             f"{self.base_url} answered with a body that is not JSON: " f"{resp.text[:300]!r}"
                         ) from None
-                    sample = self._parse(data, self.base_url)
-                    details = data["usage"].get("completion_tokens_details") or {}
-                    if sample.reasoning and details.get("reasoning_tokens") is None:
-                        self.reasoning_estimated += 1
+                    sample, estimated = self._parse(data, self.base_url)
+                    self.reasoning_estimated += estimated
                     return sample
                 last = f"HTTP {resp.status_code}: {resp.text[:300]}"
                 if refuses_the_prompt(resp.status_code, resp.text):
@@ -196,7 +194,9 @@ class OpenAIBackend(Backend):
         raise EndpointError(f"{self.base_url} still failing after {self.max_retries} retries ({last})")
 
     @staticmethod
-    def _parse(data: Any, where: str = "the endpoint") -> Sample:
+    def _parse(data: Any, where: str = "the endpoint") -> tuple[Sample, bool]:
+        """The sample, and whether its reasoning_tokens are an estimate (the endpoint sent a trace
+        without its count)."""
         try:
             choice = data["choices"][0]
             message = choice["message"]
@@ -211,7 +211,7 @@ class OpenAIBackend(Backend):
             details = usage.get("completion_tokens_details") or {}
             output_tokens = int(usage["completion_tokens"])
             reported = details.get("reasoning_tokens")
-            return Sample(
+            sample = Sample(
                 output_tokens=output_tokens,
                 reasoning_tokens=(
                     int(reported)
@@ -223,6 +223,7 @@ class OpenAIBackend(Backend):
                 text=content,
                 reasoning=reasoning,
             )
+            return sample, reported is None and bool(reasoning)
         except (KeyError, IndexError, TypeError, ValueError, AttributeError) as exc:
             # a server that is not OpenAI-compatible: name it, never a traceback
             raise EndpointError(
