@@ -380,7 +380,7 @@ def train_methods(
     from pipeline.ranking.data import RankingData, RankingDataModule
     from pipeline.ranking.dropout import fast_dropout
     from pipeline.ranking.lightning import BestWeights, RankerModule, prepare_for_training
-    from pipeline.ranking.model import LengthRanker, encode_prompts, load_encoder, load_tokenizer
+    from pipeline.ranking.model import LengthRanker, NoRoomForPrompt, encode_prompts, load_encoder, load_tokenizer
 
     torch.set_num_threads(int(cfg["torch_threads"]))
     # the encoder's files before the data and the slow work (tokenizing, the lexical prior): a damaged
@@ -390,9 +390,8 @@ def train_methods(
     tokenizer = load_tokenizer(cfg["encoder"])
     try:  # a causal LM's chat template counts in max_length: one too short for it fails now, named
         encode_prompts(tokenizer, ["a"], int(cfg["max_length"]))
-    except ValueError as exc:
-        key = "" if str(exc).startswith("max_length") else f"encoder {cfg['encoder']}: "
-        raise PARSError(f"{cfg.where}.{key}{exc}") from None
+    except NoRoomForPrompt as exc:
+        raise PARSError(f"{cfg.where}.{exc}") from None
     load_encoder(cfg["encoder"])
     on_gpu = _runs_on_gpu(lt["accelerator"])
     if precision.startswith("bf16") and not on_gpu and not cpu_has_native_bf16():

@@ -279,6 +279,10 @@ def load_tokenizer(name_or_path: str | os.PathLike):
     return tokenizer
 
 
+class NoRoomForPrompt(ValueError):
+    """max_length is taken up by the tokenizer's frame (special tokens or chat template)."""
+
+
 def encode_prompts(tokenizer, texts, max_length: int, head_fraction: float = 1.0) -> list[list[int]]:
     """Token ids (special tokens included) of at most `max_length` per prompt.
 
@@ -308,7 +312,7 @@ def encode_prompts(tokenizer, texts, max_length: int, head_fraction: float = 1.0
     body = int(max_length) - n_pre - n_post
     if body < 1:
         frame = "chat template" if chat else "special tokens"
-        raise ValueError(
+        raise NoRoomForPrompt(
             f"max_length {max_length} leaves no room for prompt tokens: {n_pre + n_post} go to the "
             f"tokenizer's {frame}"
         )
