@@ -9,11 +9,15 @@ to oracle (its excess mean per-token latency by true answer length). With --nois
 predictor also gets a twin of the same tau_b made of true lengths plus noise: where the two differ, the
 predictor's errors fall on requests that matter more (or less) to latency than random ones would.
 Each predictor's costliest requests (largest excess over oracle: answer length, where its order put
-them, the answer's first words) show which few requests a mean per-token latency hangs on.
+them, the answer's first words) show which few requests a mean per-token latency hangs on. With
+--probe-tokens K each predictor is also served after a probe phase (as multi-level feedback queues do):
+every request first generates up to K tokens, so answers that short finish at once whatever their
+score, and the rest are preempted (recompute) back into score order.
 
     python benchmarks/val_serving.py                                   # ChatGPT val, the export and per-model predictors
     python benchmarks/val_serving.py --predictors recorded/pairwise,/tmp/exp/x/models/chatgpt/pairwise
     python benchmarks/val_serving.py --predictors recorded/pairwise --noise-twins --out /tmp/twins.json
+    python benchmarks/val_serving.py --predictors chatgpt/pairwise --probe-tokens 4,8,16,32
 
 A predictor is <train model>/<method> under models/, or a path to a checkpoint directory.
 Writes --out (default metrics/choices/val_serving-<model>.json).
@@ -63,6 +67,50 @@ def noise_twin(lengths: np.ndarray, tau: float, seed: int) -> np.ndarray:
     return scores
 
 
+def probe_then_rank(arrival, s, o, scores, probe_tokens, config):
+    """A burst served with a probe phase, emulated as two jobs per request in one simulation: a probe
+    of min(o, K) tokens (every probe ahead of every continuation, probes in score order), then, for
+    answers longer than K, a continuation of o - K tokens whose prefill recomputes the prompt and the
+    K probe tokens (vLLM's recompute preemption), queued by score. A request finishes with its last
+    job. Returns (SimResult over the original requests, continuations admitted before their own probe
+    finished: where the emulation is optimistic, 0 when every probe wave ends before the queue reaches
+    its continuations)."""
+    from pipeline.queueing.simulator import SimResult, simulate
+
+    if not (arrival == arrival[0]).all():
+        raise ValueError("probe_then_rank emulates a burst only (one arrival time)")
+    n, k = o.size, int(probe_tokens)
+    cont = np.flatnonzero(o > k)
+    jobs = simulate(
+        np.concatenate([arrival, arrival[cont]]),
+        np.concatenate([s, s[cont] + k]),
+        np.concatenate([np.minimum(o, k), o[cont] - k]),
+        key=np.concatenate([scores - (scores.max() - scores.min() + 1.0), scores[cont]]),
+        config=config,
+        sort_running=True,
+    )
+    finish = jobs.finish[:n].copy()
+    finish[cont] = jobs.finish[n:]
+    preemptions = jobs.preemptions[:n].copy()
+    preemptions[cont] += 1 + jobs.preemptions[n:]
+    early = int((jobs.admitted[n:] < jobs.finish[cont]).sum())
+    result = SimResult(
+        arrival=arrival,
+        s=s,
+        o=o,
+        first_token=jobs.first_token[:n],
+        finish=finish,
+        admitted=jobs.admitted[:n],
+        preemptions=preemptions,
+        steps=jobs.steps,
+        skipped_steps=jobs.skipped_steps,
+        max_used_blocks=jobs.max_used_blocks,
+        area=jobs.area,
+        series=jobs.series,
+    )
+    return result, early
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default="chatgpt", help="eval model whose val answers are served")
@@ -85,7 +133,18 @@ def main(argv: list[str] | None = None) -> int:
         default=10,
         help="list each predictor's N requests with the largest excess over oracle (0: none)",
     )
+    ap.add_argument(
+        "--probe-tokens",
+        default="",
+        help="comma-separated K: also serve each predictor after a probe phase of K tokens per request",
+    )
     args = ap.parse_args(argv)
+    try:
+        probes = [int(x) for x in args.probe_tokens.split(",") if x.strip()]
+    except ValueError:
+        ap.error(f"--probe-tokens {args.probe_tokens!r}: need comma-separated positive integers")
+    if any(k < 1 for k in probes):
+        ap.error(f"--probe-tokens {args.probe_tokens!r}: need comma-separated positive integers")
 
     from pipeline.queueing.simulator import EngineConfig, burst, simulate
     from pipeline.serving.scorer import Scorer, score_together
@@ -122,9 +181,17 @@ def main(argv: list[str] | None = None) -> int:
         )
         for name, key in keys.items()
     }
+    probe_early = {}
+    for name in names:
+        for k in probes:
+            label = f"{name} (probe {k})"
+            results[label], probe_early[label] = probe_then_rank(arrival, s, o, keys[name], k, cfg)
+            keys[label] = keys[name]  # the same order after the probe: tau_b is the predictor's
     # FCFS in a burst serves in arrival order: that order's tau (as pars simulate reports it)
     taus = {name: kendall_tau_b(np.arange(o.size) if key is None else key, o) for name, key in keys.items()}
     rows = summarise(results, taus)
+    for label, early in probe_early.items():
+        rows[label]["continuations_admitted_before_their_probe_ended"] = early
     # where each order loses to oracle SJF: its excess mean per-token latency split by true answer
     # length (the buckets sum to the policy's mean minus oracle's); a short answer served late weighs
     # most per request (its wait is divided by few tokens)

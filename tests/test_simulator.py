@@ -527,3 +527,44 @@ def test_val_serving_benchmark_serves_the_val_split(tmp_path, monkeypatch, tiny_
     assert bench.main(["--model", "toy", "--predictors", str(tiny_checkpoint), "--noise-twins", "--out", "t.json"]) == 0
     twin = json.loads((tmp_path / "t.json").read_text())["policies"][f"{tiny_checkpoint} (noise twin)"]
     assert twin["kendall_tau_b"] == pytest.approx(learned["kendall_tau_b"], abs=0.02)
+    # a probe phase: answers of up to K tokens finish in it whatever their score
+    assert (
+        bench.main(["--model", "toy", "--predictors", str(tiny_checkpoint), "--probe-tokens", "2", "--out", "p.json"])
+        == 0
+    )
+    probed = json.loads((tmp_path / "p.json").read_text())["policies"][f"{tiny_checkpoint} (probe 2)"]
+    assert probed["requests"] == 20 and probed["continuations_admitted_before_their_probe_ended"] == 0
+    with pytest.raises(SystemExit):
+        bench.main(["--model", "toy", "--predictors", str(tiny_checkpoint), "--probe-tokens", "0"])
+
+
+def test_probe_phase_serves_short_answers_first_and_recomputes_the_rest():
+    """benchmarks/val_serving.py's probe_then_rank: two short answers scored as the longest wait behind
+    every long one in score order, but finish within the probe phase with one; each longer answer is
+    preempted once (recompute) and finishes with exactly its tokens; a probe as long as every answer is
+    plain score order."""
+    import importlib.util
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parents[1]
+    spec = importlib.util.spec_from_file_location("val_serving", repo / "benchmarks" / "val_serving.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+
+    cfg = dataclasses.replace(SMALL, max_num_seqs=2)
+    o = np.array([1, 40, 40, 40, 40, 2])
+    s = np.full(o.size, 8)
+    scores = -o.astype(np.float64)  # exactly the wrong order
+    arrival = burst(o.size)
+    plain = simulate(arrival, s, o, key=scores, config=cfg, sort_running=True)
+    probed, early = bench.probe_then_rank(arrival, s, o, scores, 2, cfg)
+    assert early == 0
+    short = o <= 2
+    assert (probed.finish[short] < plain.finish[short]).all()
+    assert probed.finish[short].max() < probed.finish[~short].min()
+    assert (probed.preemptions[~short] >= 1).all() and (probed.preemptions[short] == 0).all()
+    assert (probed.finish >= probed.first_token).all() and np.isfinite(probed.finish).all()
+    whole, _ = bench.probe_then_rank(arrival, s, o, scores, int(o.max()), cfg)
+    np.testing.assert_allclose(whole.finish, plain.finish)
+    with pytest.raises(ValueError, match="burst only"):
+        bench.probe_then_rank(np.arange(o.size, dtype=np.float64), s, o, scores, 2, cfg)
