@@ -1,8 +1,9 @@
 """report: the results page, metrics/report.md, generated from the metrics files so it cannot go stale.
 
 The paper-style tau_b tables from metrics/ranking.json (pipeline.ranking.report_tables), then the
-serving results: simulator workloads, the real-engine burst, the scheduler stall and capacity
-(pipeline.serving.results), each from its own metrics file when it exists."""
+serving results: simulator workloads, the real-engine burst, the scheduler stall and capacity, and
+what a cold `dvc repro` and training cost (pipeline.serving.results), each from its own metrics file
+when it exists."""
 
 from __future__ import annotations
 
@@ -21,6 +22,8 @@ SERVING_FILES = {
     "scheduler_overhead": "metrics/scheduler_overhead.json",
     "sim_fidelity": "metrics/sim_fidelity.json",
     "capacity": "metrics/capacity.json",
+    "cold_repro": "metrics/cold_repro.json",
+    "train_throughput": "metrics/train_throughput.json",
 }
 # noise ceilings of models with one recorded answer per prompt, estimated by a benchmark
 ESTIMATED_CEILINGS = ("metrics/choices/chatgpt_noise_ceiling.json",)

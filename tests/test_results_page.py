@@ -126,3 +126,54 @@ def test_capacity_section_gives_each_row_its_own_setting_and_the_yardsticks():
     assert "2.25–8.38 % gap between μ and measured throughput (vLLM, A100)" in text
     assert "same burst: 1.270 req/s" in text
     assert "| 1.1 | 99 | 0.344 | 0.334 |" in text
+
+
+def test_workload_notes_engine_checkpoint_and_cost_section():
+    """The simulator's notes (cut answers, the capacity the loads are fractions of), the engine's
+    checkpoint, and the cost section (cold repro's longest stages first; training speed per setting)."""
+    from pipeline.serving.results import render_serving
+
+    row = _row(0.1, 0.2, speedup_mean_over_fcfs=1.0, speedup_p90_over_fcfs=1.0, kendall_tau_b=0.0)
+    sim = {
+        "engine": {},
+        "workloads": {
+            "smollm2": {
+                "requests": "52 test prompts resampled",
+                "score_model": {},
+                "notes": ["47.1% of answers were cut at max_tokens: their length is a lower bound"],
+                "scenarios": {"burst_2000": {"fcfs": row}},
+            }
+        },
+    }
+    bench = {
+        "fcfs": _row(0.2, 0.5, mean_ttft=9.0, throughput_rps=1.0),
+        "setup": {"checkpoint": "models/export/pars-recorded", "checkpoint_method": "pairwise"},
+    }
+    cold = {
+        "total_min": 35.4,
+        "commit": "de184fc08aa0",
+        "machine": "Xeon",
+        "stages_s": {"a": 5.0, "b": 900.0, "c": 60.0},
+    }
+    speed = {
+        "machine": "Xeon",
+        "results": [
+            {"config": "full", "precision": "32-true", "frozen_layers": 0, "prompts_per_s": 23.17, "val_tau_b": 0.2781},
+            {
+                "config": "fast",
+                "precision": "bf16-mixed",
+                "frozen_layers": 3,
+                "prompts_per_s": 162.03,
+                "val_tau_b": 0.26,
+            },
+        ],
+    }
+    text = render_serving({"simulation": sim, "engine_bench": bench, "cold_repro": cold, "train_throughput": speed})
+    assert "- 47.1% of answers were cut at max_tokens: their length is a lower bound" in text
+    assert "(`models/export/pars-recorded`, pairwise)" in text
+    assert "**35.4 min** at commit `de184fc`" in text
+    assert text.index("| b | 900 |") < text.index("| c | 60 |") < text.index("| a | 5 |")
+    assert "| full | 32-true | 0 | 23.2 | 0.278 |" in text and "| fast | bf16-mixed | 3 | 162.0 | 0.260 |" in text
+    # without either cost file the page has no cost section; with one, the other's absence is said
+    assert "## Cost" not in render_serving({"simulation": sim})
+    assert "no `metrics/train_throughput.json` yet" in render_serving({"cold_repro": cold})

@@ -214,7 +214,8 @@ def render_markdown(ranking: dict, estimated_ceilings: list[dict] | None = None)
         )
     notes.append(
         f"Prompt length counted with the `{settings.get('baseline_tokenizer', 'minilm-l6')}` tokenizer; "
-        f"pair accuracy on pairs with relative length gap ≥ δ={settings.get('delta')}."
+        f"`metrics/ranking.json` also holds each cell's pair accuracy, on pairs with relative length gap "
+        f"≥ δ={settings.get('delta')}."
     )
     lines += [f"- {n}" for n in notes]
 

@@ -39,6 +39,8 @@ def simulation_section(sim: dict[str, Any]) -> list[str]:
             "",
             f"score models: `{w['score_model']}`",
             "",
+            *[f"- {note}" for note in w.get("notes") or []],
+            *([""] if w.get("notes") else []),
             "| policy | τ_b of its order | mean per-token latency (s) | p90 (s) | mean speedup over FCFS "
             "| p90 speedup | mean gap to oracle |",
             "|---|---|---|---|---|---|---|",
@@ -102,9 +104,8 @@ def engine_section(bench: dict[str, Any]) -> list[str]:
         f"{setup.get('num_prompts')} prompts at once, max_num_seqs {setup.get('max_num_seqs')}, answer "
         f"lengths = {setup.get('length_scale')} × recorded ({setup.get('generations')}), cap "
         f"{setup.get('max_tokens_cap')}; checkpoint τ_b on this workload "
-        f"{_num(setup.get('workload_tau_b'))}; PARS scoring {setup.get('scoring', 'inline')}"
-        + _machine(setup.get("machine"))
-        + ".",
+        f"{_num(setup.get('workload_tau_b'))} (`{setup.get('checkpoint')}`, {setup.get('checkpoint_method')}); "
+        f"PARS scoring {setup.get('scoring', 'inline')}" + _machine(setup.get("machine")) + ".",
         "",
         "| policy | mean per-token latency (s) | p90 (s) | mean TTFT (s) | req/s | FCFS / policy (mean) "
         "| PARS code in schedule() | scoring thread |",
@@ -271,9 +272,47 @@ def capacity_section(cap: dict[str, Any]) -> list[str]:
     return lines + [""]
 
 
+def cost_section(files: dict[str, dict[str, Any] | None]) -> list[str]:
+    """What the pipeline costs on a CPU: the cold `dvc repro` (benchmarks/cold_repro.py) and the
+    training throughput before and after its speed features (benchmarks/train_throughput.py)."""
+    cold, speed = files.get("cold_repro"), files.get("train_throughput")
+    lines = ["## Cost: a cold `dvc repro` and training speed on a CPU", ""]
+    if cold is not None:
+        stages = sorted(cold["stages_s"].items(), key=lambda kv: -kv[1])
+        lines += [
+            f"A fresh clone, no DVC cache, `dvc repro`: **{_num(cold['total_min'], '.1f')} min** at commit "
+            f"`{str(cold.get('commit'))[:7]}` ({cold.get('machine')}; `metrics/cold_repro.json`, "
+            "`python benchmarks/cold_repro.py`). Its longest stages:",
+            "",
+            "| stage | seconds |",
+            "|---|---|",
+            *[f"| {stage} | {_num(s, '.0f')} |" for stage, s in stages[:8]],
+            "",
+        ]
+    else:
+        lines += ["*(no `metrics/cold_repro.json` yet: `python benchmarks/cold_repro.py` writes it)*", ""]
+    if speed is not None:
+        lines += [
+            f"Training throughput, one method's steps on the same prompts ({speed.get('machine')}; "
+            "`metrics/train_throughput.json`, `python benchmarks/train_throughput.py`):",
+            "",
+            "| setting | precision | frozen layers | prompts/s | val τ_b after these steps |",
+            "|---|---|---|---|---|",
+            *[
+                f"| {r['config']} | {r['precision']} | {r['frozen_layers']} | {_num(r['prompts_per_s'], '.1f')} | "
+                f"{_num(r['val_tau_b'], '.3f')} |"
+                for r in speed["results"]
+            ],
+            "",
+        ]
+    else:
+        lines += ["*(no `metrics/train_throughput.json` yet: `python benchmarks/train_throughput.py` writes it)*", ""]
+    return lines
+
+
 def render_serving(files: dict[str, dict[str, Any] | None]) -> str:
-    """`files`: {"simulation"|"engine_bench"|"scheduler_overhead"|"sim_fidelity"|"capacity": parsed JSON
-    or None}."""
+    """`files`: {"simulation"|"engine_bench"|"scheduler_overhead"|"sim_fidelity"|"capacity"|"cold_repro"|
+    "train_throughput": parsed JSON or None}; the cost section only when either of the last two is a key."""
     sections = {
         "simulation": simulation_section,
         "engine_bench": engine_section,
@@ -288,4 +327,6 @@ def render_serving(files: dict[str, dict[str, Any] | None]) -> str:
             lines += [f"*(no `metrics/{key}.json` yet: its section is left out)*", ""]
         else:
             lines += render(data)
+    if "cold_repro" in files or "train_throughput" in files:
+        lines += cost_section(files)
     return "\n".join(lines).rstrip() + "\n"
