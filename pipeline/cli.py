@@ -27,7 +27,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "a trained predictor + a TF-IDF or decoder ridge, blend chosen on val -> models/<model>/<method>+<features>/",
     ),
     "evaluate": ("pipeline.evaluate", "Kendall tau_b, references and transfer matrix -> metrics/, plots/"),
-    "report": ("pipeline.report", "print the paper-style tau_b table (markdown)"),
+    "report": ("pipeline.report", "the results page (tau_b tables, serving, capacity, cost) -> metrics/report.md"),
     "export": ("pipeline.export", "write the chosen predictor as a serving checkpoint -> models/export/<name>/"),
     "score": ("pipeline.score", "score a JSONL/parquet file of prompts with an exported checkpoint"),
     "engine-fit": (

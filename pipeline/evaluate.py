@@ -103,6 +103,11 @@ def check_params(params, machine: bool = True) -> dict:
             raise PARSError(f"{sec.where}.{key}: {', '.join(twice)} named twice")
     if not sec["eval_models"]:
         raise PARSError(f"{sec.where}.eval_models []: no eval model, nothing to evaluate")
+    from pipeline.ranking.losses import METHODS
+
+    unknown = [m for m in names(sec, "methods") if m not in METHODS]
+    if unknown:  # else reported later as checkpoints train never wrote
+        raise PARSError(f"{sec.where}.methods: unknown method {unknown[0]!r} (known: {', '.join(METHODS)})")
     origin: dict = {}  # predictor -> the key naming it: cross_models or blends may repeat train_models'
     for key, keys in (("train_models", ("train_models", "methods")), ("cross_models", ()), ("blends", ())):
         for model, method in evaluated_predictors({k: sec[k] for k in keys or (key,)}):

@@ -43,6 +43,7 @@ from pipeline.contracts import (
 from pipeline.errors import PARSError
 from pipeline.params import Section, load_params
 from pipeline.ranking.labels import check_known_prompts, keep_mask, prompt_labels
+from pipeline.ranking.predictors import names
 
 PAIR_SPLITS = ("train", "val")
 # draws per prompt (partners x max_tries_factor) are held in memory at once: tens of MB at this cap
@@ -143,6 +144,7 @@ def check_params(params: dict[str, Any]) -> tuple[float, int, int, int]:
     one line naming its key, before any data is read or data/pairs/<model> is touched."""
     cfg = params if isinstance(params, Section) else Section(params, "pairs")
     cfg.only(("models", "delta", "partners", "max_tries_factor", "seed"))
+    names(cfg, "models")  # one pairs@<model> stage per name
     delta = cfg.number("delta", positive=True, below=1)
     partners = cfg.integer("partners", minimum=1)
     factor = cfg.integer("max_tries_factor", minimum=1)
@@ -214,9 +216,12 @@ def main(argv: list[str]) -> int:
             raise PARSError(f"{flag}: {exc}") from None
     gen_file = generations_path(args.model, args.data)
     if not gen_file.exists():
+        root = gen_file.parent.parent
+        have = sorted(d.name for d in root.iterdir() if (d / gen_file.name).is_file()) if root.is_dir() else []
         raise FileNotFoundError(
-            f"model {args.model!r} has no generations: {gen_file} does not exist "
-            f"(run `dvc repro generate@{args.model}`)"
+            f"model {args.model!r} has no generations: {gen_file} does not exist (generations exist for: "
+            f"{', '.join(have) or 'none'}; a model listed in generate.models gets them with "
+            f"`dvc repro generate@{args.model}`)"
         )
     generations = read_table(gen_file, GENERATIONS)
     prompts = read_table(prompts_path(args.data), PROMPTS)

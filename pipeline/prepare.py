@@ -130,11 +130,13 @@ def load_source(
         "oversized": 0,
         "duplicates": 0,
     }
-    rows, seen = [], set()
+    rows, seen, first_at = [], set(), {}
     for rec in get_source(kind, **options).records():
         counts["records"] += 1
         if rec.problem:
             counts[rec.problem] = counts.get(rec.problem, 0) + 1
+            if rec.where:
+                first_at.setdefault(rec.problem, rec.where)
             continue
         text = normalise(rec.prompt)
         if not text:
@@ -159,6 +161,8 @@ def load_source(
         df = df.head(int(cap))
     df = df[["prompt_id", "dataset", "prompt", "split", "source_id"]]
     counts["kept"] = len(df)
+    if first_at:  # a user's file: where to look, not only how many
+        counts["first_at"] = first_at
     return df, counts
 
 
@@ -203,10 +207,12 @@ def main(argv: list[str] | None = None) -> int:
         df, counts = load_source(name, options, fractions, max_chars, where=f"{params.where}.sources.{name}")
         frames.append(df)
         report[name] = counts
-        problems = {k: v for k, v in counts.items() if k not in ("records", "kept") and v}
+        problems = {k: v for k, v in counts.items() if k not in ("records", "kept", "first_at") and v}
+        first_at = counts.get("first_at", {})
         print(
             f"prepare: {name}: {counts['kept']} prompts kept of {counts['records']} records"
             + (f"; dropped {problems}" if problems else "")
+            + (f" (first: {', '.join(f'{k} at {w}' for k, w in first_at.items())})" if first_at else "")
         )
         if counts["kept"] == 0:
             raise ValueError(f"source {name!r} gave no usable prompt ({counts})")

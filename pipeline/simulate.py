@@ -5,7 +5,7 @@ A workload (params `simulate.workloads`) is the test-split prompts of one genera
 their real prompt and answer lengths: each request takes ONE sampled answer of its prompt (drawn at
 random, seeded), never the mean over samples that the predictors were scored against, so the oracle
 knows the true length and the predictors do not. A burst takes distinct prompts when the workload
-has enough (ShareGPT/ChatGPT: 3,000+ test prompts); otherwise (SmolLM2: ~60) it resamples them
+has enough (ShareGPT/ChatGPT: 3,000+ test prompts); otherwise (SmolLM2: a few dozen) it resamples them
 with replacement, each copy drawing its own answer sample. Learned policies rank by the evaluate
 stage's scores (data/scores/scores.parquet) of the predictors named in the workload's `score_model`;
 a missing score file skips those policies, and the output says so; a score_model naming a train

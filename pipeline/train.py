@@ -31,6 +31,7 @@ from pipeline.errors import PARSError
 from pipeline.hardware import auto_precision, cpu_has_native_bf16
 from pipeline.params import Section, load_params
 from pipeline.ranking.losses import METHODS
+from pipeline.ranking.predictors import names
 
 POOLINGS = ("cls", "mean", "last")  # pipeline.ranking.model (not imported here: it imports torch)
 PAIRWISE_MODES = ("in_batch", "per_pair")  # pipeline.ranking.data
@@ -217,7 +218,7 @@ def check_cross_models(cfg: Section) -> None:
     """train.cross_models: name -> a list of distinct train model names; a name of its own (a
     cross-model set named like a per-model predictor would silently train that one on the union)."""
     cross = cfg.mapping("cross_models")
-    models = cfg.get("models") or []
+    models = names(cfg, "models")  # a string would make `in` below a substring test
     for name, members in cross.items():
         where = f"{cross.where}.{name}"
         if name in models:
@@ -639,7 +640,9 @@ def write_checkpoint(out: Path, *, model, tokenizer, method: str, cfg: Section, 
 
 def main(argv: list[str]) -> int:
     ap = argparse.ArgumentParser(prog="pars train", description=__doc__.split("\n\n")[0])
-    ap.add_argument("--model", required=True, help="generation model whose pairs to train on")
+    ap.add_argument(
+        "--model", required=True, help="whose pairs: a model (train.models) or a cross-model set (train.cross_models)"
+    )
     ap.add_argument(
         "--method",
         action="append",
@@ -647,10 +650,10 @@ def main(argv: list[str]) -> int:
         help="a method to train (repeat for several; default: every method, as the train@<model> stage does)",
     )
     ap.add_argument("--params", default=None, help="params file (default params.yaml)")
-    ap.add_argument("--data", default="data")
+    ap.add_argument("--data", default="data", help="data root (reads <root>/pairs/<model>/, <root>/prompts/)")
     ap.add_argument("--models", default="models", help="models root (writes <root>/<model>/<method>/)")
-    ap.add_argument("--metrics", default="metrics/train")
-    ap.add_argument("--plots", default="plots/train")
+    ap.add_argument("--metrics", default="metrics/train", help="writes <dir>/<model>-<method>.json")
+    ap.add_argument("--plots", default="plots/train", help="writes <dir>/<model>-<method>.csv (val tau_b per epoch)")
     args = ap.parse_args(argv)
     params = load_params("train", args.params)
     check_outputs(args.model, args.method or list(METHODS), args.models, args.metrics, args.plots)

@@ -44,6 +44,7 @@ def evaluate_cli(capsys, tmp_path, params, *extra):
         ("tfidf_ridge.min_train_prompts", 0),
         ("train_models", "chatgpt"),
         ("methods", 5),
+        ("methods", ["pairwise", "pairwize"]),
         ("eval_models", [1, 2]),
         ("wandb.enabled", "yes"),
         ("baseline_tokenizer", "minilm/l6/x"),  # not a directory, nor a hub id

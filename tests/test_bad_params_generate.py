@@ -335,3 +335,20 @@ def test_pars_generate_reads_the_params_file_given(gen_env, capsys, tmp_path):
     rc, _, err = run_cli(capsys, *argv, "--params", other, "--model", "smollm2")
     line = one_line_error(rc, err, "generate", "generate.models.smollm2.k 0")
     assert str(other) in line
+
+
+def test_openai_api_key_env_that_is_not_set_is_refused(monkeypatch):
+    """`api_key_env` named on purpose but unset: one line naming the variable before any request
+    (the endpoint would refuse each one); unnamed, OPENAI_API_KEY or a placeholder for local servers."""
+    from pipeline.backends.openai_backend import OpenAIBackend
+
+    spec = {"backend": "openai", "model": "m", "base_url": "http://localhost:8000/v1", "k": 1}
+    monkeypatch.delenv("PARS_TEST_KEY", raising=False)
+    monkeypatch.delenv("OPENAI_API_KEY", raising=False)
+    with pytest.raises(ValueError, match="`api_key_env` names PARS_TEST_KEY, which is not set"):
+        OpenAIBackend({**spec, "api_key_env": "PARS_TEST_KEY"})
+    assert OpenAIBackend(spec).api_key == "EMPTY"
+    monkeypatch.setenv("PARS_TEST_KEY", "sk-test")
+    assert OpenAIBackend({**spec, "api_key_env": "PARS_TEST_KEY"}).api_key == "sk-test"
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-default")
+    assert OpenAIBackend(spec).api_key == "sk-default"

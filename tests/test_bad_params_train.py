@@ -73,6 +73,7 @@ TRAIN_BAD = [
     ({"pairwise_mode": "sometimes"}, "train.pairwise_mode"),
     ({"pairwise_mode": "per_pair", "frozen_layers": 2}, "train.frozen_layers"),
     ({"cross_models": ["a", "b"]}, "train.cross_models"),
+    ({"models": "chatgpt"}, "train.models"),
     ({"lexical_prior": "yes"}, "train.lexical_prior"),
     ({"lexical_prior.folds": 1}, "train.lexical_prior.folds"),
     ({"lightning.num_nodes": 0}, "train.lightning.num_nodes"),
@@ -141,6 +142,7 @@ def test_train_model_name_must_stay_under_models(capsys, tmp_path):
 
 
 PAIRS_BAD = [
+    ({"models": "chatgpt"}, "pairs.models"),
     ({"delta": 2.0}, "pairs.delta"),
     ({"delta": 0}, "pairs.delta"),
     ({"delta": "big"}, "pairs.delta"),

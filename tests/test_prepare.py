@@ -63,6 +63,8 @@ def test_bad_records_are_counted_by_name(tmp_path):
         "oversized": 1,
         "duplicates": 1,
         "kept": 2,
+        # a user's file: where the first line of each unusable kind sits
+        "first_at": {"non_utf8": f"{path}:3", "malformed": f"{path}:4", "missing_text": f"{path}:5"},
     }
     assert sorted(df["source_id"]) == ["1", "8"]
     assert set(df["dataset"]) == {"mine"}

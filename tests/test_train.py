@@ -284,7 +284,7 @@ def test_missing_pairs_and_bad_settings_are_clear(toy_root, tiny_encoder_dir, mo
     monkeypatch.setenv("WANDB_MODE", "disabled")
     from pipeline.train import train_one
 
-    with pytest.raises(FileNotFoundError, match="no pairs for model 'nomodel'"):
+    with pytest.raises(FileNotFoundError, match=r"no pairs for model 'nomodel'.*pairs exist for: toy;"):
         train_one(
             "nomodel",
             "pairwise",

@@ -94,7 +94,12 @@ class OpenAIBackend(Backend):
                 raise ValueError(f"openai backend: `{key}` must be a positive finite number, got {value}")
         if self.max_retries < 0 or not self.backoff >= 0:
             raise ValueError("openai backend: `max_retries` and `backoff_s` must be >= 0")
-        self.api_key = os.environ.get(self.spec.get("api_key_env", "OPENAI_API_KEY"), "EMPTY")
+        key_env = self.spec.get("api_key_env")
+        if key_env is not None and not os.environ.get(str(key_env)):
+            # named on purpose: an endpoint that needs a key would refuse every request, after the sampling started
+            raise ValueError(f"openai backend: `api_key_env` names {key_env}, which is not set in the environment")
+        # unnamed: OPENAI_API_KEY when set, else a placeholder (local servers such as vLLM's take any key)
+        self.api_key = os.environ.get(str(key_env or "OPENAI_API_KEY")) or "EMPTY"
         self.skipped: dict[str, str] = {}
         self.retries = 0
         self.reasoning_estimated = 0  # samples whose reasoning_tokens the endpoint did not report

@@ -87,8 +87,10 @@ class RankingData:
     def load(cls, model: str, data_root: str | Path = "data") -> "RankingData":
         pdir = pairs_dir(model, data_root)
         if not pdir.is_dir():
+            have = sorted(d.name for d in pdir.parent.iterdir() if d.is_dir()) if pdir.parent.is_dir() else []
             raise FileNotFoundError(
-                f"no pairs for model {model!r}: {pdir} does not exist (run `dvc repro pairs@{model}`)"
+                f"no pairs for model {model!r}: {pdir} does not exist (pairs exist for: {', '.join(have) or 'none'}; "
+                f"a model listed in pairs.models gets them with `dvc repro pairs@{model}`)"
             )
         labels = read_table(labels_path(model, data_root), LABELS)
         train_pairs = read_table(pdir / "train.parquet", PAIRS)

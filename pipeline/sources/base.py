@@ -30,6 +30,8 @@ class RawRecord:
     # (namespace, key) hashed for the split instead of the prompt's own id, e.g. one ShareGPT
     # conversation's id for all its parts and turns, so that a conversation never spans train and test
     split_with: tuple[str, str] | None = None
+    # where an unusable record sits, "file:line", for a user's own file (prepare names the first of each kind)
+    where: str | None = None
 
 
 class Source:

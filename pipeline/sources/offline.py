@@ -197,7 +197,8 @@ class JsonlFile(Source):
         for lineno, rec, problem in read_jsonl(self.path):
             prompt, missing = _text_field(rec, self.text_field)
             source_id = str(rec.get(self.id_field)) if rec and rec.get(self.id_field) is not None else f"line{lineno}"
-            yield RawRecord(source_id, prompt, {}, problem or missing)
+            problem = problem or missing
+            yield RawRecord(source_id, prompt, {}, problem, where=f"{self.path}:{lineno}" if problem else None)
 
 
 OFFLINE_SOURCES = {cls.name: cls for cls in (ArenaHard, AlpacaEval, ShareGPT, ShareGPTLaterTurns, HumanEval, JsonlFile)}
