@@ -1,0 +1,187 @@
+"""Does teaching the encoder what the answer will be about help it rank answer lengths? Val only.
+
+A ranker sees only the prompt, but its training prompts come with the recorded answer. Here the
+pairwise predictor is trained as `pars train` trains it, plus an auxiliary loss: from the pooled
+vector the head reads, a linear map predicts the answer's own sentence embedding (the frozen
+encoder's mean-pooled embedding of the answer's first and last tokens), by cosine distance,
+weighted by --weights. The answer embedding says whether an answer is code, a list, an essay or a
+one-line acknowledgement, which its length alone does not; serving is unchanged (the map is
+dropped). Nothing of the pipeline changes: the experiment swaps pipeline.train's LightningModule
+for a subclass that adds the term.
+
+    python benchmarks/reply_targets.py --weights 0.5,2 --out metrics/choices/reply_targets-chatgpt-pairwise.json
+
+Writes the val tau_b per weight (and per epoch) beside the pipeline's committed predictor's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from pipeline.contracts import generations_path, prompts_path, write_json  # noqa: E402
+from pipeline.params import load_params  # noqa: E402
+from pipeline.ranking import lightning as ranking_lightning  # noqa: E402
+
+RANKER = ranking_lightning.RankerModule  # the pipeline's own; train_one imports the name at call time
+
+
+def answer_embeddings(texts: list[str], encoder: str, max_length: int, batch_size: int = 64) -> np.ndarray:
+    """The frozen encoder's mean-pooled, L2-normalised embedding of each answer (head and tail
+    kept when longer than max_length, as prompts are), in bfloat16 where the CPU has it natively."""
+    from pipeline.encoders import resolve_encoder
+    from pipeline.hardware import cpu_has_native_bf16
+    from pipeline.ranking.model import encode_prompts, load_encoder, load_tokenizer, pad_batch
+
+    path = resolve_encoder(encoder)
+    tok, model = load_tokenizer(path), load_encoder(path).eval()
+    ids = encode_prompts(tok, texts, max_length, 0.5)
+    order = np.argsort([len(x) for x in ids], kind="stable")
+    out = np.zeros((len(texts), model.config.hidden_size), np.float32)
+    bf16 = cpu_has_native_bf16()
+    t0 = time.perf_counter()
+    with torch.inference_mode(), torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+        for start in range(0, len(order), batch_size):
+            rows = order[start : start + batch_size]
+            input_ids, mask = pad_batch([ids[r] for r in rows], tok.pad_token_id or 0)
+            hidden = model(input_ids=input_ids, attention_mask=mask).last_hidden_state.float()
+            m = mask[:, :, None].float()
+            out[rows] = F.normalize((hidden * m).sum(1) / m.sum(1).clamp(min=1.0), dim=-1).numpy()
+            if (start // batch_size) % 50 == 0:
+                print(
+                    f"answer embeddings: {start + len(rows)}/{len(order)} ({time.perf_counter() - t0:.0f} s)",
+                    flush=True,
+                )
+    return out
+
+
+def aux_module(targets: dict[str, np.ndarray], weight: float):
+    """pipeline.ranking.lightning.RankerModule plus the answer-embedding term."""
+
+    class ReplyAwareRanker(RANKER):
+        def __init__(self, model, method, **kwargs):
+            super().__init__(model, method, **kwargs)
+            dim = len(next(iter(targets.values())))
+            self.aux_head = torch.nn.Linear(model.encoder.config.hidden_size, dim)
+            self._pooled: list[torch.Tensor] = []
+            self._target: torch.Tensor | None = None
+            self._has: torch.Tensor | None = None
+            model.head.register_forward_pre_hook(self._keep_pooled)
+
+        def _keep_pooled(self, head, inputs):
+            if self.model.training:
+                self._pooled.append(inputs[0])
+
+        def on_fit_start(self) -> None:
+            ids = self.trainer.datamodule.train_table.ids
+            dim = self.aux_head.out_features
+            self._target = torch.as_tensor(np.stack([targets.get(p, np.zeros(dim, np.float32)) for p in ids]))
+            self._has = torch.as_tensor([p in targets for p in ids])
+            print(f"reply targets: {int(self._has.sum())} of {len(ids)} train prompts have one", flush=True)
+
+        def configure_optimizers(self):
+            out = super().configure_optimizers()
+            opt, factor = out["optimizer"], out["lr_scheduler"]["scheduler"].lr_lambdas[0]
+            opt.add_param_group({"params": list(self.aux_head.parameters()), "weight_decay": 0.0})
+            # the same warm-up and decay for the new group
+            out["lr_scheduler"]["scheduler"] = torch.optim.lr_scheduler.LambdaLR(opt, factor)
+            return out
+
+        def training_step(self, batch, batch_idx):
+            self._pooled = []
+            loss = super().training_step(batch, batch_idx)
+            pooled = torch.cat(self._pooled).float()
+            index = batch["index"].cpu()
+            has = self._has[index]
+            if has.any():
+                pred = self.aux_head(pooled[has.to(pooled.device)])
+                aux = (1 - F.cosine_similarity(pred.float(), self._target[index[has]].to(pred.device), dim=-1)).mean()
+                self.log("train/reply_aux", aux, on_step=True, on_epoch=True, batch_size=int(has.sum()))
+                loss = loss + weight * aux
+            return loss
+
+    return ReplyAwareRanker
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", default="chatgpt")
+    ap.add_argument("--weights", default="0.5,2", help="comma-separated weights of the auxiliary term")
+    ap.add_argument("--params", default=None, help="params file (default params.yaml)")
+    ap.add_argument("--max-answers", type=int, default=None, help="embed only this many answers (a quick check)")
+    ap.add_argument("--work", default="/tmp/reply_targets", help="scratch root for the runs' models and metrics")
+    ap.add_argument("--out", default=None, help="default metrics/choices/reply_targets-<model>-pairwise.json")
+    args = ap.parse_args(argv)
+    weights = [float(w) for w in args.weights.split(",") if w.strip()]
+
+    import pipeline.train as train_stage
+
+    params = load_params("train", args.params)
+    prompts = pd.read_parquet(prompts_path()).drop_duplicates("prompt_id").set_index("prompt_id")
+    gens = pd.read_parquet(generations_path(args.model))
+    train_ids = set(prompts.index[prompts.split == "train"])
+    answers = gens[gens.prompt_id.isin(train_ids)].drop_duplicates("prompt_id")  # one answer per prompt
+    answers = answers.head(args.max_answers) if args.max_answers else answers
+    t0 = time.perf_counter()
+    emb = answer_embeddings(answers.text.fillna("").tolist(), params["encoder"], int(params["max_length"]))
+    embed_s = time.perf_counter() - t0
+    targets = dict(zip(answers.prompt_id, emb))
+    print(f"reply_targets: {len(targets)} train answers embedded in {embed_s:.0f} s", flush=True)
+
+    committed = json.loads(Path(f"metrics/train/{args.model}-pairwise.json").read_text())
+    runs = {}
+    for weight in weights:
+        work = Path(args.work) / f"w{weight:g}"
+        ranking_lightning.RankerModule = aux_module(targets, weight)  # what train_one builds
+        t0 = time.perf_counter()
+        (res,) = train_stage.train_methods(
+            args.model,
+            ["pairwise"],
+            params,
+            models_root=work / "models",
+            metrics_dir=work / "metrics",
+            plots_dir=work / "plots",
+        )
+        curve = (work / "plots" / f"{args.model}-pairwise.csv").read_text()
+        runs[f"weight {weight:g}"] = {
+            "val_tau_b": round(res["val_tau_b"], 4),
+            "best_epoch": res["best_epoch"],
+            "train_seconds": round(time.perf_counter() - t0, 1),
+            "curve_csv": curve,
+        }
+        print(f"reply_targets: weight {weight:g}: val tau_b {res['val_tau_b']:.4f}", flush=True)
+    out = write_json(
+        {
+            "question": "Does an auxiliary loss that predicts the answer's sentence embedding from the prompt's "
+            "pooled vector help the pairwise predictor rank answer lengths?",
+            "model": args.model,
+            "method": "pairwise",
+            "split": "val",
+            "command": "python benchmarks/reply_targets.py " + " ".join(argv if argv is not None else sys.argv[1:]),
+            "answers_embedded": len(targets),
+            "embed_seconds": round(embed_s, 1),
+            "committed_predictor": {
+                "val_tau_b": round(committed["val_tau_b"], 4),
+                "best_epoch": committed["best_epoch"],
+                "file": f"metrics/train/{args.model}-pairwise.json",
+            },
+            "runs": runs,
+        },
+        args.out or f"metrics/choices/reply_targets-{args.model}-pairwise.json",
+    )
+    print(f"-> {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
