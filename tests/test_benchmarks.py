@@ -184,3 +184,44 @@ def test_attained_service_flags_only_a_decile_that_overtakes_the_next(bench):
     rising, overtaken = attained.judge(table)
     assert 1 in rising and overtaken == [1]
     assert attained._spans({1, 2, 3, 5, 7, 8}) == "1-3, 5, 7-8" and attained._spans(set()) == "none"
+
+
+# -- reply_targets ---------------------------------------------------------------------------------
+def test_reply_targets_embeds_answers_and_adds_the_weighted_term(bench, tiny_encoder_dir):
+    """Answer embeddings: one unit vector per answer, the same text the same vector. The training step
+    is the pipeline's loss plus weight x the cosine distance of the mapped pooled vector to each
+    prompt's answer embedding (a prompt without one adds nothing)."""
+    import torch
+
+    from pipeline.ranking.model import LengthRanker, encode_prompts, load_tokenizer, pad_batch
+
+    rt = bench("reply_targets")
+    emb = rt.answer_embeddings(
+        ["a short answer", "def f():\n    return 1", "a short answer"], str(tiny_encoder_dir), 16
+    )
+    assert emb.shape[0] == 3 and np.allclose(np.linalg.norm(emb, axis=1), 1.0, atol=1e-5)
+    assert np.allclose(emb[0], emb[2]) and not np.allclose(emb[0], emb[1])
+
+    tok = load_tokenizer(str(tiny_encoder_dir))
+    ids, mask = pad_batch(encode_prompts(tok, ["why", "write a long essay", "hi"], 16), tok.pad_token_id)
+    batch = {
+        "input_ids": ids,
+        "attention_mask": mask,
+        "lengths": torch.tensor([50.0, 900.0, 5.0]),
+        "truncated": torch.zeros(3, dtype=torch.bool),
+        "pairs": torch.tensor([[0, 1], [2, 0]]),
+        "index": torch.tensor([0, 1, 2]),
+    }
+    targets = {"p0": emb[0], "p1": emb[1]}  # p2 has no answer embedding
+    losses = {}
+    for weight in (0.0, 3.0):
+        torch.manual_seed(0)
+        model = LengthRanker.from_pretrained_encoder(str(tiny_encoder_dir), dropout=0.0)
+        module = rt.aux_module(targets, weight)(model, "pairwise", margin=0.0, margin_per_log_length=1.0)
+        module._target = torch.as_tensor(np.stack([emb[0], emb[1], np.zeros_like(emb[0])]))
+        module._has = torch.tensor([True, True, False])
+        losses[weight] = float(module.training_step(batch, 0).detach())
+        with torch.no_grad():
+            pooled = model.encoder(input_ids=ids, attention_mask=mask).last_hidden_state[:2, 0]
+            aux = (1 - torch.nn.functional.cosine_similarity(module.aux_head(pooled), module._target[:2])).mean()
+    assert losses[3.0] - losses[0.0] == pytest.approx(3.0 * float(aux), rel=1e-4, abs=1e-6)
