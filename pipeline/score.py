@@ -32,7 +32,7 @@ def read_jsonl(path: Path, field: str, id_field: str | None = None) -> list[dict
     with path.open("rb") as fh:
         for lineno, raw in enumerate(fh, 1):
             try:
-                line = raw.decode("utf-8")
+                line = raw.decode("utf-8-sig" if lineno == 1 else "utf-8")  # a leading byte-order mark is no text
             except UnicodeDecodeError as exc:
                 raise ValueError(f"{path}:{lineno}: not valid UTF-8 ({exc.reason} at byte {exc.start})") from None
             if not line.strip():

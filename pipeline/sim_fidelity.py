@@ -135,10 +135,8 @@ def _check(path: str | Path, data: dict[str, Any], role: str) -> None:
 def _read(path: str | Path, role: str) -> dict[str, Any]:
     path = Path(path)
     if not path.is_file():
-        raise FileNotFoundError(
-            f"{path} not found: run `python benchmarks/engine_bench.py` first "
-            f"(see this stage's doc for the calibration run)"
-        )
+        run = "python benchmarks/engine_bench.py" + (f" --seed 1 --out-json {path}" if role == "calibration" else "")
+        raise FileNotFoundError(f"sim_fidelity.{role} {path}: not found; run `{run}` first (see this stage's doc)")
     data = read_json(path)
     missing = [p for p in POLICIES if not isinstance(data.get(p), dict) or "per_request" not in data[p]]
     if missing or not isinstance(data.get("workload"), dict):

@@ -143,6 +143,10 @@ def test_pars_score_jsonl_and_parquet(tiny_checkpoint, tmp_path, capsys):
     rows = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
     assert [r["id"] for r in rows] == [f"q{i}" for i in range(len(TEXTS))]
     np.testing.assert_allclose([r["score"] for r in rows], expected, rtol=1e-4, atol=1e-5)
+    bom = tmp_path / "bom.jsonl"  # as some editors save UTF-8: a byte-order mark before the first record
+    bom.write_bytes(b"\xef\xbb\xbf" + src.read_bytes())
+    assert _cli(bom, "--checkpoint", tiny_checkpoint) == 0
+    assert [json.loads(line)["id"] for line in capsys.readouterr().out.splitlines()] == [r["id"] for r in rows]
 
     pq_in = tmp_path / "in.parquet"
     pd.DataFrame({"prompt_id": [f"p{i}" for i in range(len(TEXTS))], "text": TEXTS}).to_parquet(pq_in)

@@ -102,6 +102,9 @@ def test_same_burst_twice_is_refused(tmp_path, monkeypatch):
     (tmp_path / "old.json").write_text(json.dumps({"fcfs": {}, "pars": {}, "oracle": {}}))
     with pytest.raises(ValueError, match="per-request"):
         stage.run({"calibration": str(tmp_path / "old.json"), "validation": str(f)})
+    # a missing file names its key and the run that writes it
+    with pytest.raises(FileNotFoundError, match=r"sim_fidelity.calibration nope.json: not found; run .*--seed 1"):
+        stage.run({"calibration": "nope.json", "validation": str(f)})
 
 
 def test_bursts_from_two_machines_are_refused(tmp_path, monkeypatch):
