@@ -141,9 +141,9 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     try:
         probes = [int(x) for x in args.probe_tokens.split(",") if x.strip()]
+        if any(k < 1 for k in probes):
+            raise ValueError
     except ValueError:
-        ap.error(f"--probe-tokens {args.probe_tokens!r}: need comma-separated positive integers")
-    if any(k < 1 for k in probes):
         ap.error(f"--probe-tokens {args.probe_tokens!r}: need comma-separated positive integers")
 
     from pipeline.queueing.simulator import EngineConfig, burst, simulate

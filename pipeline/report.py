@@ -16,7 +16,7 @@ from pipeline.ranking.report_tables import render_markdown
 from pipeline.serving.results import render_serving
 
 REPORT = "metrics/report.md"  # the report stage's output
-SERVING_FILES = {
+RESULT_FILES = {
     "simulation": "metrics/simulation.json",
     "engine_bench": "metrics/engine_bench.json",
     "scheduler_overhead": "metrics/scheduler_overhead.json",
@@ -62,7 +62,7 @@ def main(argv: list[str] | None = None) -> int:
     if out is not None:
         # the page written over a metrics file it reads (or would read, once its stage runs) loses it
         inputs = [("the --ranking file", path)] + [
-            ("the input", f) for f in (*ESTIMATED_CEILINGS, *SERVING_FILES.values())
+            ("the input", f) for f in (*ESTIMATED_CEILINGS, *RESULT_FILES.values())
         ]
         for what, f in inputs:
             if same_file(out, f):
@@ -75,7 +75,7 @@ def main(argv: list[str] | None = None) -> int:
     ceilings = [read_json(f) for f in ceiling_files]
     serving = {}
     if not args.ranking_only:
-        serving = {key: read_json(f) if Path(f).is_file() else None for key, f in SERVING_FILES.items()}
+        serving = {key: read_json(f) if Path(f).is_file() else None for key, f in RESULT_FILES.items()}
     for key in ("predictors", "references"):
         if not isinstance(ranking.get(key), dict):
             problem = "has no" if key not in ranking else "has a non-mapping"
@@ -95,7 +95,7 @@ def main(argv: list[str] | None = None) -> int:
     if not args.ranking_only:
         for key, data in serving.items():  # each file on its own, so a damaged one is named
             if data is not None:
-                _render(render_serving, SERVING_FILES[key], {key: data})
+                _render(render_serving, RESULT_FILES[key], {key: data})
         text = text.rstrip() + "\n\n" + render_serving(serving)
     if out is not None:
         write_text(text, out)

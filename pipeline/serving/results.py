@@ -1,5 +1,6 @@
 """The serving side of the results page (`pars report`): markdown tables from the metrics files
-that the simulate and capacity stages and the serving benchmarks write. Plain formatting, no vLLM.
+that the simulate and capacity stages and the serving benchmarks write, and what a cold `dvc repro`
+and training cost. Plain formatting, no vLLM.
 
 Each section is skipped, with a line saying which file is missing, when its file is absent."""
 
@@ -272,53 +273,51 @@ def capacity_section(cap: dict[str, Any]) -> list[str]:
     return lines + [""]
 
 
-def cost_section(files: dict[str, dict[str, Any] | None]) -> list[str]:
-    """What the pipeline costs on a CPU: the cold `dvc repro` (benchmarks/cold_repro.py) and the
-    training throughput before and after its speed features (benchmarks/train_throughput.py)."""
-    cold, speed = files.get("cold_repro"), files.get("train_throughput")
-    lines = ["## Cost: a cold `dvc repro` and training speed on a CPU", ""]
-    if cold is not None:
-        stages = sorted(cold["stages_s"].items(), key=lambda kv: -kv[1])
-        lines += [
-            f"A fresh clone, no DVC cache, `dvc repro`: **{_num(cold['total_min'], '.1f')} min** at commit "
-            f"`{str(cold.get('commit'))[:7]}` ({cold.get('machine')}; `metrics/cold_repro.json`, "
-            "`python benchmarks/cold_repro.py`). Its longest stages:",
-            "",
-            "| stage | seconds |",
-            "|---|---|",
-            *[f"| {stage} | {_num(s, '.0f')} |" for stage, s in stages[:8]],
-            "",
-        ]
-    else:
-        lines += ["*(no `metrics/cold_repro.json` yet: `python benchmarks/cold_repro.py` writes it)*", ""]
-    if speed is not None:
-        lines += [
-            f"Training throughput, one method's steps on the same prompts ({speed.get('machine')}; "
-            "`metrics/train_throughput.json`, `python benchmarks/train_throughput.py`):",
-            "",
-            "| setting | precision | frozen layers | prompts/s | val τ_b after these steps |",
-            "|---|---|---|---|---|",
-            *[
-                f"| {r['config']} | {r['precision']} | {r['frozen_layers']} | {_num(r['prompts_per_s'], '.1f')} | "
-                f"{_num(r['val_tau_b'], '.3f')} |"
-                for r in speed["results"]
-            ],
-            "",
-        ]
-    else:
-        lines += ["*(no `metrics/train_throughput.json` yet: `python benchmarks/train_throughput.py` writes it)*", ""]
-    return lines
+def cold_repro_section(cold: dict[str, Any]) -> list[str]:
+    """What a cold `dvc repro` costs on a CPU (benchmarks/cold_repro.py), longest stages first."""
+    stages = sorted(cold["stages_s"].items(), key=lambda kv: -kv[1])
+    return [
+        "## Cost: a cold `dvc repro` (`metrics/cold_repro.json`, `benchmarks/cold_repro.py`)",
+        "",
+        f"A fresh clone, no DVC cache, `dvc repro`: **{_num(cold['total_min'], '.1f')} min** at commit "
+        f"`{str(cold.get('commit'))[:7]}` ({cold.get('machine')}). Its longest stages:",
+        "",
+        "| stage | seconds |",
+        "|---|---|",
+        *[f"| {stage} | {_num(s, '.0f')} |" for stage, s in stages[:8]],
+        "",
+    ]
+
+
+def train_throughput_section(speed: dict[str, Any]) -> list[str]:
+    """Training speed before and after the speed features (benchmarks/train_throughput.py)."""
+    return [
+        "## Training throughput (`metrics/train_throughput.json`, `benchmarks/train_throughput.py`)",
+        "",
+        f"One method's steps on the same prompts ({speed.get('machine')}):",
+        "",
+        "| setting | precision | frozen layers | prompts/s | val τ_b after these steps |",
+        "|---|---|---|---|---|",
+        *[
+            f"| {r['config']} | {r['precision']} | {r['frozen_layers']} | {_num(r['prompts_per_s'], '.1f')} | "
+            f"{_num(r['val_tau_b'], '.3f')} |"
+            for r in speed["results"]
+        ],
+        "",
+    ]
 
 
 def render_serving(files: dict[str, dict[str, Any] | None]) -> str:
     """`files`: {"simulation"|"engine_bench"|"scheduler_overhead"|"sim_fidelity"|"capacity"|"cold_repro"|
-    "train_throughput": parsed JSON or None}; the cost section only when either of the last two is a key."""
+    "train_throughput": parsed JSON or None}."""
     sections = {
         "simulation": simulation_section,
         "engine_bench": engine_section,
         "scheduler_overhead": overhead_section,
         "sim_fidelity": fidelity_section,
         "capacity": capacity_section,
+        "cold_repro": cold_repro_section,
+        "train_throughput": train_throughput_section,
     }
     lines: list[str] = []
     for key, render in sections.items():
@@ -327,6 +326,4 @@ def render_serving(files: dict[str, dict[str, Any] | None]) -> str:
             lines += [f"*(no `metrics/{key}.json` yet: its section is left out)*", ""]
         else:
             lines += render(data)
-    if "cold_repro" in files or "train_throughput" in files:
-        lines += cost_section(files)
     return "\n".join(lines).rstrip() + "\n"
