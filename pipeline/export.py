@@ -20,7 +20,7 @@ import math
 from pathlib import Path
 
 from pipeline.errors import PARSError, plain_name
-from pipeline.params import Section, load_params
+from pipeline.params import PARAMS_HELP, Section, load_params
 from pipeline.ranking.checkpoint import (
     FILES_SHA256,
     META,
@@ -201,7 +201,7 @@ def main(argv: list[str] | None = None) -> int:
     from pipeline.contracts import prompts_path
 
     parser = argparse.ArgumentParser(prog="pars export", description=__doc__.split("\n")[0])
-    parser.add_argument("--params", default=None, help="params file (default params.yaml)")
+    parser.add_argument("--params", default=None, help=PARAMS_HELP)
     parser.add_argument("--models", default="models", help="models root (<root>/<model>/<method>/)")
     parser.add_argument("--ranking", default="metrics/ranking.json", help="evaluate's metrics (test tau_b)")
     parser.add_argument("--out", default="models/export", help="writes <out>/<name>/")

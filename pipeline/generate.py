@@ -43,7 +43,7 @@ from pipeline.contracts import (
 )
 from pipeline.encoders import resolve_encoder
 from pipeline.errors import PARSError
-from pipeline.params import Section, load_params
+from pipeline.params import PARAMS_HELP, Section, load_params
 
 BACKENDS = ("vllm", "openai", "recorded")
 
@@ -223,7 +223,27 @@ def check_spec(model: str, spec: dict[str, Any], machine: bool = True) -> Sectio
             spec.number(key, positive=True, maximum=1)
     if backend == "vllm":
         check_vllm_spec(spec, machine)
+    if backend == "recorded":
+        check_recorded_source(spec)
     return spec
+
+
+def check_recorded_source(spec: Section) -> None:
+    """`source`: '<dataset>:<answer model>' or a list of them, each a source that ships that model's answers."""
+    from pipeline.sources import SOURCES
+
+    source = spec["source"]
+    for one in source if isinstance(source, list) and source else [source]:
+        dataset, _, answer_model = one.partition(":") if isinstance(one, str) else ("", "", "")
+        if not (dataset and answer_model):
+            raise PARSError(
+                f"{spec.where}.source {one!r}: must be '<dataset>:<answer model>' (or a list of them), "
+                f"e.g. sharegpt:chatgpt"
+            )
+        answer_models = getattr(SOURCES.get(dataset), "answer_models", ())
+        if answer_model not in answer_models:
+            known = sorted(f"{name}:{m}" for name, cls in SOURCES.items() for m in cls.answer_models)
+            raise PARSError(f"{spec.where}.source {one!r}: no source ships these answers (known: {', '.join(known)})")
 
 
 def check_vllm_spec(spec: Section, machine: bool) -> None:
@@ -308,10 +328,16 @@ def run(
     instead of meta.json so that the stage's outputs depend on its inputs alone (a re-run that
     changes nothing leaves their DVC hashes, and so the stages downstream, as they were)."""
     spec = check_spec(model, spec)
-    backend_name = spec["backend"]
+    where, backend_name = spec.where, spec["backend"]
     spec = {**spec, "recorded_tokenizer": recorded_tokenizer} if backend_name == "recorded" else spec
     backend = make_backend(backend_name, spec)
-    selected = backend.select(prompts) if hasattr(backend, "select") else select_prompts(prompts, spec)
+    if hasattr(backend, "select"):  # the recorded backend: every prompt of its source's datasets
+        try:
+            selected = backend.select(prompts)
+        except ValueError as exc:
+            raise PARSError(f"{where}.source: {exc}") from None
+    else:
+        selected = select_prompts(prompts, spec)
     if selected.empty:
         raise ValueError(f"no prompts selected for model {model!r} (check generate.models.{model}.datasets)")
     identity = backend.identity()
@@ -403,9 +429,11 @@ def run(
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="pars generate", description=__doc__.splitlines()[0])
     parser.add_argument("--model", required=True, help="a key of generate.models in params.yaml")
-    parser.add_argument("--prompts", default=str(prompts_path()))
-    parser.add_argument("--out-root", default="data/generations")
-    parser.add_argument("--params", default=None, help="params file (default params.yaml)")
+    parser.add_argument("--prompts", default=str(prompts_path()), help="the prompts table (default: %(default)s)")
+    parser.add_argument(
+        "--out-root", default="data/generations", help="generations root, <model>/... (default: %(default)s)"
+    )
+    parser.add_argument("--params", default=None, help=PARAMS_HELP)
     parser.add_argument(
         "--metrics", default="metrics/generate", help="where <model>.json (this run's counts and speed) goes"
     )
@@ -418,8 +446,9 @@ def main(argv: list[str] | None = None) -> int:
     # outputs under a file: one line now, not after the backend has run
     ensure_parent(Path(args.out_root) / args.model / "generations.parquet", create=False)
     ensure_parent(Path(args.metrics) / f"{args.model}.json", create=False)
-    recorded_tokenizer = params.get("recorded_tokenizer")
-    if recorded_tokenizer is not None and spec.get("backend") == "recorded":  # a mistyped name: one line, now
+    recorded_tokenizer = None
+    if spec.get("backend") == "recorded":  # counts the recorded answers' tokens; a mistyped name: one line, now
+        recorded_tokenizer = params["recorded_tokenizer"]
         resolve_encoder(str(recorded_tokenizer), key=f"{params.where}.recorded_tokenizer")
     prompts = read_table(args.prompts, PROMPTS)
     run(

@@ -105,11 +105,13 @@ def print_table(table: dict) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="pars lengths", description=__doc__.splitlines()[0])
-    parser.add_argument("--models", nargs="*", help="default: every dir under data/generations")
-    parser.add_argument("--generations", default="data/generations")
-    parser.add_argument("--prompts", default=str(prompts_path()))
-    parser.add_argument("--metrics", default="metrics/lengths.json")
-    parser.add_argument("--plot", default="plots/lengths.png")
+    parser.add_argument("--models", nargs="*", help="model names to describe (default: every dir under --generations)")
+    parser.add_argument(
+        "--generations", default="data/generations", help="generations root, <model>/... (default: %(default)s)"
+    )
+    parser.add_argument("--prompts", default=str(prompts_path()), help="the prompts table (default: %(default)s)")
+    parser.add_argument("--metrics", default="metrics/lengths.json", help="JSON to write (default: %(default)s)")
+    parser.add_argument("--plot", default="plots/lengths.png", help="figure to write (default: %(default)s)")
     args = parser.parse_args(argv)
     for out in (args.metrics, args.plot):  # an output under a file: one line, before any work
         ensure_parent(out)

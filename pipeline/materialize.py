@@ -13,7 +13,7 @@ from pathlib import Path
 
 from pipeline.backends.gguf import materialize_gguf
 from pipeline.errors import PARSError, plain_name
-from pipeline.params import load_params
+from pipeline.params import PARAMS_HELP, load_params
 from pipeline.sources.base import SourceUnavailable, package_file
 
 OUT_ROOT = Path("models/base")
@@ -21,8 +21,10 @@ OUT_ROOT = Path("models/base")
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="pars materialize", description=__doc__.splitlines()[0])
-    parser.add_argument("--out-root", default=str(OUT_ROOT))
-    parser.add_argument("--params", default=None, help="params file (default params.yaml)")
+    parser.add_argument(
+        "--out-root", default=str(OUT_ROOT), help="where <name>/ model directories go (default: %(default)s)"
+    )
+    parser.add_argument("--params", default=None, help=PARAMS_HELP)
     args = parser.parse_args(argv)
     params = load_params("materialize", args.params)
     if not params:  # the production profile's: its models come from the hub

@@ -41,7 +41,7 @@ from pipeline.contracts import (
     write_table,
 )
 from pipeline.errors import PARSError
-from pipeline.params import Section, load_params
+from pipeline.params import PARAMS_HELP, Section, load_params
 from pipeline.ranking.labels import check_known_prompts, keep_mask, prompt_labels
 from pipeline.ranking.predictors import names
 
@@ -196,8 +196,8 @@ def build_pairs(
 
 def main(argv: list[str]) -> int:
     ap = argparse.ArgumentParser(prog="pars pairs", description=__doc__.split("\n\n")[0])
-    ap.add_argument("--model", required=True, help="generation model name (a key of generate.models)")
-    ap.add_argument("--params", default=None, help="params file (default params.yaml)")
+    ap.add_argument("--model", required=True, help="generation model name (one of pairs.models)")
+    ap.add_argument("--params", default=None, help=PARAMS_HELP)
     ap.add_argument("--data", default="data", help="data root")
     ap.add_argument("--metrics", default="metrics/pairs", help="where <model>.json goes")
     args = ap.parse_args(argv)

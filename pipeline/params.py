@@ -17,6 +17,8 @@ import yaml
 
 from pipeline.errors import PARSError, check_number
 
+PARAMS_HELP = "params file (default: $PARS_PARAMS if set, else params.yaml)"  # every stage's --params
+
 
 class MissingParam(KeyError):
     """A key the params file must have; str() is the plain line (KeyError's would be quoted)."""

@@ -25,9 +25,9 @@ import pandas as pd
 
 from pipeline.contracts import PROMPTS, ensure_parent, prompts_path, write_json, write_table
 from pipeline.errors import PARSError
-from pipeline.params import load_params
+from pipeline.params import PARAMS_HELP, load_params
 from pipeline.sources import SOURCES, get_source
-from pipeline.sources.base import normalise
+from pipeline.sources.base import SourceUnavailable, normalise
 
 _WS = re.compile(r"\s+")
 
@@ -113,10 +113,20 @@ def source_options(name: str, options: Any, where: str) -> tuple[str, dict]:
     return kind, options
 
 
+def _records(source, where: str):
+    """The source's records; a source that cannot be read (package missing, file unparsable, hub
+    unreachable) is one line naming its params entry."""
+    try:
+        yield from source.records()
+    except (SourceUnavailable, ValueError) as exc:
+        raise PARSError(f"{where}: {exc}") from None
+
+
 def load_source(
     name: str, options: dict, fractions: dict, max_chars: int, where: str | None = None
 ) -> tuple[pd.DataFrame, dict]:
-    kind, options = source_options(name, options, where or f"prepare.sources.{name}")
+    where = where or f"prepare.sources.{name}"
+    kind, options = source_options(name, options, where)
     cap = options.pop("cap", None)
     keep_splits = options.pop("splits", None)
     dataset = options.pop("dataset", name)  # several entries may read one source kind
@@ -131,7 +141,7 @@ def load_source(
         "duplicates": 0,
     }
     rows, seen, first_at = [], set(), {}
-    for rec in get_source(kind, **options).records():
+    for rec in _records(get_source(kind, **options), where):
         counts["records"] += 1
         if rec.problem:
             counts[rec.problem] = counts.get(rec.problem, 0) + 1
@@ -173,7 +183,7 @@ def main(argv: list[str] | None = None) -> int:
         default=str(prompts_path()),
         help="the prompts table to write (default %(default)s); report.json in the same directory is replaced too",
     )
-    parser.add_argument("--params", default=None, help="params file (default params.yaml)")
+    parser.add_argument("--params", default=None, help=PARAMS_HELP)
     args = parser.parse_args(argv)
     params = load_params("prepare", args.params).only(("sources", "split", "max_prompt_chars"))
     ensure_parent(args.out)  # an --out under a file fails now, not after reading every source
@@ -215,7 +225,7 @@ def main(argv: list[str] | None = None) -> int:
             + (f" (first: {', '.join(f'{k} at {w}' for k, w in first_at.items())})" if first_at else "")
         )
         if counts["kept"] == 0:
-            raise ValueError(f"source {name!r} gave no usable prompt ({counts})")
+            raise PARSError(f"{params.where}.sources.{name}: gave no usable prompt ({counts})")
     prompts = pd.concat(frames, ignore_index=True)
     # two entries that name one dataset (option `dataset`) may hold the same text: one id twice, which
     # generate would answer twice and pairs refuse far from the cause, or which could sit in two splits

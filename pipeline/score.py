@@ -146,7 +146,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("-o", "--output", help="write .jsonl or .parquet here (default: JSONL to stdout)")
     parser.add_argument("--field", default="prompt", help="the prompt's field/column (default: %(default)s)")
     parser.add_argument("--id-field", help=f"id to carry to the output (default: the first of {ID_FIELDS} present)")
-    parser.add_argument("--batch-size", type=_positive_int, default=32)
+    parser.add_argument(
+        "--batch-size", type=_positive_int, default=32, help="prompts per forward pass (default: %(default)s)"
+    )
     args = parser.parse_args(argv)
 
     if args.output and same_file(args.output, args.input):

@@ -34,7 +34,7 @@ import numpy as np
 
 from pipeline.contracts import read_json, write_figure, write_json
 from pipeline.errors import PARSError
-from pipeline.params import Section, load_params
+from pipeline.params import PARAMS_HELP, Section, load_params
 from pipeline.queueing.policies import on_pars_scheduler, policy_key
 from pipeline.queueing.theory import engine_shape_problem
 from pipeline.serving.pars_config import SCORING_CHUNK_BATCHES, PARSConfig
@@ -365,7 +365,7 @@ def run(p: dict[str, Any]) -> dict[str, Any]:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="pars sim-fidelity", description=__doc__.split("\n\n")[0])
-    ap.add_argument("--params", default=None, help="params file (default params.yaml)")
+    ap.add_argument("--params", default=None, help=PARAMS_HELP)
     args = ap.parse_args(argv)
     out = run(load_params("sim_fidelity", args.params))
     print(

@@ -42,7 +42,7 @@ from pipeline.contracts import (
     write_json,
 )
 from pipeline.errors import PARSError
-from pipeline.params import Section, load_params
+from pipeline.params import PARAMS_HELP, Section, load_params
 from pipeline.queueing import theory as th
 from pipeline.queueing.policies import POLICIES, SCORE_METHODS, on_pars_scheduler, policy_key
 from pipeline.ranking.labels import check_generations
@@ -590,10 +590,10 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(
         prog="pars simulate", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    ap.add_argument("--data-root", default="data")
+    ap.add_argument("--data", "--data-root", dest="data_root", default="data", help="data root (default: %(default)s)")
     ap.add_argument("--workload", action="append", help="run only this workload of simulate.workloads (repeatable)")
     ap.add_argument("--trace", help="also replay this arrival trace (seconds; text, CSV or parquet column `arrival`)")
-    ap.add_argument("--params", default=None, help="params file (default params.yaml)")
+    ap.add_argument("--params", default=None, help=PARAMS_HELP)
     ap.add_argument("--out", default=str(METRICS), help=f"metrics JSON to write (default {METRICS})")
     ap.add_argument("--plots", default=str(PLOTS), help=f"directory of the figures (default {PLOTS})")
     args = ap.parse_args(argv)

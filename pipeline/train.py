@@ -29,7 +29,7 @@ from pipeline.contracts import ensure_parent, write_json, write_text
 from pipeline.encoders import check_encoder_files, encoder_config, resolve_encoder
 from pipeline.errors import PARSError
 from pipeline.hardware import auto_precision, cpu_has_native_bf16
-from pipeline.params import Section, load_params
+from pipeline.params import PARAMS_HELP, Section, load_params
 from pipeline.ranking.losses import METHODS
 from pipeline.ranking.predictors import names
 
@@ -649,7 +649,7 @@ def main(argv: list[str]) -> int:
         choices=METHODS,
         help="a method to train (repeat for several; default: every method, as the train@<model> stage does)",
     )
-    ap.add_argument("--params", default=None, help="params file (default params.yaml)")
+    ap.add_argument("--params", default=None, help=PARAMS_HELP)
     ap.add_argument("--data", default="data", help="data root (reads <root>/pairs/<model>/, <root>/prompts/)")
     ap.add_argument("--models", default="models", help="models root (writes <root>/<model>/<method>/)")
     ap.add_argument("--metrics", default="metrics/train", help="writes <dir>/<model>-<method>.json")

@@ -4,6 +4,7 @@ and the openai backend's retry rules against a real HTTP server on loopback."""
 from __future__ import annotations
 
 import json
+import re
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
@@ -12,7 +13,9 @@ import pytest
 
 from pipeline.backends import PromptItem, Sample, split_reasoning
 from pipeline.backends.openai_backend import EndpointError, OpenAIBackend, estimated_reasoning_tokens
+from pipeline.errors import PARSError
 from pipeline.generate import GenerationCache, cache_key, run, select_prompts
+from pipeline.sources import SOURCES
 
 
 def _sample(n: int, reason: str = "stop") -> Sample:
@@ -174,7 +177,6 @@ def test_engine_args_and_extra_body_key_the_cache_only_when_set(monkeypatch):
 
 
 def test_recorded_backend_reads_one_models_answers_from_several_datasets(tmp_path, monkeypatch):
-    import pipeline.backends.recorded as recorded
     from pipeline.sources.base import RawRecord, Source
 
     class Firsts(Source):
@@ -195,7 +197,8 @@ def test_recorded_backend_reads_one_models_answers_from_several_datasets(tmp_pat
             yield RawRecord("c1:2", "no answer recorded")
 
     sources = {"firsts": Firsts, "later": Later}
-    monkeypatch.setattr(recorded, "get_source", lambda name: sources[name]())
+    for name, source in sources.items():  # get_source and generate's check of `source` read SOURCES
+        monkeypatch.setitem(SOURCES, name, source)
     prompts = pd.DataFrame(
         {
             "prompt_id": [f"p{i}" for i in range(7)],
@@ -226,7 +229,6 @@ def test_recorded_backend_reads_one_models_answers_from_several_datasets(tmp_pat
 def test_recorded_backend_imports_a_changed_reply_again(tmp_path, monkeypatch):
     """The cache key holds a digest of the reply on file: a reply that changes is imported again
     (as a cold run would), not served from the old entry."""
-    import pipeline.backends.recorded as recorded
     from pipeline.sources.base import RawRecord, Source
 
     reply = {"text": "word " * 3}
@@ -237,7 +239,7 @@ def test_recorded_backend_imports_a_changed_reply_again(tmp_path, monkeypatch):
         def records(self):
             yield RawRecord("c0", "a question", {"m": reply["text"]})
 
-    monkeypatch.setattr(recorded, "get_source", lambda name: One())
+    monkeypatch.setitem(SOURCES, "one", One)
     prompts = pd.DataFrame(
         {"prompt_id": ["p0"], "dataset": ["one"], "prompt": ["a question"], "split": "train", "source_id": ["c0"]}
     )
@@ -255,6 +257,34 @@ def test_recorded_backend_names_a_bad_source():
     for bad in ("sharegpt", ["sharegpt:chatgpt", "sharegpt_turns"], []):
         with pytest.raises(ValueError, match="must be '<dataset>:<answer model>' or a list of them"):
             RecordedBackend({"source": bad})
+
+
+@pytest.mark.parametrize(
+    "source, named",
+    [
+        ("sharegpt", "generate.models.m.source 'sharegpt': must be '<dataset>:<answer model>'"),
+        (["sharegpt:chatgpt", 5], "generate.models.m.source 5: must be"),
+        ("sharegpt:gpt-4", "generate.models.m.source 'sharegpt:gpt-4': no source ships these answers (known: alpaca"),
+        ("mine:chatgpt", "generate.models.m.source 'mine:chatgpt': no source ships"),
+    ],
+)
+def test_generate_names_the_params_key_of_a_bad_recorded_source(tmp_path, source, named):
+    prompts = pd.DataFrame(
+        {"prompt_id": ["p0"], "dataset": ["mine"], "prompt": ["a question"], "split": "train", "source_id": ["c0"]}
+    )
+    with pytest.raises(PARSError, match=re.escape(named)):
+        run("m", {"backend": "recorded", "source": source}, prompts, tmp_path, recorded_tokenizer="minilm-l6")
+    # a known source whose dataset prepare did not load: the key, and where to add the dataset
+    with pytest.raises(
+        PARSError, match=r"generate.models.m.source: recorded backend: no prompts of dataset 'sharegpt'"
+    ):
+        run(
+            "m",
+            {"backend": "recorded", "source": "sharegpt:chatgpt"},
+            prompts,
+            tmp_path,
+            recorded_tokenizer="minilm-l6",
+        )
 
 
 # ---- openai backend: retry rules, against a real HTTP server on loopback --------------------

@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import yaml
-from helpers import one_line_error, params_file, run_cli
+from helpers import PARAMS, one_line_error, params_file, params_section, run_cli
 from test_sim_fidelity import _bench_file
 from test_simulator import _synthetic_project
 
@@ -312,8 +312,11 @@ def model_dir(tmp_path):
     "flags, named",
     [
         (["--requests", "1"], "--requests 1: must be at least 5"),
-        (["--prompt", "4000:5000", "--answer", "4000:5000"], "does not fit in the KV cache of --blocks 256"),
-        (["--max-num-seqs", "512", "--budget", "256"], "--budget 256: must be at least --max-num-seqs 512"),
+        (
+            ["--prompt", "4000:5000", "--answer", "4000:5000"],
+            "does not fit in the KV cache (256 blocks x 32 tokens, 8160 usable",
+        ),
+        (["--max-num-seqs", "512", "--budget", "256"], "--token-budget 256: must be at least --max-num-seqs 512"),
         (["--blocks", "1"], "--blocks 1"),
         (["--seed", str(2**70)], "--seed"),
         (["--block-size", str(10**9)], "--block-size"),
@@ -385,7 +388,30 @@ def test_engine_fit_writes_no_nan_fit(capsys, tmp_path, monkeypatch, model_dir):
 
 
 def test_engine_fit_check_args_accepts_the_defaults(model_dir):
-    from pipeline.engine_fit import METRICS, check_args
+    from pipeline.engine_fit import METRICS, SETTINGS, check_args, resolve_settings
 
-    defaults = dict(requests=192, prompt="16:192", answer="16:192", blocks=256, block_size=32, chunk=128)
-    check_args(argparse.Namespace(**defaults, budget=256, max_num_seqs=64, seed=0, model=str(model_dir), out=METRICS))
+    args = argparse.Namespace(**dict.fromkeys(SETTINGS), params=PARAMS, model=str(model_dir), out=METRICS)
+    names = resolve_settings(args)
+    check_args(args, names)
+    assert names["chunk"].endswith("engine_fit.chunk") and args.prompt == params_section("engine_fit")["prompt"]
+
+
+@pytest.mark.parametrize(
+    "changes, named",
+    [
+        ({"requests": 2}, "p.yaml: engine_fit.requests 2: must be at least 5"),
+        ({"prompt": "16-192"}, "p.yaml: engine_fit.prompt '16-192': expected uniform:LO:HI"),
+        ({"token_budget": 8}, "engine_fit.token_budget 8: must be at least"),
+        ({"budget": 256}, "engine_fit.budget: not a setting here (did you mean 'token_budget'?"),
+        ({"seed": "many"}, "p.yaml: engine_fit.seed 'many': must be an integer"),
+    ],
+)
+def test_engine_fit_names_the_params_key_of_a_bad_setting(capsys, tmp_path, monkeypatch, model_dir, changes, named):
+    import pipeline.engine_fit as stage
+
+    monkeypatch.setattr(stage, "run_engine", lambda *a, **k: pytest.fail("the engine started"))
+    (tmp_path / "p.yaml").write_text(yaml.safe_dump({"engine_fit": params_section("engine_fit", **changes)}))
+    out = tmp_path / "fit.json"
+    rc, _, err = run_cli(capsys, "engine-fit", "--params", tmp_path / "p.yaml", "--model", model_dir, "--out", out)
+    one_line_error(rc, err, "engine-fit", named)
+    assert not out.exists()

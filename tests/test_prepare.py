@@ -70,6 +70,14 @@ def test_bad_records_are_counted_by_name(tmp_path):
     assert set(df["dataset"]) == {"mine"}
 
 
+def test_a_byte_order_mark_is_not_a_bad_line(tmp_path):
+    path = tmp_path / "bom.jsonl"  # as some editors save UTF-8
+    _write_jsonl(path, [b"\xef\xbb\xbf" + json.dumps({"id": 1, "prompt": "Explain quicksort."}).encode()])
+    df, counts = load_source("bom", {"source": "jsonl", "path": str(path)}, FRACTIONS, max_chars=200)
+    assert counts["kept"] == 1 and counts["malformed"] == 0
+    assert list(df["prompt"]) == ["Explain quicksort."]
+
+
 def test_cap_takes_the_smallest_ids(tmp_path):
     path = tmp_path / "p.jsonl"
     _write_jsonl(path, [json.dumps({"id": i, "prompt": f"question number {i}"}).encode() for i in range(50)])
@@ -243,6 +251,26 @@ def test_a_misspelt_option_of_a_packaged_source_is_one_line(tmp_path, monkeypatc
         f"pars prepare: error: {params}: prepare.sources.humaneval: unknown option "
         f"'cpa' (known: cap, dataset, source, splits)\n"
     )
+
+
+def test_a_source_that_cannot_be_read_names_its_params_entry(tmp_path, monkeypatch, capsys):
+    from pipeline.cli import main as pars
+
+    empty = tmp_path / "bad.jsonl"
+    _write_jsonl(empty, [b"not json"])
+    params = tmp_path / "params.yaml"
+    for sources, named in [
+        ("alpaca: {limit: 5}", f"{params}: prepare.sources.alpaca: hub dataset"),  # offline hub
+        (f"mine: {{path: {empty}}}", f"{params}: prepare.sources.mine: gave no usable prompt"),
+    ]:
+        params.write_text(f"prepare:\n  sources:\n    {sources}\n  split: {{train: 1}}\n  max_prompt_chars: 100\n")
+        monkeypatch.setenv("PARS_PARAMS", str(params))
+        monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+        monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
+        assert pars(["prepare", "--out", str(tmp_path / "p.parquet")]) == 1
+        err = capsys.readouterr().err
+        assert err.startswith(f"pars prepare: error: {named}") and err.count("\n") == 1, err
+    assert not (tmp_path / "p.parquet").exists()
 
 
 def test_two_entries_of_one_dataset_with_a_shared_text_are_one_line(tmp_path, monkeypatch, capsys):

@@ -83,6 +83,8 @@ def _refuses(path, match):
 
 def test_refuses_missing_files_unknown_version_and_bad_hash(tiny_checkpoint):
     _refuses(tiny_checkpoint.parent / "nowhere", "does not exist")
+    # the directory above a checkpoint: the error names the checkpoint inside it
+    _refuses(tiny_checkpoint.parent, f"missing pars.json; checkpoints inside it: {tiny_checkpoint.as_posix()}$")
     meta = json.loads((tiny_checkpoint / META).read_text())
 
     (tiny_checkpoint / META).write_text(json.dumps({**meta, "format_version": 99}))

@@ -252,8 +252,8 @@ class OpenAIBackend(Backend):
             if attempt + 1 < tries:
                 await asyncio.sleep(self.backoff * (2**attempt))
         raise EndpointError(
-            f"{self.base_url} is unreachable ({last}; {tries} tries, {self.connect_timeout:g} s "
-            f"each); check base_url and that the server is up"
+            f"{self.base_url} is unreachable ({last}; {tries} tries, each "
+            f"allowed {self.connect_timeout:g} s); check base_url and that the server is up"
         )
 
     async def _run(self, items: list[PromptItem], out: queue.Queue) -> None:

@@ -173,6 +173,22 @@ def parse_distribution(spec: str) -> tuple[int, int]:
     return lo, hi
 
 
+def parse_lengths(spec: Any, name: str, max_tokens: int) -> tuple[int, int]:
+    """`uniform:LO:HI` (or `LO:HI`) token lengths with 1 <= LO <= HI <= max_tokens, or one PARSError line
+    naming `name` (the flag or params key the spec came from)."""
+    from pipeline.errors import PARSError
+
+    try:
+        lo, hi = parse_distribution(spec if isinstance(spec, str) else "")
+    except ValueError:
+        raise PARSError(
+            f"{name} {spec!r}: expected uniform:LO:HI (or LO:HI) with whole numbers 1 <= LO <= HI"
+        ) from None
+    if hi > max_tokens:  # the length table would take gigabytes; no engine takes such a request
+        raise PARSError(f"{name} {spec!r}: HI {hi:,} is more than {max_tokens:,} tokens")
+    return lo, hi
+
+
 # ---------------------------------------------------------------- the theorems
 
 

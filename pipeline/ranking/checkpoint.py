@@ -103,7 +103,12 @@ def read_meta(path: str | Path, verify_hash: bool = True) -> dict[str, Any]:
     path = Path(path)
     if not path.is_dir():
         raise CheckpointError(f"checkpoint directory {path} does not exist")
-    for name in (META, WEIGHTS, CONFIG):
+    if not (path / META).is_file():
+        # a parent of checkpoints (models/export, models/chatgpt) is an easy slip: name what it holds
+        inside = sorted(p.parent.as_posix() for p in [*path.glob(f"*/{META}"), *path.glob(f"*/*/{META}")])
+        hint = f"; checkpoints inside it: {', '.join(inside[:6])}{', ...' if len(inside) > 6 else ''}" if inside else ""
+        raise CheckpointError(f"checkpoint {path} is missing {META}{hint}")
+    for name in (WEIGHTS, CONFIG):
         if not (path / name).is_file():
             raise CheckpointError(f"checkpoint {path} is missing {name}")
     try:

@@ -70,7 +70,8 @@ def read_jsonl(path: Path, opener=open) -> Iterator[tuple[int, dict | None, str 
             if not raw.strip():
                 continue
             try:
-                text = raw.decode("utf-8")
+                # utf-8-sig on the first line: some editors save JSONL with a byte-order mark
+                text = raw.decode("utf-8-sig" if lineno == 1 else "utf-8")
             except UnicodeDecodeError:
                 yield lineno, None, "non_utf8"
                 continue

