@@ -393,6 +393,8 @@ def train_methods(
         encode_prompts(tokenizer, ["a"], int(cfg["max_length"]))
     except NoRoomForPrompt as exc:
         raise PARSError(f"{cfg.where}.{exc}") from None
+    except ValueError as exc:  # a tokenizer this framing cannot use (e.g. a chat template that splits a prompt)
+        raise PARSError(f"{cfg.where}.encoder {cfg['encoder']}: {exc}") from None
     load_encoder(cfg["encoder"])
     on_gpu = _runs_on_gpu(lt["accelerator"])
     if precision.startswith("bf16") and not on_gpu and not cpu_has_native_bf16():

@@ -182,6 +182,13 @@ def test_a_causal_lm_trains_from_its_cache_and_serves_what_it_learned(toy_root, 
         PARSError, match="^train.max_length 5 leaves no room for prompt tokens: 5 go to the tokenizer's chat template$"
     ):
         run(toy_root, decoder, "pairwise", "llama-short", pooling="last", max_length=5)
+    # a template that glues the prompt to its own text ("qa" is one token): refused, naming the encoder
+    glued = tmp_path / "tiny-llama-glued"
+    LlamaForCausalLM(config).save_pretrained(glued)
+    chat.chat_template = "{% for m in messages %}q{{ m['content'] }}{% endfor %}"
+    chat.save_pretrained(glued)
+    with pytest.raises(PARSError, match=f"^train.encoder {glued}: the tokenizer's chat template splits"):
+        run(toy_root, glued, "pairwise", "llama-glued", pooling="last")
     res = run(toy_root, decoder, "pairwise", "llama", pooling="last", frozen_layers=1, lr=5e-3)
     labels = pd.read_parquet(toy_root / "data" / "pairs" / "toy" / "labels.parquet")
     prompts = pd.read_parquet(toy_root / "data" / "prompts" / "prompts.parquet").set_index("prompt_id")
