@@ -30,7 +30,7 @@ import torch.nn.functional as F
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from pipeline.contracts import generations_path, prompts_path, write_json  # noqa: E402
-from pipeline.params import load_params  # noqa: E402
+from pipeline.params import PARAMS_HELP, load_params  # noqa: E402
 from pipeline.ranking import lightning as ranking_lightning  # noqa: E402
 
 RANKER = ranking_lightning.RankerModule  # the pipeline's own; train_one imports the name at call time
@@ -117,7 +117,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default="chatgpt")
     ap.add_argument("--weights", default="0.5,2", help="comma-separated weights of the auxiliary term")
-    ap.add_argument("--params", default=None, help="params file (default params.yaml)")
+    ap.add_argument("--params", default=None, help=PARAMS_HELP)
     ap.add_argument("--max-answers", type=int, default=None, help="embed only this many answers (a quick check)")
     ap.add_argument("--work", default="/tmp/reply_targets", help="scratch root for the runs' models and metrics")
     ap.add_argument("--out", default=None, help="default metrics/choices/reply_targets-<model>-pairwise.json")

@@ -18,7 +18,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from pipeline.contracts import write_json  # noqa: E402
-from pipeline.params import load_params  # noqa: E402
+from pipeline.params import PARAMS_HELP, load_params  # noqa: E402
 from pipeline.ranking.checkpoint import CheckpointError  # noqa: E402
 from pipeline.ranking.data import RankingData  # noqa: E402
 from pipeline.ranking.metrics import kendall_tau_b  # noqa: E402
@@ -30,7 +30,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("checkpoint", help="a checkpoint directory written by pars train")
     ap.add_argument("--set", default="recorded", help="the cross-model set (train.cross_models) it was trained on")
     ap.add_argument("--data", default="data", help="data root holding its members' pairs and the prompts")
-    ap.add_argument("--params", default=None, help="params file (default params.yaml)")
+    ap.add_argument("--params", default=None, help=PARAMS_HELP)
     ap.add_argument("--out", default=None, help="also write the figures to this JSON file")
     ap.add_argument(
         "--max-length", type=int, default=None, help="score with this many prompt tokens (default: the checkpoint's)"

@@ -35,14 +35,6 @@ import os
 import time
 from pathlib import Path
 
-# before numpy, torch and vLLM are imported (`pars` imports nothing heavy before this module)
-os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # in-process: we time engine.step()
-os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
-os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-# One OpenMP thread: on a shared 2-core machine spinning OpenMP threads of a busy neighbour make
-# steps 10-50x slower and erratic; one thread gives steady, fittable step times.
-os.environ.setdefault("OMP_NUM_THREADS", "1")
-
 import numpy as np
 
 from pipeline.errors import PARSError, check_number
@@ -170,10 +162,31 @@ def run_engine(
 SETTINGS = ("requests", "prompt", "answer", "blocks", "block_size", "chunk", "token_budget", "max_num_seqs", "seed")
 
 
+def engine_environment() -> None:
+    """The engine's settings that are read from the environment: set before vLLM and torch load (both are
+    imported only once the engine starts, in run_engine)."""
+    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # in-process: we time engine.step()
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    # One OpenMP thread: on a shared 2-core machine spinning OpenMP threads of a busy neighbour make
+    # steps 10-50x slower and erratic; one thread gives steady, fittable step times.
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+
 def resolve_settings(args: argparse.Namespace) -> dict[str, str]:
     """Fill every setting the command line left unset from the params file's engine_fit section (the one
     home of the defaults); return where each came from (`--flag` or `<file>: engine_fit.<key>`), for errors."""
-    section = load_params("engine_fit", args.params).only(SETTINGS)
+    return _fill(args, load_params("engine_fit", args.params))
+
+
+def check_section(section) -> None:
+    """The engine_fit section alone, as the stage checks it (`pars profile`, before a params file is written)."""
+    args = argparse.Namespace(**dict.fromkeys(SETTINGS))
+    check_settings(args, _fill(args, section))
+
+
+def _fill(args: argparse.Namespace, section) -> dict[str, str]:
+    section.only(SETTINGS)
     names = {}
     for key in SETTINGS:
         if getattr(args, key) is None:
@@ -185,9 +198,17 @@ def resolve_settings(args: argparse.Namespace) -> dict[str, str]:
 
 
 def check_args(args: argparse.Namespace, names: dict[str, str]) -> None:
-    """Every setting, and the output path, before the engine starts (a minute of loading)."""
+    """Every setting, the model and the output path, before the engine starts (a minute of loading)."""
     from pipeline.contracts import ensure_parent  # pandas, not numba: safe before the engine
 
+    check_settings(args, names)
+    if args.model and not (Path(args.model) / "config.json").is_file():
+        raise PARSError(f"--model {args.model}: not a model directory (no config.json)")
+    ensure_parent(args.out, create=False)
+
+
+def check_settings(args: argparse.Namespace, names: dict[str, str]) -> None:
+    """The engine's settings: each in range, the token budget above the running requests, a request in the cache."""
     for key in ("requests", "blocks", "block_size", "chunk", "token_budget", "max_num_seqs"):
         check_number(getattr(args, key), names[key], minimum=1, maximum=MAX_TOKENS)
     check_number(args.requests, names["requests"], minimum=MIN_REQUESTS)
@@ -209,9 +230,6 @@ def check_args(args: argparse.Namespace, names: dict[str, str]) -> None:
             f"{prompt[1] + answer[1]} tokens does not fit in the KV cache ({args.blocks} blocks x {args.block_size} "
             f"tokens, {M} usable: {names['blocks']}, {names['block_size']})"
         )
-    if args.model and not (Path(args.model) / "config.json").is_file():
-        raise PARSError(f"--model {args.model}: not a model directory (no config.json)")
-    ensure_parent(args.out, create=False)
 
 
 def burst_rate(finish: np.ndarray) -> float:
@@ -232,8 +250,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--params", default=None, help=PARAMS_HELP)
     # unset flags take the params file's engine_fit section
     ap.add_argument("--requests", type=int, help="requests in the burst (default: engine_fit.requests)")
-    ap.add_argument("--prompt", help="prompt lengths uniform:LO:HI tokens (default: engine_fit.prompt)")
-    ap.add_argument("--answer", help="answer lengths uniform:LO:HI tokens (default: engine_fit.answer)")
+    ap.add_argument("--prompt", help="prompt lengths in tokens, uniform:LO:HI (default: engine_fit.prompt)")
+    ap.add_argument("--answer", help="answer lengths in tokens, uniform:LO:HI (default: engine_fit.answer)")
     ap.add_argument("--blocks", type=int, help="KV blocks, vLLM's num_gpu_blocks_override (default: engine_fit.blocks)")
     ap.add_argument("--block-size", type=int, help="tokens per KV block (default: engine_fit.block_size)")
     ap.add_argument(
@@ -249,6 +267,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, help="seed of the lengths and of vLLM (default: engine_fit.seed)")
     ap.add_argument("--out", default=str(METRICS), help="the fit's JSON (default: %(default)s)")
     args = ap.parse_args(argv)
+    engine_environment()
     names = resolve_settings(args)
     check_args(args, names)
     w = theory.Workload.uniform(
@@ -318,7 +337,7 @@ def main(argv: list[str] | None = None) -> int:
 
     result = {
         "engine": "vllm-cpu (V1 scheduler, in-process)",
-        "model": str(model),
+        "model": str(args.model or (MODEL if model == MODEL else "SmolLM2-135M-Instruct (packaged GGUF)")),
         "requests": int(args.requests),
         "workload": w.describe(),
         "M_tokens": M,

@@ -44,6 +44,7 @@ from pipeline.contracts import (
 from pipeline.encoders import resolve_encoder
 from pipeline.errors import PARSError
 from pipeline.params import PARAMS_HELP, Section, load_params
+from pipeline.sources import SourceUnavailable
 
 BACKENDS = ("vllm", "openai", "recorded")
 
@@ -334,7 +335,7 @@ def run(
     if hasattr(backend, "select"):  # the recorded backend: every prompt of its source's datasets
         try:
             selected = backend.select(prompts)
-        except ValueError as exc:
+        except (SourceUnavailable, ValueError) as exc:  # a package missing, a dataset prepare did not load
             raise PARSError(f"{where}.source: {exc}") from None
     else:
         selected = select_prompts(prompts, spec)

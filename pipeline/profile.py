@@ -82,8 +82,8 @@ def check_merged(merged: dict, base: dict, where: str) -> None:
     """Every section of the merged params as its stage checks it, before anything is written: a
     profile's `lrr`, `lr: -1` or `models: llama` would otherwise write a params file that the stage
     refuses only when it runs. Only what the params decide (machine=False). Sections whose stage
-    checks its params only with its data (prepare, engine_fit, sim_fidelity) get _like_base."""
-    from pipeline import blend, capacity, evaluate, export, generate, pairs, simulate, train
+    checks its params only with its data (prepare, sim_fidelity) get _like_base."""
+    from pipeline import blend, capacity, engine_fit, evaluate, export, generate, pairs, simulate, train
     from pipeline.ranking.losses import METHODS
 
     # machine=False: what a check would ask this machine (the hub, its accelerator, files that later
@@ -101,6 +101,7 @@ def check_merged(merged: dict, base: dict, where: str) -> None:
         "export": export.check_params,
         "capacity": lambda sec: capacity.check_stage_params(sec, machine=False),
         "simulate": lambda sec: simulate.check_params(sec, sec.where),
+        "engine_fit": engine_fit.check_section,
     }
     for name, value in merged.items():
         if value is not None and not isinstance(value, dict):
@@ -108,7 +109,7 @@ def check_merged(merged: dict, base: dict, where: str) -> None:
         section = as_section(value or {}, f"{where}: {name}")
         if name in checks:
             checks[name](section)
-        elif name in ("prepare", "engine_fit", "sim_fidelity") and isinstance(base.get(name), dict):
+        elif name in ("prepare", "sim_fidelity") and isinstance(base.get(name), dict):
             _like_base(section, base[name])
         # materialize: its keys are model names; the stage checks each entry before converting any
 

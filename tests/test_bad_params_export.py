@@ -236,7 +236,7 @@ def test_capacity_stage_engine_fit_file_checked_before_the_sweep(capsys, capacit
 
 @pytest.fixture
 def keep_environ():
-    """pipeline.engine_fit sets vLLM/OpenMP variables when imported: undo them for later tests."""
+    """`pars engine-fit` sets vLLM/OpenMP variables when it runs: undo them for later tests."""
     saved = dict(os.environ)
     yield
     os.environ.clear()
@@ -255,13 +255,13 @@ def keep_environ():
     ],
 )
 def test_engine_fit_flags_refused_before_the_engine(capsys, tmp_path, keep_environ, flags, named):
-    rc, _, err = run_cli(capsys, "engine-fit", "--out", tmp_path / "fit.json", *flags)
+    rc, _, err = run_cli(capsys, "engine-fit", "--params", PARAMS, "--out", tmp_path / "fit.json", *flags)
     one_line_error(rc, err, "engine-fit", named)
 
 
 def test_engine_fit_out_checked_before_the_engine(capsys, tmp_path, keep_environ):
     blocker = write(tmp_path / "notes.txt", "a file")
-    rc, _, err = run_cli(capsys, "engine-fit", "--out", blocker / "fit.json")
+    rc, _, err = run_cli(capsys, "engine-fit", "--params", PARAMS, "--out", blocker / "fit.json")
     assert "is a file, not a directory" in one_line_error(rc, err, "engine-fit", blocker)
 
 

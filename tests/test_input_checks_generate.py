@@ -136,7 +136,9 @@ def _switch(capsys, tmp_path, profile: str):
         # no stage function checks these sections without their data: keys and kinds
         ("prepare: {max_prompt_char: 5}\n", "prepare.max_prompt_char: not a setting here"),
         ("prepare: {max_prompt_chars: many}\n", "prepare.max_prompt_chars 'many': must be a number"),
-        ("engine_fit: {requests: [1]}\n", "engine_fit.requests [1]: must be a number"),
+        ("engine_fit: {requests: [1]}\n", "engine_fit.requests [1]: must be an integer"),
+        ("engine_fit: {token_budget: 8}\n", "engine_fit.token_budget 8: must be at least"),
+        ("engine_fit: {prompt: 16:48}\n", "engine_fit.prompt 1008: expected uniform:LO:HI (or LO:HI) with whole"),
     ],
 )
 def test_profile_refuses_params_a_stage_would_refuse_and_writes_nothing(capsys, tmp_path, profile, named):

@@ -327,7 +327,7 @@ def test_engine_fit_refuses_flags_before_the_engine(capsys, tmp_path, monkeypatc
 
     monkeypatch.setattr(stage, "run_engine", lambda *a, **k: pytest.fail("the engine started"))
     out = tmp_path / "fit.json"
-    rc, _, err = run_cli(capsys, "engine-fit", "--model", model_dir, "--out", out, *flags)
+    rc, _, err = run_cli(capsys, "engine-fit", "--params", PARAMS, "--model", model_dir, "--out", out, *flags)
     one_line_error(rc, err, "engine-fit", named)
     assert not out.exists()
 
@@ -336,7 +336,7 @@ def test_engine_fit_model_must_hold_a_config(capsys, tmp_path, monkeypatch):
     import pipeline.engine_fit as stage
 
     monkeypatch.setattr(stage, "run_engine", lambda *a, **k: pytest.fail("the engine started"))
-    rc, _, err = run_cli(capsys, "engine-fit", "--model", tmp_path, "--out", tmp_path / "fit.json")
+    rc, _, err = run_cli(capsys, "engine-fit", "--params", PARAMS, "--model", tmp_path, "--out", tmp_path / "fit.json")
     assert "no config.json" in one_line_error(rc, err, "engine-fit", f"--model {tmp_path}")
 
 
@@ -372,7 +372,9 @@ def test_engine_fit_writes_its_json_atomically(capsys, tmp_path, monkeypatch, mo
     real = pipeline.contracts.write_json
     monkeypatch.setattr(pipeline.contracts, "write_json", lambda obj, path: written.append(path) or real(obj, path))
     out = tmp_path / "fit.json"
-    rc, _, err = run_cli(capsys, "engine-fit", "--model", model_dir, "--requests", "8", "--out", out)
+    rc, _, err = run_cli(
+        capsys, "engine-fit", "--params", PARAMS, "--model", model_dir, "--requests", "8", "--out", out
+    )
     assert rc == 0, err
     assert written == [str(out)] and json.loads(out.read_text())["requests"] == 8
 
@@ -382,7 +384,9 @@ def test_engine_fit_writes_no_nan_fit(capsys, tmp_path, monkeypatch, model_dir):
 
     monkeypatch.setattr(stage, "run_engine", _fake_engine(same_finish=True))
     out = tmp_path / "fit.json"
-    rc, _, err = run_cli(capsys, "engine-fit", "--model", model_dir, "--requests", "8", "--out", out)
+    rc, _, err = run_cli(
+        capsys, "engine-fit", "--params", PARAMS, "--model", model_dir, "--requests", "8", "--out", out
+    )
     one_line_error(rc, err, "engine-fit", "--requests 8")
     assert not out.exists()
 

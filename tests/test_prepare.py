@@ -7,8 +7,9 @@ import json
 import pandas as pd
 import pytest
 
+from pipeline.errors import PARSError
 from pipeline.prepare import assign_split, load_source, main, prompt_id
-from pipeline.sources import SourceUnavailable, get_source
+from pipeline.sources import SOURCES, SourceUnavailable, get_source
 from pipeline.sources.base import package_file
 from pipeline.sources.offline import conversation_split_key
 
@@ -271,6 +272,21 @@ def test_a_source_that_cannot_be_read_names_its_params_entry(tmp_path, monkeypat
         err = capsys.readouterr().err
         assert err.startswith(f"pars prepare: error: {named}") and err.count("\n") == 1, err
     assert not (tmp_path / "p.parquet").exists()
+
+
+def test_a_source_that_fails_while_read_names_its_params_entry(monkeypatch):
+    from pipeline.sources.base import RawRecord, Source
+
+    class Broken(Source):
+        name = "broken"
+
+        def records(self):
+            yield RawRecord("0", "a question")
+            raise ValueError("record 1: not a conversation")
+
+    monkeypatch.setitem(SOURCES, "broken", Broken)
+    with pytest.raises(PARSError, match=r"^p.yaml: prepare.sources.broken: record 1: not a conversation$"):
+        load_source("broken", {}, FRACTIONS, 100, where="p.yaml: prepare.sources.broken")
 
 
 def test_two_entries_of_one_dataset_with_a_shared_text_are_one_line(tmp_path, monkeypatch, capsys):

@@ -7,6 +7,7 @@ import math
 
 import numpy as np
 import pytest
+from helpers import PARAMS
 
 from pipeline.queueing import theory as th
 from pipeline.queueing.policies import POLICIES, SCORE_METHODS, policy_key
@@ -427,6 +428,8 @@ def test_engine_fit_short(tmp_path, smollm2_dir):
             "-m",
             "pipeline.cli",
             "engine-fit",
+            "--params",
+            str(PARAMS),
             "--model",
             str(smollm2_dir),
             "--requests",

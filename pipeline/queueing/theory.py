@@ -181,8 +181,10 @@ def parse_lengths(spec: Any, name: str, max_tokens: int) -> tuple[int, int]:
     try:
         lo, hi = parse_distribution(spec if isinstance(spec, str) else "")
     except ValueError:
+        # YAML 1.1 reads an unquoted 16:48 as the sexagesimal number 1008
+        hint = "; quote it in YAML" if isinstance(spec, int) and not isinstance(spec, bool) else ""
         raise PARSError(
-            f"{name} {spec!r}: expected uniform:LO:HI (or LO:HI) with whole numbers 1 <= LO <= HI"
+            f"{name} {spec!r}: expected uniform:LO:HI (or LO:HI) with whole numbers 1 <= LO <= HI{hint}"
         ) from None
     if hi > max_tokens:  # the length table would take gigabytes; no engine takes such a request
         raise PARSError(f"{name} {spec!r}: HI {hi:,} is more than {max_tokens:,} tokens")
