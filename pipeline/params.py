@@ -140,9 +140,27 @@ def as_section(value: Any, where: str) -> Any:
     return value
 
 
+def params_path(path: str | Path | None = None) -> Path:
+    """The params file: `path`, else $PARS_PARAMS, else params.yaml. Under `dvc repro` / `dvc exp run`
+    (DVC sets DVC_STAGE) $PARS_PARAMS must be params.yaml itself: DVC tracks that file, applies `-S` to it
+    and records it in dvc.lock, so a stage reading another file would run silently on other settings."""
+    if path:
+        return Path(path)
+    env = os.environ.get("PARS_PARAMS")
+    if not env:
+        return Path("params.yaml")
+    stage = os.environ.get("DVC_STAGE")
+    if stage and Path(env).resolve() != Path("params.yaml").resolve():
+        raise PARSError(
+            f"PARS_PARAMS={env} is set while DVC runs stage {stage}: DVC tracks params.yaml (dvc.lock, -S), "
+            f"not {env}; unset PARS_PARAMS, or merge the file into params.yaml with `pars profile {env}`"
+        )
+    return Path(env)
+
+
 def load_params(section: str, path: str | Path | None = None) -> Section:
-    """Return the `section` of the params file (default `params.yaml`, or $PARS_PARAMS)."""
-    path = Path(path or os.environ.get("PARS_PARAMS", "params.yaml"))
+    """Return the `section` of the params file (params_path: default `params.yaml`, or $PARS_PARAMS)."""
+    path = params_path(path)
     if not path.exists():
         raise FileNotFoundError(f"params file not found: {path}")
     data = read_yaml(path)

@@ -283,11 +283,11 @@ def compare(validation: dict[str, Any], sims: dict[str, Any]) -> dict[str, Any]:
         eng = {k: float(validation[policy][k]) for k in STATS}  # the benchmark's own summary
         summary = sims[policy].summary()
         sim = {k: float(summary[k]) for k in STATS}
-        table[policy] = {"engine": eng, "simulator": sim, "error": {k: (sim[k] - eng[k]) / eng[k] for k in STATS}}
+        table[policy] = {"engine": eng, "simulator": sim, "rel_error": {k: (sim[k] - eng[k]) / eng[k] for k in STATS}}
     for stat in ("mean_per_token_latency", "p90_per_token_latency"):
         e = table["fcfs"]["engine"][stat] / table["pars"]["engine"][stat]
         m = table["fcfs"]["simulator"][stat] / table["pars"]["simulator"][stat]
-        table.setdefault("speedup_fcfs_over_pars", {})[stat] = {"engine": e, "simulator": m, "error": (m - e) / e}
+        table.setdefault("speedup_fcfs_over_pars", {})[stat] = {"engine": e, "simulator": m, "rel_error": (m - e) / e}
     return table
 
 
@@ -378,10 +378,10 @@ def main(argv: list[str] | None = None) -> int:
         for stat in STATS:
             print(
                 f"{policy:8s} {stat:24s} {row['engine'][stat]:9.4f} {row['simulator'][stat]:9.4f} "
-                f"{row['error'][stat]:+7.1%}"
+                f"{row['rel_error'][stat]:+7.1%}"
             )
     for stat, r in out["speedup_fcfs_over_pars"].items():
-        print(f"FCFS/PARS {stat}: engine {r['engine']:.2f}x, simulator {r['simulator']:.2f}x ({r['error']:+.1%})")
+        print(f"FCFS/PARS {stat}: engine {r['engine']:.2f}x, simulator {r['simulator']:.2f}x ({r['rel_error']:+.1%})")
     print(f"wrote {METRICS}, {PLOT}")
     return 0
 

@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import math
 import os
-import subprocess
 import time
 from collections.abc import Mapping
 from functools import partial
@@ -32,6 +31,7 @@ from pipeline.hardware import auto_precision, cpu_has_native_bf16
 from pipeline.params import PARAMS_HELP, Section, load_params
 from pipeline.ranking.losses import METHODS
 from pipeline.ranking.predictors import names
+from pipeline.tracking import provenance, run_dir, run_group, wandb_mode
 
 POOLINGS = ("cls", "mean", "last")  # pipeline.ranking.model (not imported here: it imports torch)
 PAIRWISE_MODES = ("in_batch", "per_pair")  # pipeline.ranking.data
@@ -47,31 +47,6 @@ LEXICAL_PRIOR_KEYS = ("ngram_max", "min_df", "alpha", "folds")  # train.lexical_
 PRECISIONS = ("auto", "32-true", "bf16-mixed", "bf16-true", "16-mixed", "16-true", "64-true", "32", "16", "bf16", "64")
 
 
-def wandb_mode() -> str:
-    """Explicit WANDB_MODE wins; an API key means online; otherwise offline (sync later)."""
-    mode = os.environ.get("WANDB_MODE", "").strip().lower()
-    if mode in ("online", "offline", "disabled"):
-        return mode
-    if mode == "dryrun":
-        return "offline"
-    return "online" if os.environ.get("WANDB_API_KEY") else "offline"
-
-
-def run_group() -> str:
-    """`dvc exp run` names the experiment in DVC_EXP_NAME; a plain `dvc repro` or a manual run is
-    grouped by the commit it ran on."""
-    name = os.environ.get("DVC_EXP_NAME")
-    if name:
-        return name
-    try:
-        sha = subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, timeout=5, check=True
-        ).stdout.strip()
-        return f"repro-{sha}" if sha else "local"
-    except (OSError, subprocess.SubprocessError):
-        return "local"
-
-
 def make_logger(model: str, method: str, cfg: dict[str, Any], datasets: list[str], extra: dict[str, Any]):
     mode = wandb_mode()
     if mode == "disabled":
@@ -79,8 +54,7 @@ def make_logger(model: str, method: str, cfg: dict[str, Any], datasets: list[str
     from lightning.pytorch.loggers import WandbLogger
 
     wb = cfg["wandb"]
-    save_dir = Path(wb["dir"])
-    save_dir.mkdir(parents=True, exist_ok=True)
+    save_dir = run_dir(wb["dir"])
     return WandbLogger(
         project=wb["project"],
         entity=wb["entity"],
@@ -91,7 +65,7 @@ def make_logger(model: str, method: str, cfg: dict[str, Any], datasets: list[str
         save_dir=str(save_dir),
         offline=mode == "offline",
         mode=mode,
-        config={"model": model, "method": method, "datasets": datasets, **cfg, **extra},
+        config={"model": model, "method": method, "datasets": datasets, **cfg, **extra, **provenance()},
     )
 
 
@@ -481,7 +455,9 @@ def train_methods(
             val_groups=dm.val_table.groups if len(data.members) > 1 else None,
         )
 
-        logger = make_logger(model_name, method, cfg, data.datasets, dm.describe() | {"delta": data.delta})
+        logger = make_logger(
+            model_name, method, cfg, data.datasets, dm.describe() | {"delta": data.delta, "precision_used": precision}
+        )
         best = BestWeights()
         callbacks = [best]
         if cfg["patience"]:

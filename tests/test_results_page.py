@@ -73,14 +73,14 @@ def test_render_fidelity_section():
         "fcfs": {
             "engine": stats,
             "simulator": {**stats, "mean_per_token_latency": 0.22},
-            "error": {
+            "rel_error": {
                 "mean_per_token_latency": 0.1,
                 "p90_per_token_latency": 0.0,
                 "mean_ttft": -0.05,
                 "throughput_rps": 0.02,
             },
         },
-        "speedup_fcfs_over_pars": {"mean_per_token_latency": {"engine": 2.0, "simulator": 2.1, "error": 0.05}},
+        "speedup_fcfs_over_pars": {"mean_per_token_latency": {"engine": 2.0, "simulator": 2.1, "rel_error": 0.05}},
     }
     text = render_serving({"sim_fidelity": fid})
     assert "30.0 ms + 0.100 ms/token" in text

@@ -74,7 +74,7 @@ def test_prediction_exact_with_the_right_step_model(tmp_path, monkeypatch, valid
     assert out["step_model"]["c0_s"] == pytest.approx(0.02)
     saved = json.loads((tmp_path / "metrics/sim_fidelity.json").read_text())
     for policy in ("fcfs", "pars", "oracle"):
-        err = saved[policy]["error"]["mean_per_token_latency"]
+        err = saved[policy]["rel_error"]["mean_per_token_latency"]
         if exact:
             assert abs(err) < 1e-9
         else:  # the engine was slower than the calibration says: the simulator under-predicts

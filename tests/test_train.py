@@ -4,6 +4,7 @@ answer length; the written checkpoint must load in the serving Scorer."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -272,7 +273,7 @@ def test_wandb_offline_run_is_written(toy_root, tiny_encoder_dir, monkeypatch, t
 
 
 def test_wandb_mode_and_group(monkeypatch):
-    from pipeline.train import run_group, wandb_mode
+    from pipeline.tracking import run_group, wandb_mode
 
     monkeypatch.delenv("WANDB_MODE", raising=False)
     monkeypatch.delenv("WANDB_API_KEY", raising=False)
@@ -285,6 +286,21 @@ def test_wandb_mode_and_group(monkeypatch):
     assert run_group() == "brave-newt"
     monkeypatch.delenv("DVC_EXP_NAME")
     assert run_group() != ""
+
+
+def test_offline_runs_outlive_a_dvc_temp_experiment(monkeypatch, tmp_path):
+    """`dvc exp run --temp` works in a copy DVC deletes: a relative W&B dir is taken from $DVC_ROOT."""
+    from pipeline.tracking import provenance, run_dir
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("DVC_ROOT", raising=False)
+    assert run_dir("wandb") == Path("wandb") and (tmp_path / "wandb").is_dir()
+    monkeypatch.setenv("DVC_ROOT", str(tmp_path / "repo"))
+    assert run_dir("wandb") == tmp_path / "repo" / "wandb" and (tmp_path / "repo" / "wandb").is_dir()
+    assert run_dir(tmp_path / "abs") == tmp_path / "abs"
+    monkeypatch.setenv("DVC_EXP_NAME", "brave-newt")
+    info = provenance()
+    assert info["dvc_exp_name"] == "brave-newt" and set(info) >= {"git_commit", "git_dirty"}
 
 
 def test_missing_pairs_and_bad_settings_are_clear(toy_root, tiny_encoder_dir, monkeypatch, tmp_path):

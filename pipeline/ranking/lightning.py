@@ -226,6 +226,8 @@ class RankerModule(L.LightningModule):
                 flush=True,
             )
         self.log("val/tau_b", tau, prog_bar=True)
+        if self.train_seconds:  # the training rate so far, beside each epoch's val figures
+            self.log("train/prompts_per_s", self.prompts_encoded / self.train_seconds)
         if np.isfinite(acc):
             self.log("val/pair_acc", acc, prog_bar=True)
 

@@ -173,7 +173,7 @@ def fidelity_section(fid: dict[str, Any]) -> list[str]:
         r = fid.get(policy)
         if not r:
             continue
-        e, m, err = r["engine"], r["simulator"], r["error"]
+        e, m, err = r["engine"], r["simulator"], r["rel_error"]
         lines.append(
             f"| {policy} | {_num(e['mean_per_token_latency'], '.4f')} / {_num(m['mean_per_token_latency'], '.4f')} / "
             f"{_num(100 * err['mean_per_token_latency'], '+.1f')} % | {_num(e['p90_per_token_latency'], '.4f')} / "
@@ -183,7 +183,7 @@ def fidelity_section(fid: dict[str, Any]) -> list[str]:
     for stat, r in fid.get("speedup_fcfs_over_pars", {}).items():
         lines.append(
             f"\nFCFS/PARS {stat.replace('_', ' ')}: engine {_num(r['engine'], '.2f')}×, simulator "
-            f"{_num(r['simulator'], '.2f')}× ({_num(100 * r['error'], '+.1f')} %)."
+            f"{_num(r['simulator'], '.2f')}× ({_num(100 * r['rel_error'], '+.1f')} %)."
         )
     return lines + [""]
 

@@ -1,0 +1,59 @@
+"""Weights & Biases run settings shared by the stages that log (train, evaluate): the mode, the group
+that ties one `dvc exp run` / `dvc repro` together, where offline runs are written, and the code
+state a run came from. Logging only: nothing here changes a stage's outputs (so it is not a DVC dep)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from pathlib import Path
+from typing import Any
+
+
+def wandb_mode(default: str = "offline") -> str:
+    """Explicit WANDB_MODE wins; an API key means online; otherwise `default` (offline: sync later)."""
+    mode = os.environ.get("WANDB_MODE", "").strip().lower()
+    if mode in ("online", "offline", "disabled"):
+        return mode
+    if mode == "dryrun":
+        return "offline"
+    return "online" if os.environ.get("WANDB_API_KEY") else default
+
+
+def _git(*args: str) -> str | None:
+    try:
+        out = subprocess.run(["git", *args], capture_output=True, text=True, timeout=5, check=True)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return out.stdout.strip()
+
+
+def run_group() -> str:
+    """`dvc exp run` names the experiment in DVC_EXP_NAME; a plain `dvc repro` or a manual run is
+    grouped by the commit it ran on."""
+    name = os.environ.get("DVC_EXP_NAME")
+    if name:
+        return name
+    sha = _git("rev-parse", "--short", "HEAD")
+    return f"repro-{sha}" if sha else "local"
+
+
+def run_dir(configured: str | os.PathLike) -> Path:
+    """Where offline runs go. A relative dir is taken from the repository DVC runs the stage for
+    ($DVC_ROOT): `dvc exp run --temp` and `--queue` run in a copy under .dvc/tmp that DVC deletes after."""
+    path = Path(configured)
+    if not path.is_absolute() and os.environ.get("DVC_ROOT"):
+        path = Path(os.environ["DVC_ROOT"]) / path
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def provenance() -> dict[str, Any]:
+    """The code state a run came from, for its W&B config: commit, uncommitted changes, DVC experiment."""
+    status = _git("status", "--porcelain", "--untracked-files=no")
+    return {
+        "git_commit": _git("rev-parse", "HEAD"),
+        "git_dirty": None if status is None else bool(status),
+        "dvc_exp_name": os.environ.get("DVC_EXP_NAME"),
+        "dvc_exp_baseline_rev": os.environ.get("DVC_EXP_BASELINE_REV"),
+    }
