@@ -359,7 +359,7 @@ def run_stage(p: dict[str, Any]) -> dict[str, Any]:
         settings["vllm_cpu_fit"] = (fit["M_tokens"], fit["chunk"], fit["step_time"]["mean_s"], fit["max_num_seqs"])
     for sname, (M, chunk, b, slots) in settings.items():
         if project_w.ess_sup() >= M:
-            plans[sname] = {"error": f"largest request ({project_w.ess_sup()} tokens) exceeds M = {M}"}
+            plans[sname] = {"skipped": f"largest request ({project_w.ess_sup()} tokens) exceeds M = {M}"}
             continue
         cap = th.capacity(project_w, M, chunk, b, max_num_seqs=slots)
         plans[sname] = {

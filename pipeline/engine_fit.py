@@ -169,7 +169,8 @@ def engine_environment() -> None:
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     # One OpenMP thread: on a shared 2-core machine spinning OpenMP threads of a busy neighbour make
-    # steps 10-50x slower and erratic; one thread gives steady, fittable step times.
+    # steps 10-50x slower and erratic; one thread gives steady, fittable step times. (numpy's BLAS, loaded
+    # before this runs, keeps its pool: its threads sleep while the engine steps, no BLAS call runs then.)
     os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 

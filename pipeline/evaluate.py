@@ -680,8 +680,8 @@ def log_wandb(ranking: dict, params: dict) -> None:
     import wandb
 
     rows = ranking_rows(ranking)
-    # the same mode rules and group as train's runs, so the test figures sit beside the runs they score;
-    # dir given explicitly: wandb otherwise keeps the directory of an earlier run in this process
+    # grouped with train's runs, so the test figures sit beside the runs they score; mode: WANDB_MODE, else
+    # evaluate.wandb.mode; dir given explicitly: wandb otherwise keeps the directory of an earlier run in this process
     run = wandb.init(
         project=cfg["project"],
         name="evaluate",

@@ -153,7 +153,7 @@ def params_path(path: str | Path | None = None) -> Path:
     if stage and Path(env).resolve() != Path("params.yaml").resolve():
         raise PARSError(
             f"PARS_PARAMS={env} is set while DVC runs stage {stage}: DVC tracks params.yaml (dvc.lock, -S), "
-            f"not {env}; unset PARS_PARAMS, or merge the file into params.yaml with `pars profile {env}`"
+            f"not {env}; unset PARS_PARAMS, or merge the file into params.yaml: `pars profile {env} --params params.yaml`"
         )
     return Path(env)
 

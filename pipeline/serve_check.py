@@ -90,8 +90,9 @@ def main(argv: list[str] | None = None) -> int:
     for field, value in vars(cfg).items():
         if field != "checkpoint":
             print(f"{field}: {value}")
+    start = "install vLLM, then start it" if version is None else "start vLLM"
     print(
-        "ok: start vLLM with --scheduler-cls pipeline.serving.vllm_scheduler.PARSAsyncScheduler "
+        f"ok: {start} with --scheduler-cls pipeline.serving.vllm_scheduler.PARSAsyncScheduler "
         "and the same --additional-config and PARS_* environment"
     )
     return 0

@@ -9,15 +9,17 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
+MODE_ALIASES = {"dryrun": "offline", "run": "online"}  # wandb's older spellings
 
-def wandb_mode(default: str = "offline") -> str:
-    """Explicit WANDB_MODE wins; an API key means online; otherwise `default` (offline: sync later)."""
-    mode = os.environ.get("WANDB_MODE", "").strip().lower()
-    if mode in ("online", "offline", "disabled"):
-        return mode
-    if mode == "dryrun":
-        return "offline"
-    return "online" if os.environ.get("WANDB_API_KEY") else default
+
+def wandb_mode(configured: str | None = None) -> str:
+    """WANDB_MODE in the environment wins; then the stage's configured mode (evaluate.wandb.mode); else
+    an API key means online, and otherwise offline (`wandb sync` later)."""
+    for mode in (os.environ.get("WANDB_MODE", ""), configured or ""):
+        mode = MODE_ALIASES.get(mode.strip().lower(), mode.strip().lower())
+        if mode in ("online", "offline", "disabled", "shared"):
+            return mode
+    return "online" if os.environ.get("WANDB_API_KEY") else "offline"
 
 
 def _git(*args: str) -> str | None:
@@ -49,11 +51,13 @@ def run_dir(configured: str | os.PathLike) -> Path:
 
 
 def provenance() -> dict[str, Any]:
-    """The code state a run came from, for its W&B config: commit, uncommitted changes, DVC experiment."""
-    status = _git("status", "--porcelain", "--untracked-files=no")
+    """The code state a run came from, for its W&B config: the commit, whether the code had uncommitted
+    changes (the code only: a `dvc repro` rewrites dvc.lock, metrics and plots, and `-S` params.yaml), the
+    DVC experiment."""
+    status = _git("status", "--porcelain", "--untracked-files=no", "--", "pipeline", "pyproject.toml")
     return {
         "git_commit": _git("rev-parse", "HEAD"),
-        "git_dirty": None if status is None else bool(status),
+        "code_dirty": None if status is None else bool(status),
         "dvc_exp_name": os.environ.get("DVC_EXP_NAME"),
         "dvc_exp_baseline_rev": os.environ.get("DVC_EXP_BASELINE_REV"),
     }

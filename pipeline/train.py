@@ -54,7 +54,7 @@ def make_logger(model: str, method: str, cfg: dict[str, Any], datasets: list[str
     from lightning.pytorch.loggers import WandbLogger
 
     wb = cfg["wandb"]
-    save_dir = run_dir(wb["dir"])
+    save_dir = run_dir(os.environ.get("WANDB_DIR") or wb["dir"])  # as evaluate's run
     return WandbLogger(
         project=wb["project"],
         entity=wb["entity"],

@@ -280,8 +280,12 @@ def test_wandb_mode_and_group(monkeypatch):
     assert wandb_mode() == "offline"
     monkeypatch.setenv("WANDB_API_KEY", "x" * 40)
     assert wandb_mode() == "online"
+    assert wandb_mode("offline") == "offline"  # a stage's configured mode wins over the key
     monkeypatch.setenv("WANDB_MODE", "disabled")
-    assert wandb_mode() == "disabled"
+    assert wandb_mode() == "disabled" and wandb_mode("online") == "disabled"  # the environment wins over both
+    monkeypatch.setenv("WANDB_MODE", "run")
+    assert wandb_mode() == "online"
+    monkeypatch.setenv("WANDB_MODE", "disabled")
     monkeypatch.setenv("DVC_EXP_NAME", "brave-newt")
     assert run_group() == "brave-newt"
     monkeypatch.delenv("DVC_EXP_NAME")
@@ -300,7 +304,7 @@ def test_offline_runs_outlive_a_dvc_temp_experiment(monkeypatch, tmp_path):
     assert run_dir(tmp_path / "abs") == tmp_path / "abs"
     monkeypatch.setenv("DVC_EXP_NAME", "brave-newt")
     info = provenance()
-    assert info["dvc_exp_name"] == "brave-newt" and set(info) >= {"git_commit", "git_dirty"}
+    assert info["dvc_exp_name"] == "brave-newt" and set(info) >= {"git_commit", "code_dirty"}
 
 
 def test_missing_pairs_and_bad_settings_are_clear(toy_root, tiny_encoder_dir, monkeypatch, tmp_path):

@@ -250,7 +250,7 @@ def capacity_section(cap: dict[str, Any]) -> list[str]:
                 f"{_num(g['expected_growth_per_s'])} |"
             )
     project = cap.get("project") or {}
-    plans = {k: v for k, v in (project.get("plans") or {}).items() if "error" not in v}
+    plans = {k: v for k, v in (project.get("plans") or {}).items() if "skipped" not in v}
     if plans:
         lines += [
             "",
