@@ -230,21 +230,13 @@ def check_spec(model: str, spec: dict[str, Any], machine: bool = True) -> Sectio
 
 
 def check_recorded_source(spec: Section) -> None:
-    """`source`: '<dataset>:<answer model>' or a list of them, each a source that ships that model's answers."""
-    from pipeline.sources import SOURCES
+    """`source`, as the recorded backend reads it, before any work: a bad one names its key."""
+    from pipeline.backends.recorded import parse_sources
 
-    source = spec["source"]
-    for one in source if isinstance(source, list) and source else [source]:
-        dataset, _, answer_model = one.partition(":") if isinstance(one, str) else ("", "", "")
-        if not (dataset and answer_model):
-            raise PARSError(
-                f"{spec.where}.source {one!r}: must be '<dataset>:<answer model>' (or a list of them), "
-                f"e.g. sharegpt:chatgpt"
-            )
-        answer_models = getattr(SOURCES.get(dataset), "answer_models", ())
-        if answer_model not in answer_models:
-            known = sorted(f"{name}:{m}" for name, cls in SOURCES.items() for m in cls.answer_models)
-            raise PARSError(f"{spec.where}.source {one!r}: no source ships these answers (known: {', '.join(known)})")
+    try:
+        parse_sources(spec["source"])
+    except ValueError as exc:
+        raise PARSError(f"{spec.where}.{exc}") from None
 
 
 def check_vllm_spec(spec: Section, machine: bool) -> None:

@@ -20,7 +20,7 @@ from typing import Any, Iterable, Iterator
 import pandas as pd
 
 from pipeline.backends.base import Backend, PromptItem, Sample, split_reasoning
-from pipeline.sources import get_source
+from pipeline.sources import SOURCES, get_source
 from pipeline.sources.base import normalise
 
 # characters that render as nothing: a reply made only of these (and whitespace) is blank
@@ -31,18 +31,29 @@ def is_blank(text: str) -> bool:
     return not text.translate(_INVISIBLE).strip()
 
 
+def parse_sources(source: Any) -> list[tuple[str, str]]:
+    """`source` ('<dataset>:<answer model>' or a list of them) as (dataset, answer model) pairs, each a
+    source that ships that model's answers; else one ValueError line starting `source <the bad item>`."""
+    pairs = []
+    for one in source if isinstance(source, list) and source else [source]:
+        dataset, _, answer_model = one.partition(":") if isinstance(one, str) else ("", "", "")
+        if not (dataset and answer_model):
+            raise ValueError(
+                f"source {one!r}: must be '<dataset>:<answer model>' or a list of them, e.g. sharegpt:chatgpt"
+            )
+        if answer_model not in getattr(SOURCES.get(dataset), "answer_models", ()):
+            known = sorted(f"{name}:{m}" for name, cls in SOURCES.items() for m in cls.answer_models)
+            raise ValueError(f"source {one!r}: no source ships these answers (known: {', '.join(known)})")
+        pairs.append((dataset, answer_model))
+    return pairs
+
+
 class RecordedBackend(Backend):
     name = "recorded"
 
     def __init__(self, spec: dict[str, Any]):
-        source = spec.get("source", "")
-        sources = source if isinstance(source, list) and source else [source]
-        if not all(isinstance(one, str) and ":" in one for one in sources):
-            raise ValueError(
-                f"recorded backend: `source` must be '<dataset>:<answer model>' or a list of them, got {source!r}"
-            )
-        self.source = source  # as given: a single source keeps its identity (and generation cache keys)
-        self.sources = [tuple(one.split(":", 1)) for one in sources]
+        self.source = spec.get("source", "")  # as given: a single source keeps its identity (and cache keys)
+        self.sources = parse_sources(self.source)
         self.tokenizer_name = spec.get("recorded_tokenizer") or "minilm-l6"
         self._answers: dict[tuple[str, str, str], str] | None = None
         self._tokenizer = None
@@ -69,14 +80,8 @@ class RecordedBackend(Backend):
         different first turns and replies, and which of them an id alone finds depends on order."""
         if self._answers is None:
             self._answers = {}
-            for dataset, answer_model in self.sources:
-                source = get_source(dataset)
-                if answer_model not in source.answer_models:
-                    raise ValueError(
-                        f"source {dataset!r} has no recorded answers of {answer_model!r} "
-                        f"(it has {list(source.answer_models)})"
-                    )
-                for r in source.records():
+            for dataset, answer_model in self.sources:  # parse_sources: each ships answer_model's answers
+                for r in get_source(dataset).records():
                     if answer_model in r.answers and isinstance(r.prompt, str):
                         self._answers[(dataset, r.source_id, normalise(r.prompt))] = r.answers[answer_model]
         return self._answers
