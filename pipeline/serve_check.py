@@ -50,14 +50,7 @@ def main(argv: list[str] | None = None) -> int:
             " (JSON has no inf: the starvation rule is turned off with null)" if "inf" in args.additional_config else ""
         )
         raise PARSError(f"--additional-config: not valid JSON ({exc}){hint}") from None
-    if not isinstance(extra, dict):
-        raise PARSError(f"--additional-config: must be a JSON object, got {args.additional_config}")
-    cfg = PARSConfig.from_sources(extra.get("pars"))  # PARSConfigError: one line naming the key
-    if not cfg.checkpoint:
-        raise PARSError(
-            'no checkpoint: put one in --additional-config \'{"pars": {"checkpoint": "models/export/<name>"}}\' '
-            "or set PARS_CHECKPOINT"
-        )
+    cfg = PARSConfig.from_additional_config(extra)  # the scheduler's own checks: one line naming the key
 
     version = installed_vllm()
     if version is None:
@@ -69,11 +62,7 @@ def main(argv: list[str] | None = None) -> int:
     else:
         raise PARSError(problem)
 
-    from pipeline.serving.scorer import Scorer  # torch: after the cheap checks
-
-    scorer = Scorer.from_pretrained(
-        cfg.checkpoint, device=cfg.device, batch_size=cfg.batch_size, quantize=cfg.quantize
-    )  # CheckpointError: one line
+    scorer = cfg.load_scorer()  # as the scheduler loads it (CheckpointError: one line); torch only now
     scores = scorer.score(["Write a short poem about the sea.", "What is 2 + 2?"])
     if not all(math.isfinite(float(x)) for x in scores):
         raise PARSError(f"checkpoint {cfg.checkpoint}: scores a test prompt as {list(scores)}; it is broken")

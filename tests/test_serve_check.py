@@ -46,8 +46,8 @@ def test_the_environment_is_read_as_the_scheduler_reads_it(capsys, tiny_checkpoi
     "config, env, named",
     [
         ('{"pars": {"starvation_s": inf}}', {}, "--additional-config: not valid JSON"),
-        ('["pars"]', {}, "--additional-config: must be a JSON object"),
-        ("{}", {}, "no checkpoint: put one in --additional-config"),
+        ('["pars"]', {}, "additional_config must be a JSON object"),
+        ("{}", {}, "needs a checkpoint: pass --additional-config"),
         (_config(checkpoint="CKPT", batch_size=-1), {}, "additional_config['pars']['batch_size']"),
         (_config(checkpoint="CKPT", score_key=" pars_score"), {}, "has spaces around it"),
         (_config(checkpoint="CKPT"), {"PARS_BATCHSIZE": "3"}, "PARS_BATCHSIZE: not a PARS setting"),

@@ -161,10 +161,28 @@ class PARSConfig:
 
     @classmethod
     def from_vllm_config(cls, vllm_config) -> "PARSConfig":
-        extra = getattr(vllm_config, "additional_config", None) or {}
+        return cls.from_additional_config(getattr(vllm_config, "additional_config", None) or {})
+
+    @classmethod
+    def from_additional_config(cls, extra: object) -> "PARSConfig":
+        """From vLLM's whole `additional_config` (its "pars" object) and the environment."""
         if not isinstance(extra, Mapping):
             raise PARSConfigError(f"additional_config must be a JSON object, got {extra!r}")
         return cls.from_sources(extra.get("pars"))
+
+    def load_scorer(self):
+        """The ranker as the scheduler serves it: a missing, incomplete or corrupt checkpoint is one
+        CheckpointError line (as is none given)."""
+        if not self.checkpoint:
+            raise CheckpointError(
+                "the PARS scheduler needs a checkpoint: pass --additional-config "
+                '\'{"pars": {"checkpoint": "models/export/<name>"}}\' or set PARS_CHECKPOINT'
+            )
+        from pipeline.serving.scorer import Scorer  # torch: only once the settings are known good
+
+        return Scorer.from_pretrained(
+            self.checkpoint, device=self.device, batch_size=self.batch_size, quantize=self.quantize
+        )
 
 
 def _number(raw, where: str) -> float:

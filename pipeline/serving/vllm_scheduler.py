@@ -129,19 +129,8 @@ class PARSSchedulerMixin:
         super().__init__(*args, **kwargs)
         # Every setting is validated before anything loads: a bad one is one PARSConfigError line.
         self.pars_config = cfg = PARSConfig.from_vllm_config(self.vllm_config)
-        if not cfg.checkpoint:
-            from pipeline.ranking.checkpoint import CheckpointError
-
-            raise CheckpointError(
-                "the PARS scheduler needs a checkpoint: pass --additional-config "
-                '\'{"pars": {"checkpoint": "models/export/<name>"}}\' or set PARS_CHECKPOINT'
-            )
-        # Load the ranker now: a missing or corrupt checkpoint stops start-up (CheckpointError).
-        from pipeline.serving.scorer import Scorer
-
-        self.pars_scorer = Scorer.from_pretrained(
-            cfg.checkpoint, device=cfg.device, batch_size=cfg.batch_size, quantize=cfg.quantize
-        )
+        # Load the ranker now: no checkpoint, or a missing or corrupt one, stops start-up (CheckpointError).
+        self.pars_scorer = cfg.load_scorer()
         self.pars_tokenizer = self._pars_load_tokenizer()
         self._pars_user_text = _strip_chat_template(self.pars_tokenizer) if self.pars_tokenizer is not None else None
         if self.policy != SchedulingPolicy.FCFS:
