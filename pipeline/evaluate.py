@@ -55,7 +55,7 @@ from pipeline.ranking.labels import check_generations, check_known_prompts, prom
 from pipeline.ranking.predictors import evaluated_predictors, names
 from pipeline.ranking.report_tables import OVERALL, ranking_rows, render_markdown
 from pipeline.serving.scorer import PRECISIONS, resolve_precision
-from pipeline.tracking import provenance, run_dir, run_group, wandb_mode
+from pipeline.tracking import provenance, run_dir, run_group, start_run, wandb_mode
 
 PAIRWISE = "pairwise"  # method_differences compares every other method against this one
 # what write_plots writes: the only files of the plots directory it replaces (nothing else there is touched)
@@ -682,12 +682,12 @@ def log_wandb(ranking: dict, params: dict) -> None:
     rows = ranking_rows(ranking)
     # grouped with train's runs, so the test figures sit beside the runs they score; mode: WANDB_MODE, else
     # evaluate.wandb.mode; dir given explicitly: wandb otherwise keeps the directory of an earlier run in this process
-    run = wandb.init(
+    run = start_run(
+        wandb_mode(cfg["mode"]),
         project=cfg["project"],
         name="evaluate",
         group=run_group(),
         job_type="evaluate",
-        mode=wandb_mode(cfg["mode"]),
         dir=str(run_dir(os.environ.get("WANDB_DIR") or ".")),
         config={**{k: v for k, v in params.items() if k != "wandb"}, **provenance()},
     )

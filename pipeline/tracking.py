@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +21,28 @@ def wandb_mode(configured: str | None = None) -> str:
         if mode in ("online", "offline", "disabled", "shared"):
             return mode
     return "online" if os.environ.get("WANDB_API_KEY") else "offline"
+
+
+_online_failed = False  # after one online run could not start, the process's later runs go straight offline
+
+
+def start_run(mode: str, **init: Any):
+    """wandb.init in `mode`; when an online run cannot start (no API key, the server unreachable within
+    wandb's init_timeout, WANDB_INIT_TIMEOUT), one line says why and the run is logged offline instead: a
+    stage's work is never lost to its logging, and `wandb sync` uploads the run later."""
+    import wandb
+
+    global _online_failed
+    if mode == "online" and not _online_failed:
+        try:
+            return wandb.init(mode="online", **init)
+        except wandb.errors.Error as exc:
+            _online_failed = True
+            reason = next((line for line in str(exc).splitlines() if line.strip()), type(exc).__name__)
+            where = Path(init.get("dir") or ".") / "wandb"
+            print(f"W&B: cannot log online ({reason.strip()}); logging offline in {where} (`wandb sync` uploads it)",
+                  file=sys.stderr)  # fmt: skip
+    return wandb.init(mode="offline" if mode == "online" else mode, **init)
 
 
 def _git(*args: str) -> str | None:

@@ -31,7 +31,7 @@ from pipeline.hardware import auto_precision, cpu_has_native_bf16
 from pipeline.params import PARAMS_HELP, Section, load_params
 from pipeline.ranking.losses import METHODS
 from pipeline.ranking.predictors import names
-from pipeline.tracking import provenance, run_dir, run_group, wandb_mode
+from pipeline.tracking import provenance, run_dir, run_group, start_run, wandb_mode
 
 POOLINGS = ("cls", "mean", "last")  # pipeline.ranking.model (not imported here: it imports torch)
 PAIRWISE_MODES = ("in_batch", "per_pair")  # pipeline.ranking.data
@@ -52,21 +52,26 @@ def make_logger(model: str, method: str, cfg: dict[str, Any], datasets: list[str
     if mode == "disabled":
         return None
     from lightning.pytorch.loggers import WandbLogger
+    from lightning.pytorch.utilities import rank_zero_only
 
     wb = cfg["wandb"]
     save_dir = run_dir(os.environ.get("WANDB_DIR") or wb["dir"])  # as evaluate's run
-    return WandbLogger(
-        project=wb["project"],
-        entity=wb["entity"],
-        name=f"{model}-{method}",
-        group=run_group(),
-        tags=[f"model:{model}", f"method:{method}", *[f"dataset:{d}" for d in datasets]],
-        job_type="train",
-        save_dir=str(save_dir),
-        offline=mode == "offline",
-        mode=mode,
-        config={"model": model, "method": method, "datasets": datasets, **cfg, **extra, **provenance()},
-    )
+    init = {
+        "project": wb["project"],
+        "entity": wb["entity"],
+        "name": f"{model}-{method}",
+        "group": run_group(),
+        "tags": [f"model:{model}", f"method:{method}", *[f"dataset:{d}" for d in datasets]],
+        "job_type": "train",
+        "dir": str(save_dir),
+        "config": {"model": model, "method": method, "datasets": datasets, **cfg, **extra, **provenance()},
+    }
+    experiment = None
+    if rank_zero_only.rank == 0:  # the run is started here, not by the logger, so that it can fall back offline
+        experiment = start_run(mode, **init)
+        experiment.define_metric("trainer/global_step")  # as WandbLogger does for a run it starts
+        experiment.define_metric("*", step_metric="trainer/global_step", step_sync=True)
+    return WandbLogger(experiment=experiment, save_dir=str(save_dir), **{k: v for k, v in init.items() if k != "dir"})
 
 
 def lexical_prior_settings(raw: Any, where: str = "params train") -> dict[str, Any] | None:

@@ -119,3 +119,24 @@ def test_train_refuses_settings_that_would_silently_train_something_else(change,
         bad["lightning"] = {**params["lightning"], **change["lightning"]}
     with pytest.raises(PARSError, match=match):
         train.check_params(Section(bad, params.where), ["pairwise"])
+
+
+# keys a stage reads but dvc.yaml leaves out on purpose (they change no output; dvc.yaml says why)
+LEFT_OUT_OF_DVC = {
+    "train": {"torch_threads", "num_workers", "wandb", "cross_models", "models"},
+    "evaluate": {"torch_threads", "wandb"},
+}
+
+
+@pytest.mark.parametrize("stage,section", [("train", "train"), ("evaluate", "evaluate")])
+def test_a_stage_that_lists_its_params_key_by_key_declares_every_other_key(stage, section):
+    """A key added to params.yaml but not to the stage's dvc.yaml params would change the stage's
+    output without DVC rerunning it."""
+    import yaml
+
+    root = Path(__file__).resolve().parents[1]
+    spec = yaml.safe_load((root / "dvc.yaml").read_text())["stages"][stage]
+    declared = {str(p).split(".", 1)[1] for p in spec.get("do", spec)["params"]}
+    keys = set(yaml.safe_load((root / "params.yaml").read_text())[section])
+    assert keys - declared - LEFT_OUT_OF_DVC[stage] == set()
+    assert declared <= keys

@@ -272,6 +272,30 @@ def test_wandb_offline_run_is_written(toy_root, tiny_encoder_dir, monkeypatch, t
     assert len(runs) == 1 and any(runs[0].glob("*.wandb"))
 
 
+def test_an_online_run_that_cannot_start_is_logged_offline(toy_root, tiny_encoder_dir, monkeypatch, tmp_path, capfd):
+    """No API key (or no network): training is not lost to its logging; one line says so, the run goes offline."""
+    from pipeline import tracking
+
+    monkeypatch.setattr(tracking, "_online_failed", False)
+    monkeypatch.setenv("WANDB_MODE", "online")
+    monkeypatch.delenv("WANDB_API_KEY", raising=False)
+    for var in ("HOME", "WANDB_CONFIG_DIR"):  # no stored login
+        monkeypatch.setenv(var, str(tmp_path / "home"))
+    monkeypatch.setenv("NETRC", str(tmp_path / "home" / ".netrc"))
+    run(
+        toy_root,
+        tiny_encoder_dir,
+        "pairwise",
+        "wb",
+        epochs=1,
+        wandb={"project": "p", "entity": None, "dir": str(tmp_path)},
+    )
+    assert "W&B: cannot log online (" in capfd.readouterr().err
+    assert (toy_root / "wb" / "models" / "toy" / "pairwise" / "pars.json").is_file()
+    runs = list((tmp_path / "wandb").glob("offline-run-*"))
+    assert len(runs) == 1 and any(runs[0].glob("*.wandb"))
+
+
 def test_wandb_mode_and_group(monkeypatch):
     from pipeline.tracking import run_group, wandb_mode
 
