@@ -36,7 +36,8 @@ os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 import numpy as np  # noqa: E402
 
 from pipeline.hardware import machine  # noqa: E402  (torch only when called)
-from pipeline.queueing.theory import fit_step_time  # noqa: E402  (numpy only: no numba before vLLM)
+from pipeline.queueing.latency import latency_summary  # noqa: E402  (numpy only: no numba before vLLM)
+from pipeline.queueing.theory import fit_step_time  # noqa: E402
 from pipeline.serving.scorer import QUANTIZE_MODES  # noqa: E402  (numpy only)
 
 SCHEDULER = "pipeline.serving.vllm_scheduler.PARSAsyncScheduler"  # builds the sync twin on CPU
@@ -346,13 +347,8 @@ def run_policy(policy: str, args, checkpoint: Path, workload: list[dict]) -> dic
         "policy": policy,
         "num_requests": len(ids),
         "output_tokens": int(tokens.sum()),
-        "mean_per_token_latency": float(per_token.mean()),
-        "p90_per_token_latency": float(np.percentile(per_token, 90)),
-        "p99_per_token_latency": float(np.percentile(per_token, 99)),
-        "mean_ttft": float(np.mean([first[i] for i in ids])),
-        "mean_e2e_latency": float(e2e.mean()),
-        "throughput_rps": len(ids) / wall,
-        "throughput_tokens_per_s": float(tokens.sum()) / wall,
+        # the simulator's figures, computed as it computes them (a burst: every request arrives at 0)
+        **latency_summary(np.zeros(len(ids)), [first[i] for i in ids], e2e, tokens),
         "wall_s": wall,
         "schedule_fraction": timing["schedule_s"] / wall,
         "scheduler_class": type(scheduler).__name__,

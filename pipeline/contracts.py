@@ -17,6 +17,7 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from pipeline.dirs import share
 from pipeline.errors import PARSError
 
 PROMPTS = pa.schema(
@@ -85,18 +86,6 @@ def _check(df: pd.DataFrame | pa.Table, schema: pa.Schema, where: str) -> None:
         raise ValueError(f"{where}: missing column(s) {missing}; expected {schema.names}")
 
 
-def _umask() -> int:
-    try:  # Linux: read it without setting it (setting it, even briefly, races with other threads)
-        for line in Path("/proc/self/status").read_text().splitlines():
-            if line.startswith("Umask:"):
-                return int(line.split()[1], 8)
-    except (OSError, ValueError):
-        pass
-    mask = os.umask(0o022)
-    os.umask(mask)
-    return mask
-
-
 def ensure_parent(path: str | Path, create: bool = True) -> Path:
     """Create the directory an output file goes in (or only check, `create=False`); a file in the
     way (`-o notes.txt/out.jsonl`) or an output path that is a directory is refused in one line."""
@@ -123,9 +112,7 @@ def write_table(df: pd.DataFrame, path: str | Path, schema: pa.Schema) -> Path:
     os.close(fd)
     try:
         pq.write_table(table, tmp)
-        # mkstemp makes the file 0600; data shared through a DVC cache must be readable by the team,
-        # so give it the mode any new file gets (0644 under the usual umask 022)
-        os.chmod(tmp, 0o666 & ~_umask())
+        share(tmp)  # mkstemp makes the file 0600
         os.replace(tmp, path)
     finally:
         if os.path.exists(tmp):

@@ -4,10 +4,29 @@ standard library only), so that stages and libraries of any layer can share it."
 
 from __future__ import annotations
 
+import os
 import shutil
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+
+
+def umask() -> int:
+    try:  # Linux: read it without setting it (setting it, even briefly, races with other threads)
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    except (OSError, ValueError):
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def share(path: str | Path) -> None:
+    """Give a file the mode any new file gets (0644 under the usual umask 022). Writers that make
+    their files 0600 (mkstemp, safetensors) would keep outputs shared through a DVC cache from the team."""
+    os.chmod(path, 0o666 & ~umask())
 
 
 def replace_dir(dst: str | Path, fill: Callable[[Path], Any]) -> Path:
@@ -21,6 +40,9 @@ def replace_dir(dst: str | Path, fill: Callable[[Path], Any]) -> Path:
     tmp.parent.mkdir(parents=True, exist_ok=True)
     try:
         fill(tmp)
+        for path in tmp.rglob("*"):
+            if path.is_file() and not path.is_symlink():
+                share(path)
         # renames only: the old directory moves aside whole, so no moment leaves it half deleted
         if dst.exists():
             dst.rename(old)

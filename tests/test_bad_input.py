@@ -487,3 +487,20 @@ def test_data_files_honour_the_umask(tmp_path):
             assert (table.stat().st_mode & 0o777, meta.stat().st_mode & 0o777) == (mode, mode)
     finally:
         os.umask(old)
+
+
+def test_checkpoint_files_honour_the_umask(tmp_path, tiny_bert_config, tokenizer):
+    """safetensors writes its files 0600: a checkpoint directory written whole (train, export, blend
+    and materialize all write through replace_dir) gets every file the mode any new file gets, so a
+    team can share it through one DVC cache."""
+    from conftest import save_tiny_checkpoint
+
+    from pipeline.dirs import replace_dir
+
+    old = os.umask(0o022)
+    try:
+        ckpt = replace_dir(tmp_path / "ckpt", lambda tmp: save_tiny_checkpoint(tmp, tiny_bert_config, tokenizer))
+    finally:
+        os.umask(old)
+    modes = {p.name: p.stat().st_mode & 0o777 for p in ckpt.iterdir() if p.is_file()}
+    assert "model.safetensors" in modes and set(modes.values()) == {0o644}, modes

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 
 import numpy as np
 import pandas as pd
@@ -312,3 +313,31 @@ def test_pairs_names_rows_without_a_sample(tmp_path, capsys):
     rc, _, err = run_cli(capsys, "pairs", "--model", "toy", "--params", params, "--data", data, "--metrics", tmp_path)
     line = one_line_error(rc, err, "pairs", "6 row(s) have no sample")
     assert "duplicate" not in line
+
+
+@pytest.mark.parametrize(
+    "column, values, message",
+    [
+        ("reasoning_tokens", [0, 13, 0, 0], "reasoning_tokens missing or outside [0, output_tokens] in 1 row(s)"),
+        ("reasoning_tokens", [0, 0, -2, 0], "reasoning_tokens missing or outside [0, output_tokens] in 1 row(s)"),
+        ("prompt_tokens", [5, -5, 6, 6], "prompt_tokens missing or negative in 1 row(s)"),
+    ],
+)
+def test_impossible_token_counts_are_refused(column, values, message):
+    """Reasoning tokens are part of the output: more of them than output tokens (or a negative
+    count) is a broken row, which `pars lengths` would otherwise average into its figures."""
+    from pipeline.ranking.labels import check_generations
+
+    table = pd.DataFrame(
+        {
+            "prompt_id": ["p0", "p0", "p1", "p1"],
+            "sample": [0, 1, 0, 1],
+            "output_tokens": [10, 12, 30, 34],
+            "reasoning_tokens": [0, 12, 30, 0],
+            "finish_reason": ["stop"] * 4,
+            "prompt_tokens": [5, 5, 6, 6],
+        }
+    )
+    check_generations(table, "g.parquet")  # reasoning == output (all thinking) is fine
+    with pytest.raises(ValueError, match=re.escape(f"g.parquet: {message}")):
+        check_generations(table.assign(**{column: values}), "g.parquet")

@@ -140,3 +140,33 @@ def test_a_stage_that_lists_its_params_key_by_key_declares_every_other_key(stage
     keys = set(yaml.safe_load((root / "params.yaml").read_text())[section])
     assert keys - declared - LEFT_OUT_OF_DVC[stage] == set()
     assert declared <= keys
+
+
+def test_real_dvc_reads_the_pipeline_and_the_production_profile(tmp_path):
+    """DVC itself (not a YAML parser) must accept dvc.yaml with params.yaml, before and after `pars
+    profile` switches to the production profile: the stage list and the graph resolve."""
+    import shutil
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parents[1]
+    for name in ("dvc.yaml", "params.yaml"):
+        shutil.copy(root / name, tmp_path / name)
+    dvc = [sys.executable, "-m", "dvc"]
+
+    def run(*args):
+        out = subprocess.run([*dvc, *args], cwd=tmp_path, capture_output=True, text=True, timeout=120)
+        assert out.returncode == 0, out.stderr
+        return out.stdout
+
+    run("init", "--no-scm", "-q")
+    default = run("stage", "list", "--name-only").split()
+    assert {"prepare", "train@chatgpt", "train_cross@recorded", "evaluate", "export", "simulate"} <= set(default)
+    assert "train@chatgpt" in run("dag", "evaluate")
+    from pipeline.profile import apply_profile
+
+    apply_profile(root / "profiles" / "production.yaml", tmp_path / "params.yaml")
+    production = set(run("stage", "list", "--name-only").split())
+    assert {"train@r1-distill-llama-8b", "train_cross@all", "evaluate"} <= production
+    assert "train@chatgpt" not in production
+    assert "train_cross@all" in run("dag", "evaluate")  # the rewritten evaluate deps resolve in DVC's graph

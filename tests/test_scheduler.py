@@ -43,10 +43,18 @@ def make_scheduler(model_config, checkpoint):
     """Build a real scheduler of `cls` with `num_blocks` KV blocks of 16 tokens."""
     from pipeline.serving.cpu_harness import build_scheduler
 
-    def make(cls, *, pars=None, **kwargs):
-        return build_scheduler(cls, model_config, pars={"checkpoint": str(checkpoint), **(pars or {})}, **kwargs)
+    built = []
 
-    return make
+    def make(cls, *, pars=None, **kwargs):
+        sched = build_scheduler(cls, model_config, pars={"checkpoint": str(checkpoint), **(pars or {})}, **kwargs)
+        built.append(sched)
+        return sched
+
+    yield make
+    workers = [s.pars_worker for s in built if getattr(s, "pars_worker", None) is not None]
+    for sched in built:  # each background scheduler holds a scoring thread (and its model) until shut down
+        sched.shutdown()
+    assert not any(w._thread.is_alive() for w in workers)
 
 
 def _classes():
@@ -637,6 +645,69 @@ def test_scoring_worker_batches_what_first_picks_ahead_of_older_items():
     worker.close()
 
 
+def test_scoring_worker_survives_a_failing_thread_init_first_and_short_scorer():
+    """What the worker is handed may fail; the worker never dies: a failing thread_init is kept in
+    init_error, a failing `first` costs only the order (arrival order), a scorer that returns too few
+    scores fails that batch alone, and a batch size below 1 is refused."""
+    from pipeline.serving.scoring_worker import ScoringWorker
+
+    def boom(*_):
+        raise RuntimeError("no threads for you")
+
+    worker = ScoringWorker(lambda items: [1.0] * len(items), batch_size=4, thread_init=boom, first=boom)
+    got = _submit_while_held(worker, "b", "a")
+    assert worker.wait_idle(5)
+    got += worker.take()
+    assert isinstance(worker.init_error, RuntimeError) and [b.items for b in got] == [["b", "a"]]
+    assert got[0].scores == [1.0, 1.0] and got[0].error is None
+    worker.close()
+
+    worker = ScoringWorker(lambda items: [1.0] * (len(items) - 1), batch_size=4)
+    got = _submit_while_held(worker, "x", "y")
+    assert worker.wait_idle(5)
+    got += worker.take()
+    assert [(b.items, b.scores) for b in got] == [(["x", "y"], [None, None])]
+    assert "scorer returned 1 scores for 2 prompts" in str(got[0].error)
+    worker.close()
+    with pytest.raises(ValueError, match="batch_size must be >= 1"):
+        ScoringWorker(lambda items: [], batch_size=0)
+
+
+def test_queue_compacts_dead_entries_and_keeps_its_order():
+    """Past 64 dead heap entries (and twice the live ones) the heaps are rebuilt from the live ones:
+    they stay O(live) under a long run of admissions, aborts and late scores, and the order holds."""
+    from pipeline.serving.pars_queue import PARSRequestQueue
+
+    class Req:
+        def __init__(self, i, score):
+            self.priority, self.arrival_time, self.request_id, self.score = 0, float(i), str(i), score
+
+    def by_score(requests):
+        for r in requests:
+            r.pars_key = (0, r.score)
+
+    queue = PARSRequestQueue(by_score, starvation_s=1e9)
+    kept, compactions, dead_before = [], 0, 0
+    for i in range(300):
+        request = Req(i, -1.0 if i % 3 == 0 else float(i))
+        queue.add_request(request)
+        queue.flush()
+        if i % 3 == 0:
+            assert queue.pop_request() is request
+        elif i % 3 == 1:
+            queue.remove_request(request)
+        else:
+            request.pars_key = (0, 1000.0 - i)  # a late score, in reverse arrival order
+            assert queue.rekey(request)
+            kept.append(request.request_id)
+        compactions += queue._dead < dead_before
+        dead_before = queue._dead
+        bound = len(queue) + max(64, 2 * len(queue)) + 1  # live entries, and the dead ones compaction allows
+        assert len(queue._by_score) <= bound and len(queue._by_age) <= bound
+    assert len(queue) == 100 and compactions >= 2
+    assert [queue.pop_request().request_id for _ in range(len(queue))] == kept[::-1]
+
+
 def test_scoring_worker_counts_an_item_once_when_close_and_a_batch_end_together():
     """close() (the caller's thread) and the worker both add to the count of finished items. Here
     each pauses inside its addition until the other has begun one (or 0.5 s): without a lock both
@@ -999,6 +1070,7 @@ def test_property_every_request_finishes_once_and_starvation_is_bounded(make_sch
             older = [t for t, other in eng.admitted if arrival[other] < arrival[rid] and t <= admitted]
             head_since = max([entry, arrival[rid] + w["threshold"], *older])
             assert admitted <= math.floor(head_since) + service, (rid, entry, admitted, head_since)
+    sched.shutdown()  # its scoring thread, now rather than at the module's end (40 examples)
 
 
 def test_starved_request_is_not_the_preemption_victim(make_scheduler):
@@ -1099,3 +1171,118 @@ def test_prompts_the_chat_template_does_not_match_are_counted(make_scheduler, to
     sched._pars_user_text = lambda text: "the user's message"
     assert sched._pars_prompt_text(ids) == "the user's message"
     assert sched.pars_stats["num_template_unmatched"] == 1
+
+
+# ------------------------------------------------------------------- partial scoring faults ---
+def test_one_bad_prompt_or_nan_score_costs_only_that_request(make_scheduler, tokenizer, caplog):
+    """Inline scoring of one batch: a prompt that cannot be decoded and a prompt the checkpoint
+    scores NaN each stay at the provisional place and are counted; the rest of the batch is scored
+    and ordered. A scorer that returns the wrong number of scores is a counted fault, not a crash."""
+    from pipeline.serving.vllm_scheduler import LOGGER_NAME, PARSScheduler
+
+    sched = make_scheduler(PARSScheduler, max_num_seqs=1, pars={"scoring": "inline"})
+    bad_ids = tokenizer("undecodable")["input_ids"]
+    real_text = sched._pars_prompt_text
+
+    def text(ids):
+        if list(ids) == bad_ids:
+            raise ValueError("cannot decode")
+        return real_text(ids)
+
+    sched._pars_prompt_text = text
+    real_parts = sched.pars_scorer.score_parts
+
+    def nan_for_the_poem(texts, *args, **kw):
+        for rows, values in real_parts(texts, *args, **kw):
+            yield rows, [math.nan if "poem" in texts[r] else v for r, v in zip(rows, values)]
+
+    sched.pars_scorer.score_parts = nan_for_the_poem
+    eng = FakeEngine(sched)
+    eng.add("blocker", 0, out_len=1, score=-1e9, prompt_ids=tokenizer("runs first")["input_ids"])
+    eng.step()
+    eng.add("bad", 0, out_len=1, prompt_ids=bad_ids)
+    eng.add("nan", 0, out_len=1, prompt_ids=tokenizer("a poem")["input_ids"])
+    for i, words in enumerate(["say hi", "write an essay on rivers", "list colors"]):
+        eng.add(f"ok{i}", 0, out_len=1, prompt_ids=tokenizer(words)["input_ids"])
+    requests = {rid: sched.requests[rid] for rid in ["bad", "nan", "ok0", "ok1", "ok2"]}
+    eng.run()
+    stats = sched.pars_stats
+    assert sorted(eng.finished) == ["bad", "blocker", "nan", "ok0", "ok1", "ok2"]
+    assert (stats["num_scored"], stats["num_fallback"], stats["num_faults"]) == (3, 2, 1)
+    assert [requests[r].pars_score is None for r in requests] == [True, True, False, False, False]
+
+    def short(texts, *args, **kw):
+        yield list(range(len(texts))), [0.0] * (len(texts) - 1)
+
+    sched.pars_scorer.score_parts = short
+    pars_logger = logging.getLogger(LOGGER_NAME)
+    pars_logger.addHandler(caplog.handler)  # vLLM's loggers do not propagate to the root logger
+    with caplog.at_level(logging.WARNING, logger=LOGGER_NAME):
+        sched._pars_last_log.clear()  # the earlier fault's report must not hold this one back
+        eng.add("a", 0, out_len=1, prompt_ids=tokenizer("one more")["input_ids"])
+        eng.add("b", 0, out_len=1, prompt_ids=tokenizer("and another")["input_ids"])
+        eng.run()
+    pars_logger.removeHandler(caplog.handler)
+    assert sorted(eng.finished)[:2] == ["a", "b"] and stats["num_faults"] == 2 and stats["num_fallback"] == 4
+    assert any("scorer returned 1 scores for 2 prompts" in r.getMessage() for r in caplog.records)
+
+
+def test_without_a_tokenizer_only_client_scores_order_the_queue(model_config, checkpoint, tokenizer, tmp_path):
+    """skip_tokenizer_init: nothing to score prompts from. Client scores order the queue, the other
+    requests wait at the provisional place in arrival order and are counted as fallbacks."""
+    from vllm.config import ModelConfig
+
+    from pipeline.serving import cpu_harness
+    from pipeline.serving.vllm_scheduler import PARSScheduler
+
+    no_tokenizer = ModelConfig(
+        model=model_config.model, dtype="float32", seed=0, max_model_len=4096, skip_tokenizer_init=True
+    )
+    sched = cpu_harness.build_scheduler(
+        PARSScheduler, no_tokenizer, max_num_seqs=1, pars={"checkpoint": str(checkpoint), "scoring": "inline"}
+    )
+    assert sched.pars_tokenizer is None
+    eng = FakeEngine(sched)
+    eng.add("blocker", 0, out_len=1, score=-1e9, prompt_ids=tokenizer("runs first")["input_ids"])
+    eng.step()
+    eng.add("u0", 0, out_len=1, prompt_ids=tokenizer("write an essay")["input_ids"])
+    eng.add("high", 0, out_len=1, score=1e9, prompt_ids=tokenizer("client says long")["input_ids"])
+    eng.add("u1", 0, out_len=1, prompt_ids=tokenizer("say hi")["input_ids"])
+    eng.add("low", 0, out_len=1, score=-1e8, prompt_ids=tokenizer("client says short")["input_ids"])
+    eng.run()
+    assert eng.order() == ["blocker", "low", "u0", "u1", "high"]
+    stats = sched.pars_stats
+    assert (stats["num_client_scores"], stats["num_fallback"], stats["num_scored"]) == (3, 2, 0)
+    sched.shutdown()
+
+
+def test_a_late_score_keeps_a_starved_request_first_and_reorders_running(make_scheduler, tokenizer):
+    """Background scoring: a request promoted for waiting too long keeps its place at the front when
+    its score arrives; a request admitted on its provisional key is re-sorted in `running` by its real
+    score (the last in `running` is vLLM's preemption victim)."""
+    import math
+
+    from pipeline.serving.vllm_scheduler import PARSScheduler
+
+    sched = make_scheduler(PARSScheduler, max_num_seqs=3, pars={"starvation_s": 3})
+    sched._pars_typical_score = 1e10  # unscored requests wait (and run) above the client's 1e9 until scored
+    release = hold_scoring(sched)
+    eng = FakeEngine(sched)
+    eng.add("long", 0, out_len=60, score=1e9, prompt_ids=tokenizer("a long client job")["input_ids"])
+    eng.add("late", 0, out_len=60, prompt_ids=tokenizer("admitted before its score")["input_ids"])
+    eng.add("short", 0, out_len=5, prompt_ids=tokenizer("done soon")["input_ids"])
+    eng.step()  # all three admitted, "late" and "short" on the provisional key; the worker holds them
+    eng.add("starved", 0, out_len=30, prompt_ids=tokenizer("waits too long")["input_ids"])
+    eng.add("busy", 0, out_len=40, score=-1e9, prompt_ids=tokenizer("short client job")["input_ids"])
+    starved = sched.requests["starved"]
+    for _ in range(6):
+        eng.step()  # "short" ends; "starved", the oldest waiting past 3 steps, takes its slot before "busy"
+    assert starved.pars_starved and [r.request_id for r in sched.running] == ["starved", "long", "late"]
+    release.set()
+    assert sched.pars_worker.wait_idle(10)
+    eng.step()  # takes the scores
+    assert starved.pars_score is not None and starved.pars_key[1] == -math.inf  # kept the front
+    assert [r.request_id for r in sched.running] == ["starved", "late", "long"]
+    eng.run()
+    assert sorted(eng.finished) == ["busy", "late", "long", "short", "starved"]
+    sched.shutdown()

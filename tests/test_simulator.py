@@ -234,6 +234,21 @@ def test_arrival_helpers_and_validation():
     assert simulate([0.0, 1.0], [5.0, 5.0], [10.0, 10.0], config=SMALL).finish.size == 2  # whole floats are fine
 
 
+def test_policy_keys_and_their_refusals():
+    arrival, o = np.array([0.0, 1.0, 2.0]), np.array([30.0, 10.0, 20.0])
+    assert policy_key("fcfs", arrival, o).tolist() == [0.0, 1.0, 2.0]
+    assert policy_key("oracle", arrival, o).tolist() == [30.0, 10.0, 20.0]
+    one, same, other = (policy_key("random", arrival, o, rng=np.random.default_rng(s)) for s in (1, 1, 2))
+    assert one.tolist() == same.tolist() != other.tolist() and one.shape == (3,)
+    assert policy_key("pars", arrival, o, scores=[0.5, -1.0, 2.0]).tolist() == [0.5, -1.0, 2.0]
+    with pytest.raises(ValueError, match="one finite score per request"):
+        policy_key("pars", arrival, o, scores=[0.5, math.nan, 2.0])
+    with pytest.raises(ValueError, match="one finite score per request"):
+        policy_key("pointwise", arrival, o, scores=[0.5, 1.0])
+    with pytest.raises(ValueError, match="unknown policy 'sjf'"):
+        policy_key("sjf", arrival, o)
+
+
 def _synthetic_project(root, with_scores: bool, rng):
     """prompts + k=3 generations per prompt (+ scores correlated with length) under root/data."""
     import pandas as pd
@@ -571,3 +586,17 @@ def test_probe_phase_serves_short_answers_first_and_recomputes_the_rest():
     np.testing.assert_allclose(whole.finish, plain.finish)
     with pytest.raises(ValueError, match="burst only"):
         bench.probe_then_rank(np.arange(o.size, dtype=np.float64), s, o, scores, 2, cfg)
+
+
+def test_latency_summary_known_values():
+    """The one definition of the serving figures (simulator and engine benchmark): worked by hand."""
+    from pipeline.queueing.latency import latency_summary
+
+    got = latency_summary(arrival=[0.0, 1.0], first_token=[0.5, 3.0], finish=[2.0, 5.0], output_tokens=[4, 2])
+    assert got["requests"] == 2
+    assert got["mean_per_token_latency"] == pytest.approx((2 / 4 + 4 / 2) / 2)  # 1.25
+    assert got["p90_per_token_latency"] == pytest.approx(0.5 + 0.9 * 1.5)  # linear interpolation
+    assert got["mean_ttft"] == pytest.approx((0.5 + 2.0) / 2)
+    assert got["mean_e2e_latency"] == pytest.approx(3.0)
+    assert got["makespan_s"] == 5.0 and got["throughput_rps"] == pytest.approx(2 / 5)
+    assert got["throughput_tokens_per_s"] == pytest.approx(6 / 5)

@@ -48,6 +48,7 @@ from typing import Any
 
 import numpy as np
 
+from pipeline.queueing.latency import latency_summary
 from pipeline.queueing.theory import engine_shape_problem, fits_in_cache
 
 try:  # numba ships with vLLM; without it the same code runs as plain Python (slowly)
@@ -695,21 +696,8 @@ class SimResult:
         return done / (a1 - t0)
 
     def summary(self) -> dict[str, float]:
-        pt, ttft, e2e = self.per_token, self.ttft, self.e2e
-        span = float(self.finish.max() - self.arrival.min())
         return {
-            "requests": int(self.o.size),
-            "mean_per_token_latency": float(pt.mean()),
-            "p50_per_token_latency": float(np.percentile(pt, 50)),
-            "p90_per_token_latency": float(np.percentile(pt, 90)),
-            "p99_per_token_latency": float(np.percentile(pt, 99)),
-            "mean_ttft": float(ttft.mean()),
-            "p90_ttft": float(np.percentile(ttft, 90)),
-            "mean_e2e_latency": float(e2e.mean()),
-            "p90_e2e_latency": float(np.percentile(e2e, 90)),
-            "throughput_rps": float(self.o.size / span) if span > 0 else float("nan"),
-            "throughput_tokens_per_s": float(self.o.sum() / span) if span > 0 else float("nan"),
-            "makespan_s": span,
+            **latency_summary(self.arrival, self.first_token, self.finish, self.o),
             "preemptions": int(self.preemptions.sum()),
             "max_queue": int(self.series["waiting"].max()) if self.series["waiting"].size else 0,
             "steps": int(self.steps),

@@ -44,8 +44,8 @@ def in_batch_pairs(lengths, truncated, delta: float, groups=None) -> np.ndarray:
 
 def check_generations(generations: pd.DataFrame, where: str = "generations") -> None:
     """What every reader of answer lengths needs of a generations table (pairs, evaluate, lengths):
-    rows, a prompt_id on each, output_tokens present and >= 0, a known finish_reason, no duplicate
-    (prompt_id, sample). Anything else raises ValueError naming `where`, never a wrong number."""
+    rows, a prompt_id on each, output_tokens present and >= 0, reasoning_tokens within [0, output_tokens]
+    and prompt_tokens >= 0 (where the table has them), a known finish_reason, no duplicate (prompt_id, sample). Anything else raises ValueError naming `where`, never a wrong number."""
     if generations.empty:
         raise ValueError(f"{where} has no rows: no answers to take lengths from")
     if generations["prompt_id"].isna().any():
@@ -55,6 +55,19 @@ def check_generations(generations: pd.DataFrame, where: str = "generations") -> 
         raise ValueError(f"{where}: {int(tokens.isna().sum())} row(s) have no output_tokens")
     if (tokens < 0).any():
         raise ValueError(f"{where}: negative output_tokens in {int((tokens < 0).sum())} row(s)")
+    # reasoning tokens are part of the output; a count outside [0, output_tokens] is a broken row
+    # that `pars lengths` would average into a silent wrong figure
+    if "reasoning_tokens" in generations:
+        reasoning = generations["reasoning_tokens"]
+        odd = reasoning.isna() | (reasoning < 0) | (reasoning > tokens)
+        if odd.any():
+            raise ValueError(
+                f"{where}: reasoning_tokens missing or outside [0, output_tokens] in {int(odd.sum())} row(s)"
+            )
+    if "prompt_tokens" in generations:
+        odd = generations["prompt_tokens"].isna() | (generations["prompt_tokens"] < 0)
+        if odd.any():
+            raise ValueError(f"{where}: prompt_tokens missing or negative in {int(odd.sum())} row(s)")
     bad = sorted(set(generations["finish_reason"].dropna()) - set(FINISH_REASONS))
     if bad or generations["finish_reason"].isna().any():
         raise ValueError(f"{where}: finish_reason must be one of {FINISH_REASONS}, found {bad or [None]}")
