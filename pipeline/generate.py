@@ -13,10 +13,12 @@ from __future__ import annotations
 
 import argparse
 import difflib
+import fcntl
 import hashlib
 import json
 import os
 import platform
+import re
 import time
 from pathlib import Path
 from typing import Any
@@ -42,7 +44,7 @@ from pipeline.contracts import (
     write_table,
 )
 from pipeline.encoders import resolve_encoder
-from pipeline.errors import PARSError
+from pipeline.errors import PARSError, plain_name
 from pipeline.params import PARAMS_HELP, Section, load_params
 from pipeline.sources import SourceUnavailable
 
@@ -61,8 +63,24 @@ class GenerationCache:
         self.entries: dict[str, dict] = {}
         self._fh = None
         self._synced = 0.0
+        self._lock = self._take_lock()
         if path.exists():
             self._load()
+
+    def _take_lock(self) -> int:
+        """One writer per cache: a second run would take the first's half-written last line for
+        damage and replace the file, and the first would go on appending to the deleted one. The
+        lock is on the cache's directory, not the file (_load replaces the file, so a lock on it
+        would not hold) nor a lock file (the directory is a DVC out: a file left there changes its
+        hash). The OS drops it when the process ends, killed or not."""
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self.path.parent, os.O_RDONLY)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            raise PARSError(f"another pars generate is writing {self.path}; wait for it to end") from None
+        return fd
 
     def _load(self) -> None:
         """Keep every valid line. A damaged one (a line torn by a kill, bytes that are not a JSON
@@ -104,7 +122,7 @@ class GenerationCache:
         )
 
     def add(self, key: str, prompt_id: str, samples: list[Sample]) -> None:
-        entry = {"key": key, "prompt_id": prompt_id, "samples": [s.to_dict() for s in samples]}
+        entry = {"key": key, "prompt_id": prompt_id, "samples": [_encodable(s.to_dict()) for s in samples]}
         if self._fh is None:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             self._fh = self.path.open("a", encoding="utf-8")
@@ -120,10 +138,16 @@ class GenerationCache:
         self._synced = time.monotonic()
 
     def close(self) -> None:
+        """Flush the cache and release the lock (a later run, or a second cache object, may open it)."""
         if self._fh is not None:
             self.sync()
             self._fh.close()
             self._fh = None
+        if self._lock is not None:
+            # LOCK_UN, not close alone: a forked child (a vLLM worker) sharing the fd would keep it
+            fcntl.flock(self._lock, fcntl.LOCK_UN)
+            os.close(self._lock)
+            self._lock = None
 
 
 _COUNTS = ("output_tokens", "reasoning_tokens", "prompt_tokens")
@@ -143,10 +167,45 @@ def _is_sample(sample: Any) -> bool:
         isinstance(sample, dict)
         # type() is int: a bool or 3.5 is not a token count; < 2**31: the int32 column
         and all(type(sample.get(f)) is int and 0 <= sample[f] < 2**31 for f in _COUNTS)
+        and sample["reasoning_tokens"] <= sample["output_tokens"]  # output_tokens counts the trace too
         and sample.get("finish_reason") in FINISH_REASONS
-        and isinstance(sample.get("text"), str)
-        and isinstance(sample.get("reasoning"), str)
+        # a JSON escape such as "\ud800" loads as a lone surrogate, which the table cannot hold
+        and all(isinstance(sample.get(f), str) and _utf8(sample[f]) for f in ("text", "reasoning"))
     )
+
+
+def _utf8(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def _encodable(sample: dict[str, Any]) -> dict[str, Any]:
+    """`sample` with text and reasoning valid UTF-8 (a backend can hand back lone surrogates, e.g. an
+    endpoint's JSON "\\ud800"). Through UTF-16 with surrogatepass, a surrogate pair split in two code
+    points becomes its character again and a lone one U+FFFD, which marks the loss visibly; the
+    token counts are the backend's and stay as they are."""
+    for f in ("text", "reasoning"):
+        if not _utf8(sample[f]):
+            sample[f] = sample[f].encode("utf-16", "surrogatepass").decode("utf-16", "replace")
+    return sample
+
+
+# write_table's temp files (tempfile.mkstemp: prefix `.<name>.`, 8 characters of
+# tempfile's alphabet, suffix `.tmp`) for the table generate writes
+_TABLE_TMP = re.compile(r"\.generations\.parquet\.[a-z0-9_]{8}\.tmp")
+
+
+def remove_leftover_temps(out_dir: Path) -> None:
+    """A killed run can leave write_table's temp file in the model's folder, which DVC keeps between
+    runs (persist: true) and so would hash with the out. Only called with the cache lock held: a
+    temp file then is no live run's."""
+    if out_dir.is_dir():
+        for f in out_dir.iterdir():
+            if _TABLE_TMP.fullmatch(f.name) and f.is_file():
+                f.unlink()
 
 
 def cache_key(identity: dict[str, Any], prompt: str) -> str:
@@ -192,7 +251,7 @@ def check_spec(model: str, spec: dict[str, Any], machine: bool = True) -> Sectio
             f"{where}.{unknown[0]}: not an option of the {backend} backend; its options: "
             f"{', '.join(sorted(OPTIONS[backend] | selection))}"
         )
-    if backend == "vllm" or "model" in spec:  # openai's backend says when it is missing
+    if backend != "recorded":
         # `model: null` would otherwise load the hub id "None"
         name = spec["model"]
         if not isinstance(name, str) or not name.strip():
@@ -210,12 +269,20 @@ def check_spec(model: str, spec: dict[str, Any], machine: bool = True) -> Sectio
         "max_num_seqs": 1,
         "max_model_len": 1,
         "tensor_parallel_size": 1,
+        "concurrency": 1,
+        "max_retries": 0,
     }
     for key, minimum in integers.items():
         if key in spec:
             spec.integer(key, minimum=minimum, optional=key == "max_prompts_per_dataset")
-    if "temperature" in spec:
-        spec.number("temperature", minimum=0)
+    # each backend's own knobs too (OPTIONS lets each through to its backend alone): checked here
+    # they name the file and key, which the backends' own checks cannot
+    for key in ("repetition_penalty", "timeout_s", "connect_timeout_s"):
+        if key in spec:
+            spec.number(key, positive=True)
+    for key in ("temperature", "backoff_s"):
+        if key in spec:
+            spec.number(key, minimum=0)
     for key in ("engine_args", "extra_body"):  # passed through to vLLM / the request as keyword arguments
         if key in spec and not isinstance(spec[key], dict):
             raise PARSError(f"{where}.{key} {spec[key]!r}: must be a mapping of keys to values")
@@ -224,9 +291,22 @@ def check_spec(model: str, spec: dict[str, Any], machine: bool = True) -> Sectio
             spec.number(key, positive=True, maximum=1)
     if backend == "vllm":
         check_vllm_spec(spec, machine)
+    if backend == "openai":
+        check_openai_spec(spec)
     if backend == "recorded":
         check_recorded_source(spec)
     return spec
+
+
+def check_openai_spec(spec: Section) -> None:
+    """The openai backend's text keys (check_spec has checked its numbers)."""
+    where = spec.where
+    url = spec["base_url"]
+    if not (isinstance(url, str) and url.startswith(("http://", "https://"))):
+        raise PARSError(f"{where}.base_url {url!r}: must be an http:// or https:// URL")
+    for key in ("max_tokens_field", "api_key_env"):  # a request field's name, an environment variable's
+        if key in spec and not (isinstance(spec[key], str) and spec[key].strip()):
+            raise PARSError(f"{where}.{key} {spec[key]!r}: must be a non-empty string")
 
 
 def check_recorded_source(spec: Section) -> None:
@@ -298,8 +378,16 @@ def check_params(params: Section, machine: bool = True) -> None:
 
 
 def models_of(params: Section) -> Section:
-    """generate.models, the section's keys checked."""
-    return params.only(("models", "recorded_tokenizer")).mapping("models")
+    """generate.models, the section's keys checked, and the models' names: each names
+    <out-root>/<model>/ and <metrics>/<model>.json, so `../x` would write outside them."""
+    models = params.only(("models", "recorded_tokenizer")).mapping("models")
+    for name in models:
+        if not plain_name(name):
+            raise PARSError(
+                f"{models.where}.{name}: the key {name!r} must be a plain name (text, no / or \\, not . or ..): "
+                "it names the model's output folder and metrics file"
+            )
+    return models
 
 
 def _progress(total: int, model: str):
@@ -332,9 +420,27 @@ def run(
     else:
         selected = select_prompts(prompts, spec)
     if selected.empty:
-        raise ValueError(f"no prompts selected for model {model!r} (check generate.models.{model}.datasets)")
+        skipped = getattr(backend, "skipped", {})
+        if skipped:  # the recorded backend's: no reply on file for any prompt of its datasets
+            pid, reason = next(iter(skipped.items()))
+            raise PARSError(
+                f"{where}: no prompts selected for model {model!r}: the {backend_name} backend skipped "
+                f"{len(skipped)} prompt(s), e.g. {pid}: {reason}"
+            )
+        hint = "" if hasattr(backend, "select") else f" (check {where}.datasets)"  # recorded has no datasets key
+        raise PARSError(f"no prompts selected for model {model!r}{hint}")
+    cache = GenerationCache(out_dir / "cache.jsonl")  # refuses a second run on this cache
+    try:
+        return _run_locked(model, backend, selected, cache, out_dir, run_stats_path)
+    finally:
+        cache.close()
+
+
+def _run_locked(model, backend, selected, cache, out_dir, run_stats_path) -> dict[str, Any]:
+    """run's work with the cache open and locked until the outputs are written: a second run can
+    neither remove this one's temp file nor write the outputs in between."""
+    remove_leftover_temps(out_dir)
     identity = backend.identity()
-    cache = GenerationCache(out_dir / "cache.jsonl")
     keys = {r.prompt_id: cache_key(identity, backend.cache_text(r)) for r in selected.itertuples()}
     # an entry under this key with another number of samples than k (a hand-edited or foreign line)
     # is not these answers: generated again, and said
@@ -373,7 +479,6 @@ def run(
         finally:
             bar.close()
             backend.close()
-            cache.close()
     wall = time.perf_counter() - t0
 
     rows = []

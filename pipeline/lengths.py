@@ -3,6 +3,13 @@
 Per (model, dataset): prompts, samples, mean and median output tokens, the mean coefficient
 of variation of a prompt's lengths across its samples (models with k >= 2: how noisy the
 label is), and the fraction of answers cut at max_tokens.
+
+Without --models it describes every folder under --generations that holds a generations.parquet. DVC
+does not delete the outputs of stages a profile removed, so after a switch (`pars profile`, or `dvc
+pull` of another profile's outputs) the old models' folders stay there; a folder none of whose prompt
+ids is in the prompts table answers another profile's prompts and is skipped, every skipped folder
+named in one printed line. A folder that answers some of the table's prompts and not others is an
+error, as is any folder --models names.
 """
 
 from __future__ import annotations
@@ -33,11 +40,26 @@ def summarise(gens: pd.DataFrame) -> dict:
     }
 
 
-def length_table(models: list[str], prompts: pd.DataFrame, root: Path) -> tuple[dict, dict[str, pd.DataFrame]]:
-    table, frames = {}, {}
+def answers_other_prompts(gens: pd.DataFrame, prompts: pd.DataFrame) -> bool:
+    """Whether a generations table answers none of the prompts table's prompts: left by another
+    profile (its datasets, so its prompt ids, are not this one's). An empty table is not: it fails
+    check_generations, naming its file."""
+    return not gens.empty and not gens["prompt_id"].isin(prompts["prompt_id"]).any()
+
+
+def length_table(
+    models: list[str], prompts: pd.DataFrame, root: Path, skip_other_prompts: bool = False
+) -> tuple[dict, dict[str, pd.DataFrame]]:
+    """Per model under `root`: the summary of its answers overall and per dataset. With
+    `skip_other_prompts` a model folder whose answers are to none of `prompts` is left out and
+    named in one printed line; otherwise it fails check_known_prompts, as a partly stale one does."""
+    table, frames, skipped = {}, {}, []
     for model in models:
         path = root / model / "generations.parquet"
         gens = read_table(path, GENERATIONS)
+        if skip_other_prompts and answers_other_prompts(gens, prompts):
+            skipped.append(model)
+            continue
         check_generations(gens, where=str(path))  # the rules pairs applies: no mean of -50 or NaN tokens
         reasoning = gens["reasoning_tokens"]
         if reasoning.isna().any() or (reasoning < 0).any():
@@ -48,6 +70,15 @@ def length_table(models: list[str], prompts: pd.DataFrame, root: Path) -> tuple[
         table[model] = {"all": summarise(gens)}
         for dataset, part in gens.groupby("dataset"):
             table[model][dataset] = summarise(part)
+    if skipped:
+        print(
+            f"lengths: skipped {len(skipped)} folder(s) under {root} whose answers are to none of the prompts "
+            f"table's prompts (left by another profile's generate; not described): {', '.join(skipped)}"
+        )
+    if not table:
+        raise FileNotFoundError(
+            f"no generations under {root} answer the prompts table's prompts (run `pars generate` first)"
+        )
     return table, frames
 
 
@@ -105,7 +136,12 @@ def print_table(table: dict) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="pars lengths", description=__doc__.splitlines()[0])
-    parser.add_argument("--models", nargs="*", help="model names to describe (default: every dir under --generations)")
+    parser.add_argument(
+        "--models",
+        nargs="*",
+        help="model names to describe (default: every dir under --generations but those that answer none of "
+        "the prompts table's prompts, skipped and named)",
+    )
     parser.add_argument(
         "--generations", default="data/generations", help="generations root, <model>/... (default: %(default)s)"
     )
@@ -124,7 +160,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     if not models:
         raise FileNotFoundError(f"no generations found under {root} (run `pars generate` first)")
-    table, frames = length_table(models, read_table(args.prompts, PROMPTS), root)
+    # folders found, not named: one left by another profile is skipped (named in one line), not fatal
+    table, frames = length_table(models, read_table(args.prompts, PROMPTS), root, skip_other_prompts=not args.models)
     write_json(table, args.metrics)
     plot(frames, Path(args.plot))
     print_table(table)

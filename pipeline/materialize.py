@@ -27,7 +27,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--params", default=None, help=PARAMS_HELP)
     args = parser.parse_args(argv)
     params = load_params("materialize", args.params)
-    if not params:  # the production profile's: its models come from the hub
+    if not params:  # a profile whose generating models all come from the hub may name none
         print(f"materialize: {params.where} names no packaged model; nothing to convert")
     root = Path(args.out_root)
     specs = {}  # every entry checked before the first (slow) conversion

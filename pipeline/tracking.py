@@ -15,12 +15,26 @@ MODE_ALIASES = {"dryrun": "offline", "run": "online"}  # wandb's older spellings
 
 def wandb_mode(configured: str | None = None) -> str:
     """WANDB_MODE in the environment wins; then the stage's configured mode (evaluate.wandb.mode); else
-    an API key means online, and otherwise offline (`wandb sync` later)."""
+    an API key (WANDB_API_KEY, or `wandb login`'s) means online, and otherwise offline (`wandb sync` later)."""
     for mode in (os.environ.get("WANDB_MODE", ""), configured or ""):
         mode = MODE_ALIASES.get(mode.strip().lower(), mode.strip().lower())
         if mode in ("online", "offline", "disabled", "shared"):
             return mode
-    return "online" if os.environ.get("WANDB_API_KEY") else "offline"
+    return "online" if os.environ.get("WANDB_API_KEY") or _stored_login() else "offline"
+
+
+def _stored_login() -> bool:
+    """`wandb login` keeps the key in ~/.netrc ($NETRC) under the W&B server's host."""
+    try:
+        import netrc
+        from urllib.parse import urlparse
+
+        import wandb
+
+        host = urlparse(os.environ.get("WANDB_BASE_URL") or wandb.Settings().base_url).hostname
+        return bool(host and netrc.netrc(os.environ.get("NETRC")).authenticators(host))
+    except Exception:  # no .netrc, an unreadable one, no wandb: no stored login
+        return False
 
 
 _online_failed = False  # after one online run could not start, the process's later runs go straight offline

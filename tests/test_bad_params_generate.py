@@ -17,6 +17,7 @@ from helpers import one_line_error, run_cli
 import pipeline.generate as generate
 from pipeline.backends import Sample
 from pipeline.contracts import GENERATIONS, PROMPTS, write_table
+from pipeline.errors import PARSError
 
 PARAMS = Path(__file__).resolve().parents[1] / "params.yaml"
 
@@ -48,7 +49,7 @@ def gen_env(tmp_path, monkeypatch):
         if change:
             change(data)
         path = tmp_path / "params.yaml"
-        path.write_text(yaml.safe_dump(data))
+        path.write_text(yaml.safe_dump(data, sort_keys=False))  # keys as given: an int key among names too
         monkeypatch.setenv("PARS_PARAMS", str(path))
         return path
 
@@ -164,6 +165,10 @@ def test_an_output_under_a_file_is_refused_before_any_backend(gen_env, capsys, t
     assert blocker.read_text() == "keep me"
 
 
+# an entry for FakeBackend (make_backend is patched): check_spec reads it as the openai backend's
+FAKE_SPEC = {"backend": "openai", "model": "m", "base_url": "http://localhost:1/v1", "datasets": ["alpaca_eval"]}
+
+
 class FakeBackend:
     """Answers prompt i with i + 1 tokens; records what it was asked for."""
 
@@ -203,13 +208,19 @@ class FakeBackend:
         lambda e: e.update(samples=[]),
         lambda e: e.update(samples=["one"]),
         lambda e: e.pop("prompt_id"),
+        # impossible counts: the trace is part of output_tokens; a prompt has >= 0 tokens
+        lambda e: e["samples"][0].update(reasoning_tokens=5),
+        lambda e: e["samples"][0].update(prompt_tokens=-1),
+        # a lone surrogate (JSON "\\ud800") loads, but no table can hold it: every later run failed
+        lambda e: e["samples"][0].update(text="a\ud800"),
+        lambda e: e["samples"][0].update(reasoning="\udfff"),
     ],
 )
 def test_a_damaged_cache_entry_is_generated_again_not_written(tmp_path, monkeypatch, capsys, damage):
     backend = FakeBackend()
     monkeypatch.setattr(generate, "make_backend", lambda name, spec: backend)
     prompts = pd.read_parquet(_prompts(tmp_path / "prompts.parquet", n=4))
-    spec = {"backend": "openai", "datasets": ["alpaca_eval"], "max_prompts_per_dataset": None}
+    spec = {**FAKE_SPEC, "max_prompts_per_dataset": None}
     out = tmp_path / "gen"
     generate.run("fake", spec, prompts, out)
     assert backend.asked == ["p0", "p1", "p2", "p3"]
@@ -230,6 +241,120 @@ def test_a_damaged_cache_entry_is_generated_again_not_written(tmp_path, monkeypa
     gens = pd.read_parquet(out / "generations.parquet")
     assert gens.sort_values("prompt_id")["output_tokens"].tolist() == [1, 2, 3, 4]
     assert set(gens["finish_reason"]) == {"stop"} and gens.notna().all().all()
+
+
+class SurrogateBackend(FakeBackend):
+    """Answers with lone surrogates and a surrogate pair split in two code points."""
+
+    def generate(self, items):
+        for item in items:
+            yield item.prompt_id, [Sample(4, 2, "stop", 3, "a\ud800b", "\ud83d\ude00")]
+
+
+def test_text_a_backend_returns_is_cached_as_valid_utf8(tmp_path, monkeypatch):
+    monkeypatch.setattr(generate, "make_backend", lambda name, spec: SurrogateBackend())
+    prompts = pd.read_parquet(_prompts(tmp_path / "prompts.parquet", n=2))
+    out = tmp_path / "gen"
+    generate.run("fake", FAKE_SPEC, prompts, out)
+    gens = pd.read_parquet(out / "generations.parquet")
+    assert gens["text"].tolist() == ["a\ufffdb"] * 2 and gens["reasoning"].tolist() == ["\U0001f600"] * 2
+    meta = generate.run("fake", FAKE_SPEC, prompts, out)  # the cache lines are sound: nothing set aside
+    assert meta["this_run"]["prompts_cached"] == 2 and not (out / "cache.jsonl.damaged").exists()
+
+
+class FailingBackend(FakeBackend):
+    """Answers the first prompt, then fails."""
+
+    def generate(self, items):
+        for i, pair in enumerate(super().generate(items)):
+            if i == 1:
+                raise RuntimeError("engine died")
+            yield pair
+
+
+def test_a_second_generate_on_one_cache_is_refused_and_loses_nothing(tmp_path, monkeypatch):
+    """Run A holds the cache; run B must neither take A's half-written last line for damage and
+    replace the file (A would go on appending to the deleted one) nor write A's outputs."""
+    backend = FakeBackend()
+    monkeypatch.setattr(generate, "make_backend", lambda name, spec: backend)
+    prompts = pd.read_parquet(_prompts(tmp_path / "prompts.parquet", n=3))
+    out = tmp_path / "gen"
+    first = generate.GenerationCache(out / "cache.jsonl")  # run A, mid-write
+    first.add("k0", "p0", [Sample(1, 0, "stop", 3, "x", "")])
+    first._fh.write('{"key": "k1", "prompt_id": "p1", "sam')
+    first._fh.flush()
+    before = (out / "cache.jsonl").read_bytes()
+    with pytest.raises(PARSError, match=f"^another pars generate is writing {out / 'cache.jsonl'}"):
+        generate.run("fake", FAKE_SPEC, prompts, out)
+    assert (out / "cache.jsonl").read_bytes() == before and not (out / "cache.jsonl.damaged").exists()
+    assert backend.asked == [] and not (out / "generations.parquet").exists()
+    first.close()  # A ends: the lock is released
+    # a run that fails releases it too, and the next resumes
+    monkeypatch.setattr(generate, "make_backend", lambda name, spec: FailingBackend())
+    with pytest.raises(RuntimeError, match="engine died"):
+        generate.run("fake", FAKE_SPEC, prompts, out)
+    monkeypatch.setattr(generate, "make_backend", lambda name, spec: backend)
+    meta = generate.run("fake", FAKE_SPEC, prompts, out)
+    assert meta["this_run"]["prompts_cached"] == 1 and backend.asked == ["p1", "p2"]
+
+
+def test_leftover_temp_tables_are_removed_and_nothing_else(tmp_path, monkeypatch):
+    """A killed run's write_table temp file would become part of the out DVC keeps (persist: true)."""
+    monkeypatch.setattr(generate, "make_backend", lambda name, spec: FakeBackend())
+    prompts = pd.read_parquet(_prompts(tmp_path / "prompts.parquet", n=2))
+    out = tmp_path / "gen"
+    out.mkdir()
+    leftover = out / ".generations.parquet.k3x_9a0q.tmp"
+    leftover.write_bytes(b"PAR1 half")
+    kept = [out / "notes.tmp", out / ".generations.parquet.tmp", out / ".other.parquet.k3x_9a0q.tmp"]
+    for f in kept:
+        f.write_text("mine")
+    generate.run("fake", FAKE_SPEC, prompts, out)
+    assert not leftover.exists() and all(f.read_text() == "mine" for f in kept)
+
+
+@pytest.mark.parametrize(
+    "name, named",
+    [("../g2x", "generate.models.../g2x: the key '../g2x' must be a plain name"), (7, "generate.models.7: the key 7")],
+)
+def test_a_model_name_that_is_not_a_plain_name_is_refused(gen_env, capsys, tmp_path, name, named):
+    """The key names <out-root>/<model>/ and <metrics>/<model>.json: `..` would write outside them."""
+    write, argv, _ = gen_env
+    path = write(lambda p: p["generate"]["models"].update({name: p["generate"]["models"]["smollm2"]}))
+    rc, _, err = run_cli(capsys, *argv, "--model", str(name))
+    assert str(path) in one_line_error(rc, err, "generate", named)
+    assert sorted(f.name for f in tmp_path.iterdir()) == ["params.yaml", "prompts.parquet", "smollm2"]
+
+
+@pytest.mark.parametrize(
+    "model, key, value",
+    [
+        ("smollm2", "repetition_penalty", "x"),
+        ("smollm2", "repetition_penalty", 0),
+        ("api", "concurrency", "abc"),
+        ("api", "concurrency", 0),
+        ("api", "max_retries", -1),
+        ("api", "backoff_s", -1),
+        ("api", "timeout_s", 0),
+        ("api", "connect_timeout_s", float("inf")),
+        ("api", "max_tokens_field", 5),
+        ("api", "api_key_env", ""),
+        ("api", "base_url", "localhost:8000"),
+        ("api", "model", None),
+    ],
+)
+def test_a_bad_backend_setting_names_file_and_key_before_any_backend(gen_env, capsys, model, key, value):
+    write, argv, _ = gen_env
+    api = {"backend": "openai", "model": "m", "base_url": "http://localhost:8000/v1"}
+
+    def change(p):
+        p["generate"]["models"]["api"] = api
+        p["generate"]["models"][model][key] = value
+
+    path = write(change)
+    rc, _, err = run_cli(capsys, *argv, "--model", model)
+    line = one_line_error(rc, err, "generate", f"generate.models.{model}.{key} ")
+    assert str(path) in line and ": must be" in line
 
 
 def _generations(root: Path, **columns) -> Path:

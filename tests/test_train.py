@@ -296,6 +296,23 @@ def test_an_online_run_that_cannot_start_is_logged_offline(toy_root, tiny_encode
     assert len(runs) == 1 and any(runs[0].glob("*.wandb"))
 
 
+def test_a_stored_wandb_login_means_online(monkeypatch, tmp_path):
+    """`wandb login` keeps the key in ~/.netrc, not the environment: it counts as a key."""
+    from pipeline.tracking import wandb_mode
+
+    for var in ("WANDB_MODE", "WANDB_API_KEY"):
+        monkeypatch.delenv(var, raising=False)
+    netrc = tmp_path / ".netrc"
+    monkeypatch.setenv("NETRC", str(netrc))
+    monkeypatch.setenv("WANDB_BASE_URL", "https://wandb.example.org")
+    assert wandb_mode() == "offline"  # no .netrc
+    netrc.write_text("machine other.example.org\n  login user\n  password " + "k" * 40 + "\n")
+    netrc.chmod(0o600)
+    assert wandb_mode() == "offline"  # another host's login
+    netrc.write_text("machine wandb.example.org\n  login user\n  password " + "k" * 40 + "\n")
+    assert wandb_mode() == "online" and wandb_mode("offline") == "offline"
+
+
 def test_wandb_mode_and_group(monkeypatch):
     from pipeline.tracking import run_group, wandb_mode
 

@@ -1,7 +1,10 @@
 """Production sources from the Hugging Face hub (the paper's four datasets).
 
 They need network (or a warm `datasets` cache); offline they fail with a clear message naming
-the dataset. Records are streamed, so a cap of a few thousand does not download millions."""
+the dataset. Records are streamed, but a cap does not shorten the download: prepare keeps the
+`cap` prompts with the smallest ids, so it reads every record of the dataset first (LMSYS-Chat-1M:
+about a million conversations). Only a source's `limit` (prepare.sources.<name>.limit) stops the
+stream early, after the first `limit` records in the dataset's order (before dedupe and the cap)."""
 
 from __future__ import annotations
 
