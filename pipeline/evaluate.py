@@ -566,6 +566,14 @@ def transfer_matrix(ranking: dict, group: str = OVERALL) -> dict:
     }
 
 
+def method_order(methods) -> list[str]:
+    """The paper's pairwise first, then the other known methods, then any other name."""
+    from pipeline.ranking.losses import METHODS
+
+    present = set(methods)
+    return [m for m in METHODS if m in present] + sorted(present - set(METHODS))
+
+
 def write_plots(ranking: dict, transfer: dict, out_dir: Path) -> list[Path]:
     """tau_b by predictor and eval model (intervals, the references), the transfer heatmaps, and
     the DVC plot CSV: PLOT_FILES in `out_dir`, replaced (nothing else there is touched)."""
@@ -594,10 +602,13 @@ def write_plots(ranking: dict, transfer: dict, out_dir: Path) -> list[Path]:
     ncol = min(3, max(1, len(eval_models)))
     nrow = math.ceil(len(eval_models) / ncol) or 1
     fig, axes = plt.subplots(nrow, ncol, figsize=(4.6 * ncol, 3.6 * nrow), squeeze=False, sharey=True)
-    methods = sorted(overall["method"].unique())
+    methods = method_order(overall["method"].unique())
     colors = dict(zip(methods, plt.cm.tab10.colors))
     for ax, eval_model in zip(axes.flat, eval_models):
-        sub = overall[overall["eval_model"] == eval_model].sort_values(["train_model", "method"])
+        sub = overall[overall["eval_model"] == eval_model]
+        sub = sub.sort_values(
+            ["train_model", "method"], key=lambda c: c.map(methods.index) if c.name == "method" else c
+        )
         # in-domain predictors (trained on this model's answers) first
         sub = pd.concat([sub[sub["train_model"] == eval_model], sub[sub["train_model"] != eval_model]])
         # one group of bars per training set (the colour says the method), a gap between groups
@@ -623,7 +634,7 @@ def write_plots(ranking: dict, transfer: dict, out_dir: Path) -> list[Path]:
         ax.set_xlabel("trained on", fontsize=8)
         ref = ranking["references"][eval_model][OVERALL]
         if ref["noise_ceiling"]:
-            ax.axhline(ref["noise_ceiling"]["kendall_tau_b"], color="tab:green", ls="--", lw=1.2)
+            ax.axhline(ref["noise_ceiling"]["kendall_tau_b"], color="dimgray", ls="--", lw=1.2)
         ax.axhline(ref["prompt_length"]["kendall_tau_b"], color="tab:red", ls=":", lw=1.5)
         if ref.get("tfidf_ridge"):
             ax.axhline(ref["tfidf_ridge"]["kendall_tau_b"], color="tab:purple", ls="-.", lw=1.3)
@@ -634,7 +645,7 @@ def write_plots(ranking: dict, transfer: dict, out_dir: Path) -> list[Path]:
     axes[0][0].set_ylabel("Kendall τ_b (test, 95% CI)")
     # one legend for every panel, below them: the methods' colours and the reference lines
     handles = [Patch(facecolor=colors[m], edgecolor="black", label=m) for m in methods] + [
-        Line2D([], [], color="tab:green", ls="--", label="noise ceiling"),
+        Line2D([], [], color="dimgray", ls="--", label="noise ceiling"),
         Line2D([], [], color="tab:red", ls=":", label="prompt length"),
         Line2D([], [], color="tab:purple", ls="-.", label="TF-IDF + ridge"),
     ]
@@ -645,21 +656,29 @@ def write_plots(ranking: dict, transfer: dict, out_dir: Path) -> list[Path]:
     plt.close(fig)
 
     tm = transfer["kendall_tau_b"]
-    methods = sorted(tm)
+    methods = method_order(tm)
     if not methods:  # nothing to draw (no predictor results)
         return [out_dir / name for name in PLOT_FILES if (out_dir / name).exists()]
     width = (1.3 + 1.1 * len(eval_models)) * max(1, len(methods))
     fig, axes = plt.subplots(
         1, max(1, len(methods)), figsize=(width, 1.6 + 0.5 * len(transfer["train_models"])), squeeze=False
     )
+    # a symmetric scale (0 is white, a negative tau_b blue) fitted to the values: on -1..1 the
+    # 0.1-0.5 that predictors reach are all pale
+    values = [
+        abs(v) for m in methods for row in tm[m].values() for v in row.values() if v is not None and np.isfinite(v)
+    ]
+    limit = max(0.1, math.ceil(10 * max(values, default=0.1)) / 10)
     for ax, method in zip(axes[0], methods):
         train_models = transfer["train_models"]
         grid = np.array(
             [[tm[method].get(t, {}).get(e, np.nan) for e in eval_models] for t in train_models], dtype=float
         )
-        im = ax.imshow(grid, vmin=-1, vmax=1, cmap="RdBu_r", aspect="auto")
+        im = ax.imshow(grid, vmin=-limit, vmax=limit, cmap="RdBu_r", aspect="auto")
         for (i, j), v in np.ndenumerate(grid):
-            ax.text(j, i, "–" if np.isnan(v) else f"{v:.2f}", ha="center", va="center", fontsize=8)
+            dark = not np.isnan(v) and abs(v) > 0.6 * limit  # white figures on the darkest cells
+            text = "–" if np.isnan(v) else f"{v:.2f}"
+            ax.text(j, i, text, ha="center", va="center", fontsize=8, color="white" if dark else "black")
         ax.set_xticks(range(len(eval_models)), eval_models, rotation=30, ha="right", fontsize=8)
         ax.set_yticks(range(len(train_models)), train_models, fontsize=8)
         ax.set_xlabel("evaluated on (answers of)", fontsize=8)

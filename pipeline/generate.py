@@ -25,9 +25,8 @@ from typing import Any
 
 import pandas as pd
 
-from pipeline.backends import OPTIONS, PromptItem, Sample, make_backend
+from pipeline.backends import OPTIONS, REQUIRED, PromptItem, Sample, make_backend
 from pipeline.backends.vllm_backend import (
-    DEFAULT_MAX_MODEL_LEN,
     DTYPES,
     OWN_ENGINE_ARGS,
     check_engine_args,
@@ -45,7 +44,7 @@ from pipeline.contracts import (
 )
 from pipeline.encoders import resolve_encoder
 from pipeline.errors import PARSError, plain_name
-from pipeline.params import PARAMS_HELP, Section, load_params
+from pipeline.params import PARAMS_HELP, MissingParam, Section, load_params
 from pipeline.sources import SourceUnavailable
 
 BACKENDS = ("vllm", "openai", "recorded")
@@ -256,6 +255,7 @@ def check_spec(model: str, spec: dict[str, Any], machine: bool = True) -> Sectio
         name = spec["model"]
         if not isinstance(name, str) or not name.strip():
             raise PARSError(f"{where}.model {name!r}: must be a model name (a local dir or a hub id, org/name)")
+    check_required(spec, backend)
     datasets = spec.get("datasets")
     if datasets is not None and not (
         isinstance(datasets, list) and datasets and all(isinstance(d, str) for d in datasets)
@@ -298,6 +298,19 @@ def check_spec(model: str, spec: dict[str, Any], machine: bool = True) -> Sectio
     return spec
 
 
+def check_required(spec: Section, backend: str) -> None:
+    """The settings that decide the answers (REQUIRED) must be in the model's own entry: the backends
+    have no default for them, so an entry that leaves one out is refused here, in one line naming the
+    file and key, rather than run with a number nobody chose there."""
+    missing = [key for key in REQUIRED[backend] if key not in spec]
+    if missing:
+        also = f"; also missing: {', '.join(missing[1:])}" if missing[1:] else ""
+        raise MissingParam(
+            f"{spec.where}.{missing[0]} is missing: it decides the answers and has no default (the {backend} "
+            f"backend needs {', '.join(REQUIRED[backend])} in each model's entry){also}"
+        )
+
+
 def check_openai_spec(spec: Section) -> None:
     """The openai backend's text keys (check_spec has checked its numbers)."""
     where = spec.where
@@ -322,22 +335,20 @@ def check_recorded_source(spec: Section) -> None:
 def check_vllm_spec(spec: Section, machine: bool) -> None:
     """The vllm backend's own keys (check_spec has checked the shared ones)."""
     where = spec.where
-    if "dtype" in spec:
-        spec.choice("dtype", DTYPES)
+    spec.choice("dtype", DTYPES)
     if "enforce_eager" in spec and not isinstance(spec["enforce_eager"], bool):  # bool("no") is True
         raise PARSError(f"{where}.enforce_eager {spec['enforce_eager']!r}: must be true or false")
-    if "cpu_kv_cache_gib" in spec:
-        spec.number("cpu_kv_cache_gib", positive=True)
+    if "cpu_kv_cache_gib" in spec:  # whole GiB: vLLM reads VLLM_CPU_KVCACHE_SPACE as an integer
+        spec.integer("cpu_kv_cache_gib", minimum=1)
     engine_args = spec.get("engine_args") or {}
     for key in OWN_ENGINE_ARGS:
         if key in engine_args:
             raise PARSError(f"{where}.engine_args.{key}: set {where}.{key} instead (the backend sets it)")
-    # the engine gets DEFAULT_MAX_MODEL_LEN when the entry sets none: the answer must fit it too
-    max_len = spec.get("max_model_len", DEFAULT_MAX_MODEL_LEN)
-    if "max_tokens" in spec and spec["max_tokens"] >= max_len:
-        default = "" if "max_model_len" in spec else ", the default: set a larger max_model_len"
+    # max_model_len holds the prompt and the answer: the answer must fit it
+    max_len = spec["max_model_len"]
+    if spec["max_tokens"] >= max_len:
         raise PARSError(
-            f"{where}.max_tokens {spec['max_tokens']}: must be below max_model_len ({max_len}{default}), "
+            f"{where}.max_tokens {spec['max_tokens']}: must be below max_model_len ({max_len}), "
             "which holds the prompt and the answer"
         )
     if not machine:
@@ -363,7 +374,7 @@ def check_vllm_spec(spec: Section, machine: bool) -> None:
         and os.environ.get("VLLM_ALLOW_LONG_MAX_MODEL_LEN") in (None, "", "0")
     ):
         raise PARSError(
-            f"{where}.max_model_len {max_len}{'' if 'max_model_len' in spec else ' (the default)'}: the model has "
+            f"{where}.max_model_len {max_len}: the model has "
             f"{positions} positions ({path}/config.json max_position_embeddings); set max_model_len <= {positions}"
         )
     check_engine_args(engine_args, where)

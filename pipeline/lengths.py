@@ -89,19 +89,23 @@ def plot(frames: dict[str, pd.DataFrame], out: Path) -> None:
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(9, 4.5))
-    bins = np.logspace(0, np.log10(max(int(f["output_tokens"].max()) for f in frames.values()) + 1), 50)
+    longest = max(int(f["output_tokens"].max()) for f in frames.values())
+    # log-spaced bins with edges between whole numbers: every bin holds at least one possible length
+    # (finer log bins leave empty teeth between 1, 2, 3 ... tokens)
+    edges = np.unique(np.round(np.logspace(0, np.log10(longest + 1), 40))) - 0.5
     for model, gens in frames.items():
+        cut = float(gens["finish_reason"].eq("length").mean())
         ax.hist(
             gens["output_tokens"].clip(lower=1),
-            bins=bins,
+            bins=np.append(edges, longest + 0.5) if edges[-1] < longest + 0.5 else edges,
             histtype="step",
             linewidth=1.6,
-            density=True,
-            label=f"{model} (n={len(gens)})",
+            weights=np.full(len(gens), 1.0 / len(gens)),  # share of the model's answers: comparable across n
+            label=f"{model} (n={len(gens)}" + (f", {cut:.0%} cut at max_tokens)" if cut else ")"),
         )
     ax.set_xscale("log")
     ax.set_xlabel("answer length (output tokens, log scale)")
-    ax.set_ylabel("density")
+    ax.set_ylabel("share of answers in the bin")
     ax.set_title("Answer-length distributions per model")
     ax.legend(fontsize=8)
     fig.tight_layout()

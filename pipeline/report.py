@@ -1,19 +1,39 @@
 """report: the results page, metrics/report.md, generated from the metrics files so it cannot go stale.
 
-The paper-style tau_b tables from metrics/ranking.json (pipeline.ranking.report_tables), then the
-serving results: simulator workloads, the real-engine burst, the scheduler stall and capacity, and
-what a cold `dvc repro` and training cost (pipeline.serving.results), each from its own metrics file
-when it exists."""
+A short summary (what τ_b is, the served predictor, the headline figures against the project's
+targets, met or not), the paper-style tau_b tables from metrics/ranking.json
+(pipeline.ranking.report_tables), then the serving results: the engine settings the page uses,
+simulator workloads, the real-engine burst, the scheduler stall, simulator fidelity, capacity, and
+what a cold `dvc repro` and training cost, each from its own metrics file when it exists and each
+rendered by pipeline.serving.results. Image links are relative to metrics/report.md."""
 
 from __future__ import annotations
 
 import argparse
+import os
 from pathlib import Path
+from typing import Any
 
 from pipeline.contracts import read_json, same_file
 from pipeline.errors import PARSError
-from pipeline.ranking.report_tables import render_markdown
-from pipeline.serving.results import render_serving
+from pipeline.ranking.report_tables import OVERALL, join_names, render_markdown
+from pipeline.serving.results import (
+    capacity_section,
+    cold_repro_section,
+    draws_lines,
+    engine_labels,
+    engine_section,
+    engines_section,
+    fidelity_section,
+    fmt_ms,
+    fmt_num,
+    image_lines,
+    is_finite_number,
+    nested_value,
+    overhead_section,
+    simulation_section,
+    train_throughput_section,
+)
 
 REPORT = "metrics/report.md"  # the report stage's output
 RESULT_FILES = {
@@ -25,10 +45,32 @@ RESULT_FILES = {
     "cold_repro": "metrics/cold_repro.json",
     "train_throughput": "metrics/train_throughput.json",
 }
+# draws of the engine burst's FCFS/PARS ratio (benchmarks/engine_draws.py): the engine table's spread line
+ENGINE_DRAWS = "metrics/choices/engine_draws.json"
+# a cross-model predictor's training metrics (train_cross writes them): its `members`
+CROSS_TRAIN = "metrics/train/{model}-pairwise.json"
 # noise ceilings of models with one recorded answer per prompt, estimated by a benchmark
 ESTIMATED_CEILINGS = ("metrics/choices/chatgpt_noise_ceiling.json",)
 # what a damaged metrics file raises deep in the renderers (a missing key, a list for a mapping)
 DAMAGED = (KeyError, IndexError, TypeError, AttributeError, ValueError)
+PAGE_DIR = str(Path(REPORT).parent)  # image links are relative to the report stage's page
+PLOTS = {
+    "tau_b": "plots/evaluate/tau_b.png",
+    "transfer": "plots/evaluate/transfer.png",
+    "engine_bench": "plots/engine_bench.png",
+    "sim_fidelity": "plots/sim_fidelity.png",
+}
+SPEEDUP_VS_TAU = "plots/simulation/{workload}_speedup_vs_tau.png"
+
+# The project's acceptance targets (the issue's, not measurements): the summary says which the
+# metrics meet. Models by their key in metrics/ranking.json and metrics/simulation.json.
+TAU_TARGETS = {"chatgpt": 0.45, "gpt-4-turbo": 0.45}  # test pairwise τ_b, overall, per-model predictor
+EXPORT_TAU = 0.35  # the served export's τ_b on each model it was trained on
+SIM_WORKLOAD = "chatgpt"  # simulator burst: PARS over FCFS, mean and p90 per-token latency; PARS / oracle
+SIM_MEAN, SIM_P90, SIM_ORACLE = 3.0, 2.0, 1.5
+ENGINE_RATIO = 2.0  # engine benchmark FCFS / PARS mean per-token latency
+OVERHEAD_SHARE = 0.005  # PARS code in schedule(), share of the engine run's wall time
+SCHEDULE_S = 0.050  # at most this long in PARS code per schedule() call (scheduler stall, its default mode)
 
 
 def _render(render, path: str | Path, *args):
@@ -42,11 +84,237 @@ def _render(render, path: str | Path, *args):
         ) from exc
 
 
+def _plot(path: str) -> str | None:
+    """A link to a committed plot, relative to the report stage's page; None when it is not there."""
+    return Path(os.path.relpath(path, PAGE_DIR)).as_posix() if Path(path).is_file() else None
+
+
+# ---------------------------------------------------------------- what the page knows of the predictors
+
+
+def served_checkpoint(bench: dict | None) -> dict | None:
+    """The serving checkpoint as the engine benchmark recorded it (setup.checkpoint and its pars.json
+    `trained_on`): {model, method, checkpoint, members, source}; None without one."""
+    setup = nested_value(bench, "setup") or {}
+    trained_on = setup.get("checkpoint_trained_on")
+    if not setup.get("checkpoint") or not isinstance(trained_on, dict) or not trained_on.get("model"):
+        return None
+    return {
+        "model": trained_on["model"],
+        "method": setup.get("checkpoint_method", "pairwise"),
+        "checkpoint": setup["checkpoint"],
+        "members": list(trained_on["members"]) if isinstance(trained_on.get("members"), list) else None,
+        "source": RESULT_FILES["engine_bench"],
+    }
+
+
+def cross_model_members(ranking: dict, served: dict | None) -> dict[str, list[str] | None]:
+    """Each cross-model predictor's member models (None: not recorded), from its training metrics,
+    else from the served checkpoint's metadata when that is the same predictor."""
+    members = {}
+    for model in ranking["predictors"]:
+        if model in ranking["references"]:
+            continue  # a per-model predictor
+        path = CROSS_TRAIN.format(model=model)
+        found = None
+        if Path(path).is_file():
+            found = read_json(path).get("members")
+        if not found and served and served["model"] == model:
+            found = served.get("members")
+        members[model] = list(found) if isinstance(found, list) and found else None
+    return members
+
+
+# ---------------------------------------------------------------- the summary
+
+
+def _overall_tau(ranking: dict, model: str, method: str, eval_model: str) -> float | None:
+    tau = nested_value(ranking, "predictors", model, method, eval_model, OVERALL, "kendall_tau_b")
+    return tau if is_finite_number(tau) else None
+
+
+def summary_lines(ranking: dict, serving: dict[str, Any], members: dict, served: dict | None) -> list[str]:
+    """What τ_b is, the served predictor, and the headline figures against the project's targets."""
+    # (met, or None where not measured; what is measured; its value as written; the target)
+    checks: list[tuple[bool | None, str, str, str]] = []
+
+    def check(value: Any, ok, what: str, written: str, target: str) -> None:
+        checks.append((ok(value) if is_finite_number(value) else None, what, written, target))
+
+    for model, target in TAU_TARGETS.items():
+        tau = _overall_tau(ranking, model, "pairwise", model)
+        check(tau, lambda t, g=target: t >= g, f"{model} test pairwise τ_b", fmt_num(tau), f"≥ {target:g}")
+    exported = (served or {}).get("members") or []
+    taus = {m: _overall_tau(ranking, served["model"], served["method"], m) for m in exported}
+    check(
+        min(taus.values()) if taus and None not in taus.values() else None,
+        lambda t: t >= EXPORT_TAU,
+        "the export's τ_b on each model it was trained on",
+        ": " + ", ".join(f"{m} {fmt_num(t)}" for m, t in taus.items()),
+        f"≥ {EXPORT_TAU:g} on each",
+    )
+    w = nested_value(serving.get("simulation"), "workloads", SIM_WORKLOAD) or {}
+    burst = next((v for k, v in (w.get("scenarios") or {}).items() if k.startswith("burst_")), {})
+    pars, oracle = burst.get("pars") or {}, burst.get("oracle") or {}
+    mean, p90, ratio = pars.get("speedup_mean_over_fcfs"), pars.get("speedup_p90_over_fcfs"), None
+    if is_finite_number(pars.get("mean_per_token_latency")) and is_finite_number(oracle.get("mean_per_token_latency")):
+        ratio = pars["mean_per_token_latency"] / oracle["mean_per_token_latency"]
+    where = f"simulated {SIM_WORKLOAD} burst"
+    check(
+        mean,
+        lambda x: x >= SIM_MEAN,
+        f"{where}, FCFS / PARS mean per-token latency",
+        f"{fmt_num(mean, '.2f')}×",
+        f"≥ {SIM_MEAN:g}×",
+    )
+    check(p90, lambda x: x >= SIM_P90, f"{where}, FCFS / PARS p90", f"{fmt_num(p90, '.2f')}×", f"≥ {SIM_P90:g}×")
+    check(
+        ratio,
+        lambda x: x <= SIM_ORACLE,
+        f"{where}, PARS / oracle mean per-token latency",
+        f"{fmt_num(ratio, '.2f')}×",
+        f"≤ {SIM_ORACLE:g}×",
+    )
+    bench = serving.get("engine_bench") or {}
+    f_mean, p_mean = (
+        nested_value(bench, "fcfs", "mean_per_token_latency"),
+        nested_value(bench, "pars", "mean_per_token_latency"),
+    )
+    engine = f_mean / p_mean if is_finite_number(f_mean) and is_finite_number(p_mean) and p_mean > 0 else None
+    check(
+        engine,
+        lambda x: x >= ENGINE_RATIO,
+        "engine benchmark (one burst), FCFS / PARS mean per-token latency",
+        f"{fmt_num(engine, '.2f')}×",
+        f"≥ {ENGINE_RATIO:g}×",
+    )
+    share, scoring = nested_value(bench, "pars", "overhead_fraction"), nested_value(bench, "pars", "scoring_fraction")
+    check(
+        share,
+        lambda x: x <= OVERHEAD_SHARE,
+        "PARS code in schedule(), share of the engine run's wall time",
+        f"{fmt_num(100 * share, '.3f')} %" if is_finite_number(share) else "–",
+        f"≤ {100 * OVERHEAD_SHARE:g} %"
+        + (
+            f"; the scoring thread's {fmt_num(100 * scoring, '.1f')} % is not in it"
+            if is_finite_number(scoring)
+            else ""
+        ),
+    )
+    over = serving.get("scheduler_overhead") or {}
+    worst = over.get("max_pars_s_per_schedule")
+    others = [
+        f"{mode} {fmt_ms(r.get('max_pars_s_per_schedule'))} ms"
+        for mode, r in (over.get("modes") or {}).items()
+        if mode != over.get("scoring") and isinstance(r, dict)
+    ]
+    check(
+        worst,
+        lambda x: x <= SCHEDULE_S,
+        "longest PARS time in one schedule() call"
+        + (f" ({over.get('arrivals')} arrivals at once, {over.get('scoring')} scoring)" if over else ""),
+        f"{fmt_ms(worst)} ms",
+        f"≤ {1000 * SCHEDULE_S:g} ms" + (f"; {', '.join(others)}" if others else ""),
+    )
+    said = [
+        (ok, what + ("" if written.startswith(":") else " ") + f"{written} (target {target})")
+        for ok, what, written, target in checks
+    ]
+    met = [text for ok, text in said if ok]
+    missed = [text for ok, text in said if ok is False]
+    unknown = [f"{what} (target {target})" for ok, what, _, target in checks if ok is None]
+    lines = [
+        "# PARS results",
+        "",
+        "Generated by `pars report` from the committed metrics files; every figure on this page is read from them, "
+        "and each section names its file and the command that reproduces it.",
+        "",
+        "- **τ_b** is Kendall's rank correlation between a predictor's scores and the prompts' true answer lengths "
+        "on the test split: 1 = the same order, 0 = no relation; PARS serves the waiting queue shortest predicted "
+        "answer first, so a higher τ_b means an order closer to shortest-job-first.",
+    ]
+    if served:
+        kind = "cross-model " if served["model"] in members else ""
+        who = f"the {kind}{served['method']} predictor `{served['model']}`"
+        if served.get("members"):
+            who += f", trained on {join_names(served['members'])}"
+        line = f"- **Served by default**: `{served['checkpoint']}`, {who} (as `{served['source']}` records it)"
+        by = (w.get("score_model") or {}).get("pars")
+        if by and by != served["model"]:
+            line += f"; the simulated {SIM_WORKLOAD} workload below scores PARS with `{by}`'s own predictor instead"
+        lines.append(line + ".")
+    n = len(checks)
+    lines.append(f"- **Targets met ({len(met)} of {n})**: " + ("; ".join(met) if met else "none") + ".")
+    lines.append(f"- **Not met ({len(missed)} of {n})**: " + ("; ".join(missed) if missed else "none") + ".")
+    if unknown:
+        lines.append(
+            f"- **Not measured ({len(unknown)} of {n})**, no metrics file or figure: " + "; ".join(unknown) + "."
+        )
+    return lines + [""]
+
+
+# ---------------------------------------------------------------- the page
+
+
+def render_page(
+    ranking: dict,
+    ceilings: list[dict],
+    serving: dict[str, Any] | None,
+    draws: dict | None,
+    members: dict,
+    served: dict | None,
+    ranking_path: str | Path,
+) -> str:
+    """The page: the summary (with serving) and ranking tables, then the serving sections. Each part is
+    rendered on its own so that a damaged file is named; the summary last, from files already checked."""
+    plots = {k: _plot(PLOTS[k]) for k in ("tau_b", "transfer")}
+    tables = _render(
+        lambda: render_markdown(ranking, ceilings, cross_members=members, served=served, plots=plots), ranking_path
+    )
+    if serving is None:
+        return tables
+    labels = _render(engine_labels, "the serving metrics files", serving)
+    parts: list[str] = []
+    builders = {
+        "simulation": lambda d: simulation_section(
+            d,
+            labels["simulation"],
+            members,
+            served,
+            {name: _plot(SPEEDUP_VS_TAU.format(workload=name)) for name in d.get("workloads", {})},
+        ),
+        "engine_bench": lambda d: engine_section(d, labels["engine_bench"]),
+        "scheduler_overhead": lambda d: overhead_section(d, labels["scheduler_overhead"], SCHEDULE_S),
+        "sim_fidelity": lambda d: fidelity_section(d, labels["engine_bench"], _plot(PLOTS["sim_fidelity"])),
+        "capacity": lambda d: capacity_section(d, labels, serving),
+        "cold_repro": cold_repro_section,
+        "train_throughput": train_throughput_section,
+    }
+    parts += _render(engines_section, "the serving metrics files", serving, labels)
+    for key, build in builders.items():
+        data = serving.get(key)
+        if data is None:
+            parts += [f"*(no `{RESULT_FILES[key]}` yet: its section is left out)*", ""]
+            continue
+        section = _render(build, RESULT_FILES[key], data)
+        if key == "engine_bench":
+            if draws is not None:
+                section += _render(draws_lines, ENGINE_DRAWS, draws, serving.get("sim_fidelity"), ENGINE_DRAWS)
+            section += image_lines(
+                _plot(PLOTS["engine_bench"]), "Engine benchmark: latency, TTFT and throughput by policy"
+            )
+        parts += section
+    summary = _render(summary_lines, "the metrics files", ranking, serving, members, served)
+    return "\n".join(summary) + "\n" + tables.rstrip() + "\n\n" + "\n".join(parts).rstrip() + "\n"
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="pars report", description=__doc__.split("\n")[0])
     parser.add_argument("--ranking", default="metrics/ranking.json", help="evaluate's metrics (default: %(default)s)")
     parser.add_argument(
-        "--out", help=f"markdown file to write (default: {REPORT}; with --ranking-only, none: printed only)"
+        "--out",
+        help=f"markdown file to write (default: {REPORT}; with --ranking-only, none: printed only); "
+        f"its image links are relative to {REPORT}",
     )
     parser.add_argument("--ranking-only", action="store_true", help="leave out the serving sections")
     args = parser.parse_args(argv)
@@ -59,23 +327,28 @@ def main(argv: list[str] | None = None) -> int:
     path = Path(args.ranking)
     if not path.is_file():
         raise FileNotFoundError(f"{path} does not exist (run `pars evaluate` or `dvc repro evaluate` first)")
-    if out is not None:
+
+    def refuse_inputs(files) -> None:
         # the page written over a metrics file it reads (or would read, once its stage runs) loses it
-        inputs = [("the --ranking file", path)] + [
-            ("the input", f) for f in (*ESTIMATED_CEILINGS, *RESULT_FILES.values())
-        ]
-        for what, f in inputs:
-            if same_file(out, f):
+        for what, f in files:
+            if out is not None and same_file(out, f):
                 raise PARSError(f"--out {out}: is {what} {f}; the page would replace it")
+
+    refuse_inputs(
+        [("the --ranking file", path)]
+        + [("the input", f) for f in (*ESTIMATED_CEILINGS, *RESULT_FILES.values(), ENGINE_DRAWS)]
+    )
+    if out is not None:
         # a file in the way: one line, before any work; the directory is made only when the page is written
         ensure_parent(out, create=False)
     # every file read (and its JSON checked) before anything is rendered
     ranking = read_json(path)
     ceiling_files = [f for f in ESTIMATED_CEILINGS if Path(f).is_file()]
     ceilings = [read_json(f) for f in ceiling_files]
-    serving = {}
+    serving, draws = None, None
     if not args.ranking_only:
         serving = {key: read_json(f) if Path(f).is_file() else None for key, f in RESULT_FILES.items()}
+        draws = read_json(ENGINE_DRAWS) if Path(ENGINE_DRAWS).is_file() else None
     for key in ("predictors", "references"):
         if not isinstance(ranking.get(key), dict):
             problem = "has no" if key not in ranking else "has a non-mapping"
@@ -91,12 +364,15 @@ def main(argv: list[str] | None = None) -> int:
         ]
         if missing:
             raise PARSError(f"{f}: has no {missing[0]!r} (rerun the benchmark that writes it)")
-    text = _render(render_markdown, path, ranking, ceilings)
-    if not args.ranking_only:
-        for key, data in serving.items():  # each file on its own, so a damaged one is named
-            if data is not None:
-                _render(render_serving, RESULT_FILES[key], {key: data})
-        text = text.rstrip() + "\n\n" + render_serving(serving)
+    # the served checkpoint (the engine benchmark's record of it) names the cross-model row it is
+    bench = serving.get("engine_bench") if serving else None
+    if bench is None and Path(RESULT_FILES["engine_bench"]).is_file():
+        bench = read_json(RESULT_FILES["engine_bench"])
+    served = _render(served_checkpoint, RESULT_FILES["engine_bench"], bench)
+    cross = [CROSS_TRAIN.format(model=m) for m in ranking["predictors"] if m not in ranking["references"]]
+    refuse_inputs([("the input", f) for f in cross])
+    members = cross_model_members(ranking, served)
+    text = render_page(ranking, ceilings, serving, draws, members, served, path)
     if out is not None:
         write_text(text, out)
     print(text, end="")

@@ -360,6 +360,7 @@ def plots(
     sweep: dict[float, dict],
     curve: list[dict] | None,
     measured: dict[str, dict] | None,
+    kv_tokens: int | None = None,
     outdir: Path = PLOTS,
 ) -> list[Path]:
     """The workload's figures in `outdir`; returns the files written."""
@@ -396,10 +397,14 @@ def plots(
             ser = burst_results[p].series
             ax[0].plot(ser["t"], ser["waiting"], label=p, lw=0.8, color=color[p])
             ax[1].plot(ser["t"], ser["kv_tokens"], label=p, lw=0.5, color=color[p])
-    ax[0].set_title(f"{name}: waiting requests")
-    ax[1].set_title("KV tokens in use")
+    if kv_tokens:
+        ax[1].axhline(kv_tokens, color="black", ls="--", lw=0.8, label=f"KV cache (M = {kv_tokens:,})")
+    ax[0].set_title(f"{name}: burst, requests still waiting")
+    ax[0].set_ylabel("waiting requests")
+    ax[1].set_title(f"{name}: burst, KV cache held")
+    ax[1].set_ylabel("KV tokens in use")
     for a in ax:
-        a.set_xlabel("time (s)")
+        a.set_xlabel("time since the burst (s)")
         a.legend(fontsize=7)
     fig.tight_layout()
     save(fig, "burst_queue")
@@ -536,7 +541,7 @@ def run_workload(
     }
     if curve is not None:
         out["quality_curve"] = curve
-    return out, (burst_res, sweep, curve, measured)
+    return out, (burst_res, sweep, curve, measured, int(cfg.M))
 
 
 def run(

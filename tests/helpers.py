@@ -24,6 +24,21 @@ def params_section(name: str, **overrides) -> dict:
     return {**yaml.safe_load(PARAMS.read_text(encoding="utf-8"))[name], **overrides}
 
 
+def backend_spec(backend: str, *, without: tuple[str, ...] = (), **overrides) -> dict:
+    """A spec for the vllm or openai backend with every key it requires (pipeline.backends.REQUIRED:
+    no defaults in code), taken from params.yaml's smollm2 entry (dtype `auto` for vllm, so that no
+    test asks this CPU whether it computes bfloat16), then `overrides`; the keys in `without` left out.
+    Without `model` (and the openai backend's `base_url`) unless given."""
+    from pipeline.backends import REQUIRED
+
+    smollm2 = params_section("generate")["models"]["smollm2"]
+    spec = {key: smollm2[key] for key in REQUIRED[backend]}
+    if backend == "vllm":
+        spec["dtype"] = "auto"
+    spec.update(overrides)
+    return {key: value for key, value in spec.items() if key not in without}
+
+
 WORDS = {"short": "brief", "long": "essay"}
 
 

@@ -12,10 +12,10 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import yaml
-from helpers import one_line_error, run_cli
+from helpers import backend_spec, one_line_error, run_cli
 
 import pipeline.generate as generate
-from pipeline.backends import Sample
+from pipeline.backends import REQUIRED, Sample
 from pipeline.contracts import GENERATIONS, PROMPTS, write_table
 from pipeline.errors import PARSError
 
@@ -114,6 +114,33 @@ def test_a_bad_model_entry_is_one_line_before_any_backend(gen_env, capsys, key, 
     assert str(path) in line
 
 
+@pytest.mark.parametrize(
+    "model, key", [("smollm2", key) for key in REQUIRED["vllm"]] + [("api", key) for key in REQUIRED["openai"]]
+)
+def test_a_missing_setting_that_decides_the_answers_is_named_before_any_backend(gen_env, capsys, model, key):
+    """The backends have no default for k, the sampling, the seed, the dtype or max_model_len: an entry
+    that leaves one out is refused in one line naming the file and key, before any backend is made."""
+    write, argv, _ = gen_env
+
+    def change(p):
+        p["generate"]["models"]["api"] = dict(API)
+        p["generate"]["models"][model].pop(key)
+
+    path = write(change)
+    rc, _, err = run_cli(capsys, *argv, "--model", model)
+    line = one_line_error(rc, err, "generate", f"{path}: generate.models.{model}.{key} is missing: ")
+    backend = "vllm" if model == "smollm2" else "openai"
+    assert f"the {backend} backend needs {', '.join(REQUIRED[backend])} in each model's entry" in line
+
+
+def test_every_missing_setting_is_listed(gen_env, capsys):
+    write, argv, _ = gen_env
+    path = write(lambda p: [p["generate"]["models"]["smollm2"].pop(key) for key in ("seed", "dtype", "top_p")])
+    rc, _, err = run_cli(capsys, *argv, "--model", "smollm2")
+    line = one_line_error(rc, err, "generate", f"{path}: generate.models.smollm2.top_p is missing")
+    assert line.endswith("; also missing: seed, dtype")
+
+
 def test_a_missing_dir_under_a_local_dir_is_a_path_not_a_hub_id(gen_env, capsys, tmp_path, monkeypatch):
     write, argv, _ = gen_env
     monkeypatch.chdir(tmp_path)
@@ -166,7 +193,13 @@ def test_an_output_under_a_file_is_refused_before_any_backend(gen_env, capsys, t
 
 
 # an entry for FakeBackend (make_backend is patched): check_spec reads it as the openai backend's
-FAKE_SPEC = {"backend": "openai", "model": "m", "base_url": "http://localhost:1/v1", "datasets": ["alpaca_eval"]}
+FAKE_SPEC = {
+    "backend": "openai",
+    **backend_spec("openai", model="m", base_url="http://localhost:1/v1"),
+    "datasets": ["alpaca_eval"],
+}
+# an openai entry with every key the backend requires
+API = {"backend": "openai", **backend_spec("openai", model="m", base_url="http://localhost:8000/v1")}
 
 
 class FakeBackend:
@@ -345,10 +378,9 @@ def test_a_model_name_that_is_not_a_plain_name_is_refused(gen_env, capsys, tmp_p
 )
 def test_a_bad_backend_setting_names_file_and_key_before_any_backend(gen_env, capsys, model, key, value):
     write, argv, _ = gen_env
-    api = {"backend": "openai", "model": "m", "base_url": "http://localhost:8000/v1"}
 
     def change(p):
-        p["generate"]["models"]["api"] = api
+        p["generate"]["models"]["api"] = dict(API)
         p["generate"]["models"][model][key] = value
 
     path = write(change)
@@ -443,7 +475,7 @@ def test_extra_body_must_be_a_mapping(value):
     """An endpoint's extra_body is merged into each request: anything but a mapping, one line naming it."""
     from pipeline.errors import PARSError
 
-    spec = {"backend": "openai", "model": "m", "base_url": "http://localhost:8000/v1", "extra_body": value}
+    spec = {**API, "extra_body": value}
     with pytest.raises(PARSError, match=r"^generate\.models\.api\.extra_body .*: must be a mapping"):
         generate.check_spec("api", spec)
     generate.check_spec("api", {**spec, "extra_body": {"reasoning_effort": "high"}})
@@ -467,7 +499,7 @@ def test_openai_api_key_env_that_is_not_set_is_refused(monkeypatch):
     (the endpoint would refuse each one); unnamed, OPENAI_API_KEY or a placeholder for local servers."""
     from pipeline.backends.openai_backend import OpenAIBackend
 
-    spec = {"backend": "openai", "model": "m", "base_url": "http://localhost:8000/v1", "k": 1}
+    spec = {**API, "k": 1}
     monkeypatch.delenv("PARS_TEST_KEY", raising=False)
     monkeypatch.delenv("OPENAI_API_KEY", raising=False)
     with pytest.raises(ValueError, match="`api_key_env` names PARS_TEST_KEY, which is not set"):

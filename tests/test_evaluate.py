@@ -310,11 +310,12 @@ def test_evaluate_core_on_hand_made_scores(tmp_path):
     by_hand = M.percentile_ci(M.bootstrap_harrell_c(lab["length"], ptoks.reindex(lab.index), lab["truncated"], idx))
     assert (base["harrell_c_ci_low"], base["harrell_c_ci_high"]) == pytest.approx(by_hand)
     assert harrell_keys <= set(tf)
-    md = render_markdown(json.loads(json.dumps(_no_nan(r))))  # the report: C beside tau_b, and why
-    rows = {line.split(" | ")[0]: line for line in md.splitlines() if line.startswith("| ")}
-    assert "; C 1.000 (1.00–1.00)" in rows["| oracle"] and "; C 0.000" in rows["| reverse"]
-    assert "; C " in rows["| *prompt length (tokens)*"] and "; C " not in rows["| *noise ceiling (sample vs sample)*"]
-    assert "- C: Harrell's C beside τ_b where answers were cut (¶)" in md
+    md = render_markdown(json.loads(json.dumps(_no_nan(r))))  # the report: C in a table of its own, and why
+    c_table = md[md.index("### Harrell's C where answers were cut (¶)") : md.index("## Cross-model transfer")]
+    rows = {line.split(" | ")[0]: line for line in c_table.splitlines() if line.startswith("| ")}
+    assert "| 1.000 [1.000, 1.000] |" in rows["| oracle"] and "| 0.000 [0.000, 0.000] |" in rows["| reverse"]
+    assert "| *prompt length (tokens)*" in rows and "| *noise ceiling (sample vs sample)*" not in rows
+    assert "C counts only pairs whose order is known" in c_table
 
     # a test prompt whose text is a train prompt of another dataset (case and spacing aside) is left
     # out of every figure; its score may be there, and nothing else moves
@@ -563,10 +564,10 @@ def test_report_shows_an_estimated_noise_ceiling_only_where_evaluate_has_none():
     }
     has_own = r["references"]["kw"][group].get("noise_ceiling") is not None
     md = render_markdown(r, [estimate])
-    assert ("0.616 (0.54–0.69) §" in md) is not has_own
+    assert ("0.616 [0.541, 0.693] §" in md) is not has_own
     r["references"]["kw"][group]["noise_ceiling"] = None  # k=1: the estimate fills the cell, with its note
     md = render_markdown(r, [estimate])
-    assert "0.616 (0.54–0.69) §" in md and "§: kw's noise ceiling estimated outside the test split" in md
+    assert "0.616 [0.541, 0.693] §" in md and "§: kw's noise ceiling estimated outside the test split" in md
     assert "171 prompts (`python benchmarks/x.py`)" in md
     assert "§" not in render_markdown(r, [{**estimate, "model": "other"}])  # another model's: not shown
 

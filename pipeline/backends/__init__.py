@@ -10,7 +10,7 @@ so the caller can persist results as they come.
 
 from __future__ import annotations
 
-from pipeline.backends.base import Backend, PromptItem, Sample, split_reasoning
+from pipeline.backends.base import Backend, PromptItem, Sample, require, split_reasoning
 
 # what each backend reads of its generate.models.<model> entry (besides `backend`, and for vllm and
 # openai generate's `datasets` and `max_prompts_per_dataset`): any other key is refused, so a
@@ -25,6 +25,17 @@ OPTIONS = {
         " max_retries timeout_s connect_timeout_s backoff_s".split()
     ),
     "recorded": frozenset({"source"}),
+}
+
+# the settings that decide the answers, which each backend takes from the model's entry alone (no code
+# default: an entry that leaves one out is refused, by generate's check_spec naming the file and key,
+# and by the backend itself). The others in OPTIONS only change speed or robustness; left out, vLLM's
+# own default applies (the key is not passed), or for the openai client a constant named in its module.
+REQUIRED = {
+    # max_model_len decides which long prompts are answered (the rest are skipped and listed)
+    "vllm": ("k", "temperature", "top_p", "max_tokens", "seed", "dtype", "max_model_len"),
+    "openai": ("k", "temperature", "top_p", "max_tokens"),
+    "recorded": ("source",),
 }
 
 
@@ -44,4 +55,4 @@ def make_backend(name: str, spec: dict) -> Backend:
     raise ValueError(f"unknown generation backend {name!r}; known: vllm, openai, recorded")
 
 
-__all__ = ["OPTIONS", "Backend", "PromptItem", "Sample", "make_backend", "split_reasoning"]
+__all__ = ["OPTIONS", "REQUIRED", "Backend", "PromptItem", "Sample", "make_backend", "require", "split_reasoning"]

@@ -30,6 +30,17 @@ def split_reasoning(text: str, opened: bool = False) -> tuple[str, str]:
     return "", text
 
 
+def require(spec: Any, keys: Iterable[str], backend: str) -> None:
+    """Each of `keys` must be in `spec` (a backend made without generate's check_spec, as benchmarks
+    and tests make them): one ValueError naming every missing key, never a default in its place."""
+    missing = [key for key in keys if key not in spec]
+    if missing:
+        raise ValueError(
+            f"{backend} backend: params need {', '.join(f'`{key}`' for key in missing)} (settings that "
+            "decide the answers have no default in code)"
+        )
+
+
 @dataclass
 class PromptItem:
     prompt_id: str

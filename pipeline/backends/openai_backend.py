@@ -15,6 +15,9 @@ answer anything at all (GET <base_url>/models, `connect_timeout_s` = 10 s, 3 tri
 unreachable or hanging endpoint fails in well under a minute, naming the URL. Later, a request
 that gets no answer in `timeout_s` (60 s) is tried once more, then the run stops: a second
 timeout in a row means a hung endpoint, not a busy one (about two minutes, not 15).
+
+The sampling (k, temperature, top_p, max_tokens: REQUIRED["openai"]) comes from the model's entry
+alone; the client's knobs above have the defaults below when the entry leaves them out.
 """
 
 from __future__ import annotations
@@ -27,8 +30,24 @@ import re
 import threading
 from typing import Any, Iterable, Iterator
 
-from pipeline.backends.base import Backend, PromptItem, Sample, normalise_finish_reason, split_reasoning
+from pipeline.backends import REQUIRED
+from pipeline.backends.base import Backend, PromptItem, Sample, normalise_finish_reason, require, split_reasoning
 from pipeline.errors import PARSError
+
+# The client's defaults, for an entry that leaves the key out. Not in params.yaml: they change neither
+# the answers nor the cache key, only how fast the endpoint is asked and how long a failing one is
+# waited for, and they belong to the endpoint more than to a model (params.yaml has no openai entry to
+# hold them); an entry sets its own where its endpoint needs it (the production profile's gpt-4 sets
+# timeout_s and max_retries). The client needs a number for each: "the server's default" is no timeout.
+CONCURRENCY = 8  # requests in flight (`concurrency`)
+MAX_RETRIES = 6  # tries after the first, with exponential backoff (`max_retries`): ~1 min at backoff_s 1
+TIMEOUT_S = 60.0  # a request's answer (`timeout_s`); twice in a row stops the run (a hung endpoint)
+CONNECT_TIMEOUT_S = 10.0  # a connection, and the probe before the first request (`connect_timeout_s`)
+BACKOFF_S = 1.0  # the first retry's wait, doubled each retry (`backoff_s`)
+# the request field max_tokens goes in (`max_tokens_field`): the chat API's own name, which most
+# servers accept; OpenAI's reasoning models take max_completion_tokens. A name, not a value.
+MAX_TOKENS_FIELD = "max_tokens"
+_NO_DEFAULT = object()  # _number's default for a key the entry must set (REQUIRED)
 
 RETRYABLE = {408, 409, 429, 500, 502, 503, 504}
 # A refusal of this prompt, not of the params: 413, or a 400/422 whose body says the prompt is over
@@ -75,15 +94,16 @@ class OpenAIBackend(Backend):
         self.base_url = str(self.spec["base_url"]).rstrip("/")
         if not self.base_url.startswith(("http://", "https://")):
             raise ValueError(f"openai backend: base_url {self.base_url!r} is not an http:// or https:// URL")
+        require(self.spec, REQUIRED[self.name], self.name)
         number = self._number
-        self.k = number("k", 1, int)
-        self.concurrency = number("concurrency", 8, int)
-        self.max_retries = number("max_retries", 6, int)
-        self.timeout = number("timeout_s", 60, float)
-        self.connect_timeout = number("connect_timeout_s", 10, float)
-        self.backoff = number("backoff_s", 1.0, float)
-        for key, default, kind in (("temperature", 0.7, float), ("top_p", 1.0, float), ("max_tokens", 1024, int)):
-            number(key, default, kind)  # checked here, used in identity()
+        self.k = number("k", int)
+        self.concurrency = number("concurrency", int, CONCURRENCY)
+        self.max_retries = number("max_retries", int, MAX_RETRIES)
+        self.timeout = number("timeout_s", float, TIMEOUT_S)
+        self.connect_timeout = number("connect_timeout_s", float, CONNECT_TIMEOUT_S)
+        self.backoff = number("backoff_s", float, BACKOFF_S)
+        for key, kind in (("temperature", float), ("top_p", float), ("max_tokens", int)):
+            number(key, kind)  # checked here, used in identity()
         for key, value in (
             ("concurrency", self.concurrency),
             ("k", self.k),
@@ -104,9 +124,10 @@ class OpenAIBackend(Backend):
         self.retries = 0
         self.reasoning_estimated = 0  # samples whose reasoning_tokens the endpoint did not report
 
-    def _number(self, key: str, default, kind):
-        """A numeric spec value, or one line naming the key (`concurrency: abc` is not a traceback)."""
-        raw = self.spec.get(key, default)
+    def _number(self, key: str, kind, default=_NO_DEFAULT):
+        """A numeric spec value, or one line naming the key (`concurrency: abc` is not a traceback);
+        `default` when the spec leaves the key out, if the key has one (REQUIRED keys have none)."""
+        raw = self.spec[key] if default is _NO_DEFAULT else self.spec.get(key, default)
         try:
             if isinstance(raw, bool) or (kind is int and isinstance(raw, float) and not raw.is_integer()):
                 raise ValueError
@@ -123,9 +144,9 @@ class OpenAIBackend(Backend):
             "base_url": self.base_url,
             "model": s["model"],
             "k": self.k,
-            "temperature": float(s.get("temperature", 0.7)),
-            "top_p": float(s.get("top_p", 1.0)),
-            "max_tokens": int(s.get("max_tokens", 1024)),
+            "temperature": float(s["temperature"]),
+            "top_p": float(s["top_p"]),
+            "max_tokens": int(s["max_tokens"]),
         }
         # request fields such as reasoning_effort change the answers: in the key when set (so
         # caches made without them keep their keys)
@@ -152,7 +173,7 @@ class OpenAIBackend(Backend):
             "n": 1,
         }
         # reasoning models on OpenAI take max_completion_tokens; most servers accept max_tokens
-        body[self.spec.get("max_tokens_field", "max_tokens")] = ident["max_tokens"]
+        body[self.spec.get("max_tokens_field", MAX_TOKENS_FIELD)] = ident["max_tokens"]
         body.update(self.spec.get("extra_body", {}))
         return body
 

