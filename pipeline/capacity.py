@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from pipeline.contracts import GENERATIONS, generations_path, read_json, read_table, write_figure, write_json
+from pipeline.contracts import GENERATION_COUNTS, generations_path, read_json, read_table, write_figure, write_json
 from pipeline.errors import PARSError, check_number
 from pipeline.params import PARAMS_HELP, Section, load_params
 from pipeline.queueing import theory as th
@@ -46,7 +46,7 @@ KEYS = (
 
 def lengths_workload(path: str | Path, name: str | None = None) -> th.Workload:
     """An empirical (s, o) sample from a generations table (every sample of every prompt)."""
-    df = read_table(path, GENERATIONS)
+    df = read_table(path, GENERATION_COUNTS)
     # a negative or missing count is damage, not an empty answer: dropping it would change the answer silently
     bad = int(
         (df.prompt_tokens.isna() | df.output_tokens.isna() | (df.prompt_tokens < 0) | (df.output_tokens < 0)).sum()

@@ -43,6 +43,10 @@ GENERATIONS = pa.schema(
     ]
 )
 
+# GENERATIONS without the answers' text: what the readers of lengths need (pairs, evaluate, lengths,
+# simulate, capacity). Reading only these keeps a table of long reasoning traces out of memory.
+GENERATION_COUNTS = pa.schema([f for f in GENERATIONS if f.name not in ("text", "reasoning")])
+
 PAIRS = pa.schema(
     [
         ("a", pa.string()),
@@ -79,8 +83,8 @@ SPLITS = ("train", "val", "test")
 FINISH_REASONS = ("stop", "length")
 
 
-def _check(df: pd.DataFrame | pa.Table, schema: pa.Schema, where: str) -> None:
-    columns = df.column_names if isinstance(df, pa.Table) else df.columns
+def _check(df: pd.DataFrame | pa.Table | pa.Schema, schema: pa.Schema, where: str) -> None:
+    columns = df.names if isinstance(df, pa.Schema) else df.column_names if isinstance(df, pa.Table) else df.columns
     missing = [name for name in schema.names if name not in columns]
     if missing:
         raise ValueError(f"{where}: missing column(s) {missing}; expected {schema.names}")
@@ -125,11 +129,15 @@ def read_table(path: str | Path, schema: pa.Schema) -> pd.DataFrame:
     path = Path(path)
     if not path.exists():
         raise FileNotFoundError(f"{path} does not exist (has the stage that writes it run?)")
-    try:
-        table = pq.read_table(path)
-    except Exception as exc:  # pyarrow raises several types for a corrupt file
+    try:  # pyarrow raises several types for a corrupt file
+        stored = pq.read_schema(path)
+    except Exception as exc:
         raise ValueError(f"{path} is not a readable parquet file: {exc}") from exc
-    _check(table, schema, str(path))
+    _check(stored, schema, str(path))
+    try:
+        table = pq.read_table(path, columns=schema.names)  # only what the reader asked for
+    except Exception as exc:
+        raise ValueError(f"{path} is not a readable parquet file: {exc}") from exc
     for field in schema:
         stored = table.schema.field(field.name).type
         if not _type_fits(stored, field.type):

@@ -27,13 +27,14 @@ from __future__ import annotations
 import argparse
 import math
 import os
+import re
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
 from pipeline.contracts import (
-    GENERATIONS,
+    GENERATION_COUNTS,
     PROMPTS,
     SCORES,
     ensure_parent,
@@ -49,6 +50,7 @@ from pipeline.contracts import (
 )
 from pipeline.encoders import PACKAGED_ENCODERS, resolve_encoder
 from pipeline.errors import PARSError
+from pipeline.hardware import resolve_device
 from pipeline.params import PARAMS_HELP, Section, load_params
 from pipeline.ranking import metrics as M
 from pipeline.ranking.labels import check_generations, check_known_prompts, prompt_labels
@@ -93,7 +95,7 @@ def check_params(params, machine: bool = True) -> dict:
     `machine=False` (`pars profile`): a hub tokenizer is not looked up."""
     sec = _section(params, "params: evaluate").only(
         ("train_models", "methods", "cross_models", "blends", "eval_models", "delta", "bootstrap", "batch_size")
-        + ("precision", "torch_threads", "baseline_tokenizer", "tfidf_ridge", "wandb")
+        + ("precision", "device", "torch_threads", "baseline_tokenizer", "tfidf_ridge", "wandb")
     )
     for key in ("train_models", "methods", "eval_models", "cross_models", "blends"):
         if sec[key] is None and key not in ("cross_models", "blends"):  # names() would take it as none
@@ -164,9 +166,19 @@ def check_params(params, machine: bool = True) -> dict:
         "level": boot.number("level", positive=True, below=1),
         "torch_threads": sec.integer("torch_threads", minimum=1, optional=True),
         "precision": sec.choice("precision", PRECISIONS),
+        "device": _device_setting(sec),
         "baseline_tokenizer": tokenizer,
         "tfidf_ridge": tfidf,
     }
+
+
+def _device_setting(sec) -> str:
+    from pipeline.hardware import DEVICE_PATTERN
+
+    device = sec["device"]
+    if not isinstance(device, str) or not re.fullmatch(DEVICE_PATTERN, device):
+        raise PARSError(f"{sec.where}.device {device!r}: must be auto, cpu, cuda or cuda:N")
+    return device
 
 
 def check_outputs(data_root: Path, models_root: Path, metrics_dir: Path, plots_dir: Path) -> None:
@@ -189,19 +201,22 @@ def score_predictors(
     models_root: Path,
     batch_size: int,
     precision: str = "32-true",
+    device: str = "cpu",
 ) -> pd.DataFrame:
     """Scores of each predictor on each test prompt. The predictors' shared frozen lower layers
     run once per batch for all of them (`score_together`)."""
+    from pipeline.hardware import resolve_device
     from pipeline.serving.scorer import Scorer, score_together
 
+    device = resolve_device(device)
     texts = test["prompt"].tolist()
     scorers = []
     for model, method in predictors:
         path = predictor_dir(model, method, models_root)
-        scorers.append(Scorer.from_pretrained(path, batch_size=batch_size, precision=precision))
+        scorers.append(Scorer.from_pretrained(path, device=device, batch_size=batch_size, precision=precision))
     if scorers:
         print(
-            f"evaluate: scoring {len(texts)} test prompts with {len(scorers)} predictors ({scorers[0].precision})",
+            f"evaluate: scoring {len(texts)} test prompts with {len(scorers)} predictors ({scorers[0].precision}, {device})",
             flush=True,
         )
     frames = [
@@ -752,7 +767,7 @@ def run(
         raise FileNotFoundError(f"predictor checkpoint(s) missing: {', '.join(missing)} (has train run for them?)")
     tfidf, tokenizer, precision = settings["tfidf_ridge"], settings["baseline_tokenizer"], settings["precision"]
     prompts = read_table(prompts_path(data_root), PROMPTS)
-    generations = {m: read_table(generations_path(m, data_root), GENERATIONS) for m in params["eval_models"]}
+    generations = {m: read_table(generations_path(m, data_root), GENERATION_COUNTS) for m in params["eval_models"]}
     test = prompts[prompts["split"] == "test"].sort_values("prompt_id").reset_index(drop=True)
     if test.empty:
         raise ValueError(f"{prompts_path(data_root)} has no test-split prompts")
@@ -767,7 +782,7 @@ def run(
         torch.set_num_threads(settings["torch_threads"])
     # the baseline's tokenizer (a hub one may be missing offline) before the slow scoring
     ptoks = pd.Series(prompt_token_counts(test["prompt"].tolist(), tokenizer), index=test["prompt_id"].to_numpy())
-    scores = score_predictors(test, predictors, models_root, settings["batch_size"], precision)
+    scores = score_predictors(test, predictors, models_root, settings["batch_size"], precision, settings["device"])
     ranking = evaluate(
         prompts,
         generations,
@@ -781,7 +796,9 @@ def run(
         tfidf_refs=tfidf_refs,
     )
     ranking["settings"]["baseline_tokenizer"] = tokenizer
-    ranking["settings"]["precision"] = resolve_precision(precision, "cpu")
+    device = resolve_device(settings["device"])
+    ranking["settings"]["device"] = device
+    ranking["settings"]["precision"] = resolve_precision(precision, device)
     ranking["settings"]["lexical_prior"] = lexical_prior_predictors(predictors, models_root)
     transfer = transfer_matrix(ranking)
     write_table(scores, scores_path(data_root), SCORES)  # outputs only once every metric is computed

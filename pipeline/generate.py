@@ -421,7 +421,8 @@ def run(
     changes nothing leaves their DVC hashes, and so the stages downstream, as they were)."""
     spec = check_spec(model, spec)
     where, backend_name = spec.where, spec["backend"]
-    spec = {**spec, "recorded_tokenizer": recorded_tokenizer} if backend_name == "recorded" else spec
+    if backend_name == "recorded" and recorded_tokenizer is not None:  # else the backend names it missing
+        spec = {**spec, "recorded_tokenizer": recorded_tokenizer}
     backend = make_backend(backend_name, spec)
     if hasattr(backend, "select"):  # the recorded backend: every prompt of its source's datasets
         try:
@@ -558,7 +559,12 @@ def main(argv: list[str] | None = None) -> int:
     recorded_tokenizer = None
     if spec.get("backend") == "recorded":  # counts the recorded answers' tokens; a mistyped name: one line, now
         recorded_tokenizer = params["recorded_tokenizer"]
-        resolve_encoder(str(recorded_tokenizer), key=f"{params.where}.recorded_tokenizer")
+        if not isinstance(recorded_tokenizer, str) or not recorded_tokenizer.strip():
+            raise PARSError(
+                f"{params.where}.recorded_tokenizer {recorded_tokenizer!r}: name the tokenizer that counts the "
+                "recorded answers' tokens (an encoder name such as minilm-l6, or a tokenizer directory)"
+            )
+        resolve_encoder(recorded_tokenizer, key=f"{params.where}.recorded_tokenizer")
     prompts = read_table(args.prompts, PROMPTS)
     run(
         args.model,

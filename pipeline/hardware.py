@@ -35,6 +35,18 @@ def auto_precision(device_type: str) -> str:
     return "bf16-mixed" if bf16_is_native(device_type) else "32-true"
 
 
+DEVICE_PATTERN = r"auto|cpu|cuda(:\d+)?"  # the scorer's devices a setting may name
+
+
+def resolve_device(device: str) -> str:
+    """A scorer's torch device: `auto` is cuda where a GPU is visible, else cpu."""
+    if device != "auto":
+        return device
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
 def cpu_name() -> str:
     """The CPU's model name (/proc/cpuinfo on Linux; else what platform reports)."""
     try:

@@ -20,7 +20,15 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from pipeline.contracts import GENERATIONS, PROMPTS, ensure_parent, prompts_path, read_table, write_figure, write_json
+from pipeline.contracts import (
+    GENERATION_COUNTS,
+    PROMPTS,
+    ensure_parent,
+    prompts_path,
+    read_table,
+    write_figure,
+    write_json,
+)
 from pipeline.errors import PARSError
 from pipeline.ranking.labels import check_generations, check_known_prompts
 
@@ -56,7 +64,7 @@ def length_table(
     table, frames, skipped = {}, {}, []
     for model in models:
         path = root / model / "generations.parquet"
-        gens = read_table(path, GENERATIONS)
+        gens = read_table(path, GENERATION_COUNTS)
         if skip_other_prompts and answers_other_prompts(gens, prompts):
             skipped.append(model)
             continue

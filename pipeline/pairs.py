@@ -27,7 +27,7 @@ import numpy as np
 import pandas as pd
 
 from pipeline.contracts import (
-    GENERATIONS,
+    GENERATION_COUNTS,
     LABELS,
     PAIRS,
     PROMPTS,
@@ -158,17 +158,23 @@ def check_params(params: dict[str, Any]) -> tuple[float, int, int, int]:
 
 
 def build_pairs(
-    generations: pd.DataFrame, prompts: pd.DataFrame, params: dict[str, Any], model: str = "model"
+    generations: pd.DataFrame,
+    prompts: pd.DataFrame,
+    params: dict[str, Any],
+    model: str = "model",
+    where: str | None = None,
 ) -> tuple[dict[str, pd.DataFrame], pd.DataFrame, dict[str, Any]]:
-    """Labels and δ-filtered pairs per split; raises a clear error when pairs cannot be formed."""
+    """Labels and δ-filtered pairs per split; raises a clear error when pairs cannot be formed
+    (naming `where`, the generations file, when given)."""
     delta, partners, factor, seed = check_params(params)
 
+    where = where or f"generations of {model}"
     missing = generations["sample"].isna()
     if missing.any():  # else check_generations would call these rows duplicates of each other
-        raise ValueError(f"generations of {model}: {int(missing.sum())} row(s) have no sample")
-    labels = prompt_labels(generations, where=f"generations of {model}")
+        raise ValueError(f"{where}: {int(missing.sum())} row(s) have no sample")
+    labels = prompt_labels(generations, where=where)
     split_of = prompts.set_index("prompt_id")["split"]  # one row per prompt_id: read_table checks it
-    check_known_prompts(labels["prompt_id"], split_of.index.to_series(), where=f"generations of {model}")
+    check_known_prompts(labels["prompt_id"], split_of.index.to_series(), where=where)
     labels["split"] = labels["prompt_id"].map(split_of).astype(str)
 
     out: dict[str, pd.DataFrame] = {}
@@ -223,9 +229,9 @@ def main(argv: list[str]) -> int:
             f"{', '.join(have) or 'none'}; a model listed in generate.models gets them with "
             f"`dvc repro generate@{args.model}`)"
         )
-    generations = read_table(gen_file, GENERATIONS)
+    generations = read_table(gen_file, GENERATION_COUNTS)
     prompts = read_table(prompts_path(args.data), PROMPTS)
-    pairs, labels, metrics = build_pairs(generations, prompts, params, model=args.model)
+    pairs, labels, metrics = build_pairs(generations, prompts, params, model=args.model, where=str(gen_file))
 
     if out.exists():  # the stage rewrites its output whole
         shutil.rmtree(out)

@@ -208,6 +208,12 @@ def main(argv: list[str] | None = None) -> int:
         raise PARSError(
             f"{params.where}.split {fractions!r}: the fractions must sum to 1, not {sum(fractions.values()):g}"
         )
+    empty = [name for name in ("train", "val", "test") if not fractions.get(name)]
+    if empty:  # found here, not by pairs or train as an empty split far from the cause
+        raise PARSError(
+            f"{params.where}.split {fractions!r}: {' and '.join(empty)} need a share > 0 (train learns on train, "
+            "picks its best epoch on val; evaluate scores test)"
+        )
     max_chars = params["max_prompt_chars"]
     if isinstance(max_chars, bool) or not isinstance(max_chars, int) or max_chars < 1:
         raise PARSError(f"{params.where}.max_prompt_chars {max_chars!r}: expected a whole number >= 1")

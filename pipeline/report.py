@@ -308,6 +308,22 @@ def render_page(
     return "\n".join(summary) + "\n" + tables.rstrip() + "\n\n" + "\n".join(parts).rstrip() + "\n"
 
 
+TAU_KEYS = ("kendall_tau_b", "ci_low", "ci_high")  # of predictors and references (a difference may reach 2)
+
+
+def out_of_range_tau(node, where: str = ""):
+    """(dotted key, value) of every tau_b or interval end in evaluate's metrics that is a number
+    outside [-1, 1] (null and NaN are undefined, as evaluate writes them)."""
+    if isinstance(node, dict):
+        for key, value in node.items():
+            at = f"{where}.{key}" if where else str(key)
+            if key in TAU_KEYS and isinstance(value, (int, float)) and not isinstance(value, bool):
+                if not (value != value or -1 <= value <= 1):
+                    yield at, value
+            else:
+                yield from out_of_range_tau(value, at)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="pars report", description=__doc__.split("\n")[0])
     parser.add_argument("--ranking", default="metrics/ranking.json", help="evaluate's metrics (default: %(default)s)")
@@ -353,6 +369,9 @@ def main(argv: list[str] | None = None) -> int:
         if not isinstance(ranking.get(key), dict):
             problem = "has no" if key not in ranking else "has a non-mapping"
             raise PARSError(f"{path}: {problem} {key!r} (evaluate writes it; rerun `pars evaluate`)")
+    bad = next(out_of_range_tau({k: ranking[k] for k in ("predictors", "references")}), None)
+    if bad is not None:  # a damaged file: shown, it would be a silent wrong number
+        raise PARSError(f"{path}: {bad[0]} {bad[1]!r} is not a tau_b (between -1 and 1; rerun `pars evaluate`)")
     for f, ceiling in zip(ceiling_files, ceilings):
         # every key the tables read, so a missing one is named here, not blamed on the ranking file
         missing = [k for k in ("model", "dataset", "noise_ceiling", "what", "command") if k not in ceiling]

@@ -29,7 +29,7 @@ import numpy as np
 import pandas as pd
 
 from pipeline.contracts import (
-    GENERATIONS,
+    GENERATION_COUNTS,
     PROMPTS,
     SCORES,
     ensure_parent,
@@ -66,7 +66,7 @@ def load_requests(
     Returns (samples: prompt_id, sample, s, o), (scores: prompt_id -> one column per policy),
     and notes on what is missing."""
     prompts = read_table(prompts_path(data_root), PROMPTS)
-    gens = read_table(generations_path(model, data_root), GENERATIONS)
+    gens = read_table(generations_path(model, data_root), GENERATION_COUNTS)
     # a null or negative length would otherwise be dropped below without a word
     check_generations(gens, where=str(generations_path(model, data_root)))
     test_ids = set(prompts.loc[prompts.split == "test", "prompt_id"])

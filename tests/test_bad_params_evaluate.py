@@ -36,6 +36,8 @@ def evaluate_cli(capsys, tmp_path, params, *extra):
         ("torch_threads", -1),
         ("torch_threads", 0),
         ("precision", "fp8"),
+        ("device", "gpu0"),
+        ("device", None),
         ("tfidf_ridge.ngram_max", 0),
         ("tfidf_ridge.min_df", 0),
         ("tfidf_ridge.alphas", []),

@@ -291,6 +291,8 @@ def test_simulate_score_model_entries(capsys, tmp_path, monkeypatch, value, name
     [
         ({"train": 0.7, "val": 0.7, "test": 0.7}, "must sum to 1, not 2.1"),
         ({"train": 1.5, "val": -0.5}, "fractions from 0 to 1"),
+        ({"train": 1.0}, "val and test need a share > 0"),
+        ({"train": 0.8, "val": 0.2, "test": 0}, "test need a share > 0"),
     ],
 )
 def test_prepare_split_fractions(capsys, tmp_path, monkeypatch, split, named):

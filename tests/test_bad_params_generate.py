@@ -150,11 +150,12 @@ def test_a_missing_dir_under_a_local_dir_is_a_path_not_a_hub_id(gen_env, capsys,
     one_line_error(rc, err, "generate", "generate.models.smollm2.model models/nosuch: no such directory")
 
 
-def test_a_mistyped_recorded_tokenizer_names_its_key(gen_env, capsys):
+@pytest.mark.parametrize("value, named", [("minilm/l6/x", "'minilm/l6/x'"), (None, "None: name the tokenizer")])
+def test_a_mistyped_recorded_tokenizer_names_its_key(gen_env, capsys, value, named):
     write, argv, _ = gen_env
-    write(lambda p: p["generate"].update(recorded_tokenizer="minilm/l6/x"))
+    write(lambda p: p["generate"].update(recorded_tokenizer=value))
     rc, _, err = run_cli(capsys, *argv, "--model", "chatgpt")
-    one_line_error(rc, err, "generate", "generate.recorded_tokenizer 'minilm/l6/x'")
+    one_line_error(rc, err, "generate", f"generate.recorded_tokenizer {named}")
 
 
 def test_a_missing_backend_is_named(gen_env, capsys):

@@ -239,7 +239,13 @@ def _prepare(tmp_path, capsys, sources, split=None):
     params = tmp_path / "params.yaml"
     params.write_text(
         yaml.safe_dump(
-            {"prepare": {"sources": sources, "split": split or {"train": 1}, "max_prompt_chars": 100}},
+            {
+                "prepare": {
+                    "sources": sources,
+                    "split": split or {"train": 0.8, "val": 0.1, "test": 0.1},
+                    "max_prompt_chars": 100,
+                }
+            },
             sort_keys=False,  # the bad entry stays after the good one
         )
     )
@@ -312,7 +318,7 @@ def test_pairs_names_rows_without_a_sample(tmp_path, capsys):
     params = write_params(tmp_path / "params.yaml")
     rc, _, err = run_cli(capsys, "pairs", "--model", "toy", "--params", params, "--data", data, "--metrics", tmp_path)
     line = one_line_error(rc, err, "pairs", "6 row(s) have no sample")
-    assert "duplicate" not in line
+    assert "duplicate" not in line and str(generations_path("toy", data)) in line  # the file to look at
 
 
 @pytest.mark.parametrize(

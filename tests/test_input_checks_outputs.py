@@ -162,6 +162,17 @@ def test_report_refuses_a_bool_number_and_a_zero_latency(capsys, report_dir):
     assert run_cli(capsys, "report", "--ranking", "ranking.json", "--out", page)[0] == 0
 
 
+def test_report_refuses_a_tau_b_outside_its_range(capsys, report_dir):
+    """A damaged ranking file would print `| chatgpt | 7.500 |`: refused naming the key."""
+    ranking = json.loads((report_dir / "ranking.json").read_text())
+    ranking["predictors"]["chatgpt"]["pairwise"]["chatgpt"]["overall"]["ci_high"] = 7.5
+    (report_dir / "ranking.json").write_text(json.dumps(ranking))
+    rc, _, err = run_cli(capsys, "report", "--ranking-only", "--ranking", "ranking.json", "--out", "page.md")
+    line = one_line_error(rc, err, "report", "ranking.json")
+    assert "predictors.chatgpt.pairwise.chatgpt.overall.ci_high 7.5 is not a tau_b" in line
+    assert not (report_dir / "page.md").exists()
+
+
 # ---------------------------------------------------------------- pars export
 
 

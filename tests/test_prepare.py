@@ -124,7 +124,7 @@ def test_pars_prepare_reads_the_params_file_given(tmp_path, monkeypatch, capsys)
     _write_jsonl(good, [json.dumps({"prompt": f"question {i}"}).encode() for i in range(5)])
     other = tmp_path / "other.yaml"
     other.write_text(
-        f"prepare:\n  sources:\n    mine: {{path: {good}, cap: 3}}\n  split: {{train: 1}}\n  max_prompt_chars: 100\n"
+        f"prepare:\n  sources:\n    mine: {{path: {good}, cap: 3}}\n  split: {{train: 0.8, val: 0.1, test: 0.1}}\n  max_prompt_chars: 100\n"
     )
     monkeypatch.setenv("PARS_PARAMS", str(tmp_path / "absent.yaml"))
     out = tmp_path / "p.parquet"
@@ -245,7 +245,9 @@ def test_a_misspelt_option_of_a_packaged_source_is_one_line(tmp_path, monkeypatc
     from pipeline.cli import main as pars
 
     params = tmp_path / "params.yaml"
-    params.write_text("prepare:\n  sources:\n    humaneval: {cpa: 15}\n  split: {train: 1}\n  max_prompt_chars: 100\n")
+    params.write_text(
+        "prepare:\n  sources:\n    humaneval: {cpa: 15}\n  split: {train: 0.8, val: 0.1, test: 0.1}\n  max_prompt_chars: 100\n"
+    )
     monkeypatch.setenv("PARS_PARAMS", str(params))
     assert pars(["prepare", "--out", str(tmp_path / "p.parquet")]) == 1
     assert capsys.readouterr().err == (
@@ -262,9 +264,12 @@ def test_a_source_that_cannot_be_read_names_its_params_entry(tmp_path, monkeypat
     params = tmp_path / "params.yaml"
     for sources, named in [
         ("alpaca: {limit: 5}", f"{params}: prepare.sources.alpaca: hub dataset"),  # offline hub
+        ("alpaca: {revision: v1.0}", f"{params}: prepare.sources.alpaca: hub dataset"),  # an option, pinned
         (f"mine: {{path: {empty}}}", f"{params}: prepare.sources.mine: gave no usable prompt"),
     ]:
-        params.write_text(f"prepare:\n  sources:\n    {sources}\n  split: {{train: 1}}\n  max_prompt_chars: 100\n")
+        params.write_text(
+            f"prepare:\n  sources:\n    {sources}\n  split: {{train: 0.8, val: 0.1, test: 0.1}}\n  max_prompt_chars: 100\n"
+        )
         monkeypatch.setenv("PARS_PARAMS", str(params))
         monkeypatch.setenv("HF_HUB_OFFLINE", "1")
         monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
@@ -301,7 +306,7 @@ def test_two_entries_of_one_dataset_with_a_shared_text_are_one_line(tmp_path, mo
     params.write_text(
         "prepare:\n  sources:\n"
         f"    first: {{path: {a}, dataset: mine}}\n    second: {{path: {b}, dataset: mine}}\n"
-        "  split: {train: 1}\n  max_prompt_chars: 100\n"
+        "  split: {train: 0.8, val: 0.1, test: 0.1}\n  max_prompt_chars: 100\n"
     )
     monkeypatch.setenv("PARS_PARAMS", str(params))
     out = tmp_path / "p.parquet"

@@ -19,7 +19,7 @@ from typing import Any, Iterable, Iterator
 
 import pandas as pd
 
-from pipeline.backends.base import Backend, PromptItem, Sample, split_reasoning
+from pipeline.backends.base import Backend, PromptItem, Sample, require, split_reasoning
 from pipeline.sources import SOURCES, get_source
 from pipeline.sources.base import normalise
 
@@ -54,7 +54,8 @@ class RecordedBackend(Backend):
     def __init__(self, spec: dict[str, Any]):
         self.source = spec.get("source", "")  # as given: a single source keeps its identity (and cache keys)
         self.sources = parse_sources(self.source)
-        self.tokenizer_name = spec.get("recorded_tokenizer") or "minilm-l6"
+        require(spec, ["recorded_tokenizer"], self.name)  # it decides the token counts: no default here
+        self.tokenizer_name = spec["recorded_tokenizer"]
         self._answers: dict[tuple[str, str, str], str] | None = None
         self._tokenizer = None
         self.skipped: dict[str, str] = {}

@@ -18,9 +18,12 @@ class HubSource(Source):
     repo: str = ""
     text_fields: tuple[str, ...] = ("instruction",)
 
-    def __init__(self, repo: str | None = None, split: str = "train", limit: int | None = None):
+    def __init__(
+        self, repo: str | None = None, split: str = "train", limit: int | None = None, revision: str | None = None
+    ):
         self.repo = repo or self.repo
         self.split = split
+        self.revision = revision  # a commit, tag or branch of the dataset repo: the same prompts on every re-run
         # records to stream before dedupe/cap (None: all); 0 would silently mean all
         if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 1):
             raise ValueError(f"{self.name} source: limit {limit!r} must be a whole number >= 1, or None for all")
@@ -30,7 +33,7 @@ class HubSource(Source):
         try:
             import datasets
 
-            ds = datasets.load_dataset(self.repo, split=self.split, streaming=True)
+            ds = datasets.load_dataset(self.repo, split=self.split, streaming=True, revision=self.revision)
         except Exception as exc:  # offline, gated, renamed: all end the same way for the user
             raise SourceUnavailable(
                 f"hub dataset {self.repo!r} ({self.name}) could not be loaded: {exc.__class__.__name__}: {exc}. "
