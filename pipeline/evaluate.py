@@ -166,18 +166,23 @@ def check_params(params, machine: bool = True) -> dict:
         "level": boot.number("level", positive=True, below=1),
         "torch_threads": sec.integer("torch_threads", minimum=1, optional=True),
         "precision": sec.choice("precision", PRECISIONS),
-        "device": _device_setting(sec),
+        "device": _device_setting(sec, machine),
         "baseline_tokenizer": tokenizer,
         "tfidf_ridge": tfidf,
     }
 
 
-def _device_setting(sec) -> str:
+def _device_setting(sec, machine: bool) -> str:
     from pipeline.hardware import DEVICE_PATTERN
 
     device = sec["device"]
     if not isinstance(device, str) or not re.fullmatch(DEVICE_PATTERN, device):
         raise PARSError(f"{sec.where}.device {device!r}: must be auto, cpu, cuda or cuda:N")
+    if machine:  # a GPU this machine lacks: one line now, not a failure in torch after the references
+        try:
+            resolve_device(device)
+        except ValueError as exc:
+            raise PARSError(f"{sec.where}.{exc}") from None
     return device
 
 

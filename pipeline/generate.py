@@ -63,8 +63,12 @@ class GenerationCache:
         self._fh = None
         self._synced = 0.0
         self._lock = self._take_lock()
-        if path.exists():
-            self._load()
+        try:
+            if path.exists():
+                self._load()
+        except BaseException:
+            self.close()  # the lock too: the caller never gets this object to close
+            raise
 
     def _take_lock(self) -> int:
         """One writer per cache: a second run would take the first's half-written last line for
@@ -79,6 +83,12 @@ class GenerationCache:
         except BlockingIOError:
             os.close(fd)
             raise PARSError(f"another pars generate is writing {self.path}; wait for it to end") from None
+        except OSError as exc:  # e.g. NFS, which cannot lock a directory: run without, and say so
+            os.close(fd)
+            print(
+                f"generate: cannot lock {self.path.parent} ({exc.strerror}); run one `pars generate` per model at a time"
+            )
+            return None
         return fd
 
     def _load(self) -> None:
@@ -121,7 +131,7 @@ class GenerationCache:
         )
 
     def add(self, key: str, prompt_id: str, samples: list[Sample]) -> None:
-        entry = {"key": key, "prompt_id": prompt_id, "samples": [_encodable(s.to_dict()) for s in samples]}
+        entry = {"key": key, "prompt_id": prompt_id, "samples": [_storable(s.to_dict()) for s in samples]}
         if self._fh is None:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             self._fh = self.path.open("a", encoding="utf-8")
@@ -181,26 +191,29 @@ def _utf8(text: str) -> bool:
     return True
 
 
-def _encodable(sample: dict[str, Any]) -> dict[str, Any]:
-    """`sample` with text and reasoning valid UTF-8 (a backend can hand back lone surrogates, e.g. an
-    endpoint's JSON "\\ud800"). Through UTF-16 with surrogatepass, a surrogate pair split in two code
-    points becomes its character again and a lone one U+FFFD, which marks the loss visibly; the
-    token counts are the backend's and stay as they are."""
+def _storable(sample: dict[str, Any]) -> dict[str, Any]:
+    """`sample` as the cache's load check accepts it: text and reasoning valid UTF-8 (a backend can hand
+    back lone surrogates, e.g. an endpoint's JSON "\\ud800"; through UTF-16 with surrogatepass, a
+    surrogate pair split in two code points becomes its character again and a lone one U+FFFD, which
+    marks the loss visibly), and reasoning tokens no more than the output's."""
     for f in ("text", "reasoning"):
         if not _utf8(sample[f]):
             sample[f] = sample[f].encode("utf-16", "surrogatepass").decode("utf-16", "replace")
+    # a reasoning count past the output's (an endpoint's own figure, or a trace tokenized again) would
+    # be set aside as damage at the next load and asked for again, every run: the output bounds it
+    sample["reasoning_tokens"] = min(sample["reasoning_tokens"], sample["output_tokens"])
     return sample
 
 
-# write_table's temp files (tempfile.mkstemp: prefix `.<name>.`, 8 characters of
-# tempfile's alphabet, suffix `.tmp`) for the table generate writes
-_TABLE_TMP = re.compile(r"\.generations\.parquet\.[a-z0-9_]{8}\.tmp")
+# the temp files a killed run can leave in the model's folder: write_table's (tempfile.mkstemp: prefix
+# `.<name>.`, 8 characters of tempfile's alphabet, suffix `.tmp`), write_json's and the cache rewrite's
+_TABLE_TMP = re.compile(r"\.generations\.parquet\.[a-z0-9_]{8}\.tmp|\.meta\.json\.tmp|cache\.jsonl\.tmp")
 
 
 def remove_leftover_temps(out_dir: Path) -> None:
-    """A killed run can leave write_table's temp file in the model's folder, which DVC keeps between
-    runs (persist: true) and so would hash with the out. Only called with the cache lock held: a
-    temp file then is no live run's."""
+    """A killed run can leave a temp file in the model's folder, which DVC keeps between runs
+    (persist: true) and so would hash with the out. Called with the cache lock held: a temp file then
+    is no live run's."""
     if out_dir.is_dir():
         for f in out_dir.iterdir():
             if _TABLE_TMP.fullmatch(f.name) and f.is_file():

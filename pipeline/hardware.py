@@ -39,12 +39,17 @@ DEVICE_PATTERN = r"auto|cpu|cuda(:\d+)?"  # the scorer's devices a setting may n
 
 
 def resolve_device(device: str) -> str:
-    """A scorer's torch device: `auto` is cuda where a GPU is visible, else cpu."""
-    if device != "auto":
-        return device
+    """A scorer's torch device: `auto` is cuda where a GPU is visible, else cpu. ValueError for a GPU
+    this machine does not have (else torch fails deep in the first checkpoint's load)."""
     import torch
 
-    return "cuda" if torch.cuda.is_available() else "cpu"
+    if device == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if device.startswith("cuda"):
+        index = int(device.partition(":")[2] or 0)
+        if index >= torch.cuda.device_count():
+            raise ValueError(f"device {device!r}: this machine has {torch.cuda.device_count()} CUDA device(s)")
+    return device
 
 
 def cpu_name() -> str:

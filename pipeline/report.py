@@ -84,9 +84,10 @@ def _render(render, path: str | Path, *args):
         ) from exc
 
 
-def _plot(path: str) -> str | None:
-    """A link to a committed plot, relative to the report stage's page; None when it is not there."""
-    return Path(os.path.relpath(path, PAGE_DIR)).as_posix() if Path(path).is_file() else None
+def _plot(path: str) -> str:
+    """A link to the plot the stage (or benchmark) that writes a section's metrics writes beside them,
+    relative to the report stage's page. Not checked on disk: the page depends on its declared deps only."""
+    return Path(os.path.relpath(path, PAGE_DIR)).as_posix()
 
 
 # ---------------------------------------------------------------- what the page knows of the predictors

@@ -31,7 +31,7 @@ def _stored_login() -> bool:
 
         import wandb
 
-        host = urlparse(os.environ.get("WANDB_BASE_URL") or wandb.Settings().base_url).hostname
+        host = urlparse(os.environ.get("WANDB_BASE_URL") or wandb.Settings().base_url).netloc  # with a port, as stored
         return bool(host and netrc.netrc(os.environ.get("NETRC")).authenticators(host))
     except Exception:  # no .netrc, an unreadable one, no wandb: no stored login
         return False
@@ -47,13 +47,17 @@ def start_run(mode: str, **init: Any):
     import wandb
 
     global _online_failed
+    where = Path(init.get("dir") or ".") / "wandb"
+    if mode == "online" and not _online_failed and not (os.environ.get("WANDB_API_KEY") or _stored_login()):
+        # no key: wandb.init would ask for one on a terminal, waiting with no timeout after the stage's work
+        _online_failed = True
+        print(f"W&B: no API key (WANDB_API_KEY or `wandb login`); logging offline in {where}", file=sys.stderr)
     if mode == "online" and not _online_failed:
         try:
             return wandb.init(mode="online", **init)
-        except wandb.errors.Error as exc:
+        except (wandb.errors.Error, TimeoutError) as exc:
             _online_failed = True
             reason = next((line for line in str(exc).splitlines() if line.strip()), type(exc).__name__)
-            where = Path(init.get("dir") or ".") / "wandb"
             print(f"W&B: cannot log online ({reason.strip()}); logging offline in {where} (`wandb sync` uploads it)",
                   file=sys.stderr)  # fmt: skip
     return wandb.init(mode="offline" if mode == "online" else mode, **init)

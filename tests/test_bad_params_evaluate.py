@@ -37,6 +37,7 @@ def evaluate_cli(capsys, tmp_path, params, *extra):
         ("torch_threads", 0),
         ("precision", "fp8"),
         ("device", "gpu0"),
+        ("device", "cuda:7"),  # a GPU this machine lacks (none has 8 here)
         ("device", None),
         ("tfidf_ridge.ngram_max", 0),
         ("tfidf_ridge.min_df", 0),

@@ -278,20 +278,23 @@ def test_a_damaged_cache_entry_is_generated_again_not_written(tmp_path, monkeypa
 
 
 class SurrogateBackend(FakeBackend):
-    """Answers with lone surrogates and a surrogate pair split in two code points."""
+    """Answers with lone surrogates and a surrogate pair split in two code points, and counts more
+    reasoning tokens than output tokens (a trace tokenized again can)."""
 
     def generate(self, items):
         for item in items:
-            yield item.prompt_id, [Sample(4, 2, "stop", 3, "a\ud800b", "\ud83d\ude00")]
+            yield item.prompt_id, [Sample(4, 6, "stop", 3, "a\ud800b", "\ud83d\ude00")]
 
 
-def test_text_a_backend_returns_is_cached_as_valid_utf8(tmp_path, monkeypatch):
+def test_what_a_backend_returns_is_cached_as_the_load_check_accepts_it(tmp_path, monkeypatch):
+    """Else the next run would set the line aside as damage and ask for the answer again, every run."""
     monkeypatch.setattr(generate, "make_backend", lambda name, spec: SurrogateBackend())
     prompts = pd.read_parquet(_prompts(tmp_path / "prompts.parquet", n=2))
     out = tmp_path / "gen"
     generate.run("fake", FAKE_SPEC, prompts, out)
     gens = pd.read_parquet(out / "generations.parquet")
     assert gens["text"].tolist() == ["a\ufffdb"] * 2 and gens["reasoning"].tolist() == ["\U0001f600"] * 2
+    assert gens["reasoning_tokens"].tolist() == [4, 4]  # bounded by the output's count
     meta = generate.run("fake", FAKE_SPEC, prompts, out)  # the cache lines are sound: nothing set aside
     assert meta["this_run"]["prompts_cached"] == 2 and not (out / "cache.jsonl.damaged").exists()
 
@@ -340,11 +343,15 @@ def test_leftover_temp_tables_are_removed_and_nothing_else(tmp_path, monkeypatch
     out.mkdir()
     leftover = out / ".generations.parquet.k3x_9a0q.tmp"
     leftover.write_bytes(b"PAR1 half")
+    others = [out / ".meta.json.tmp", out / "cache.jsonl.tmp"]  # write_json's and the cache rewrite's
+    for f in others:
+        f.write_text("{half")
     kept = [out / "notes.tmp", out / ".generations.parquet.tmp", out / ".other.parquet.k3x_9a0q.tmp"]
     for f in kept:
         f.write_text("mine")
     generate.run("fake", FAKE_SPEC, prompts, out)
-    assert not leftover.exists() and all(f.read_text() == "mine" for f in kept)
+    assert not leftover.exists() and not any(f.exists() for f in others)
+    assert all(f.read_text() == "mine" for f in kept)
 
 
 @pytest.mark.parametrize(
