@@ -495,6 +495,18 @@ def test_preempted_request_keeps_its_turn_among_requests_queued_in_the_same_tick
     assert [queue.pop_request().request_id for _ in range(4)] == ["0", "1", "2", "3"]
 
 
+class _Req:
+    """The little of a vLLM Request that the PARS queue reads."""
+
+    def __init__(self, i, score):
+        self.priority, self.arrival_time, self.request_id, self.score = 0, float(i), str(i), score
+
+
+def _by_score(requests):
+    for r in requests:
+        r.pars_key = (0, r.score)
+
+
 def test_dead_queue_entries_hold_no_request():
     """Removal is lazy: the heap entry of an admitted, aborted or re-keyed request stays behind an
     old waiting request until compaction. It must not keep the request (its token lists, block
@@ -504,20 +516,12 @@ def test_dead_queue_entries_hold_no_request():
 
     from pipeline.serving.pars_queue import PARSRequestQueue
 
-    class Req:
-        def __init__(self, i, score):
-            self.priority, self.arrival_time, self.request_id, self.score = 0, float(i), str(i), score
-
-    def by_score(requests):
-        for r in requests:
-            r.pars_key = (0, r.score)
-
-    queue = PARSRequestQueue(by_score, starvation_s=1e9)
-    old = Req(0, 0.0)  # the oldest: it heads the age heap, so nothing queued later reaches its top
+    queue = PARSRequestQueue(_by_score, starvation_s=1e9)
+    old = _Req(0, 0.0)  # the oldest: it heads the age heap, so nothing queued later reaches its top
     queue.add_request(old)
     gone = []
     for i in range(1, 31):  # 30 dead entries: below the compaction threshold
-        request = Req(i, -1.0 if i % 3 == 0 else float(i))
+        request = _Req(i, -1.0 if i % 3 == 0 else float(i))
         queue.add_request(request)
         queue.flush()
         if i % 3 == 0:
@@ -678,18 +682,10 @@ def test_queue_compacts_dead_entries_and_keeps_its_order():
     they stay O(live) under a long run of admissions, aborts and late scores, and the order holds."""
     from pipeline.serving.pars_queue import PARSRequestQueue
 
-    class Req:
-        def __init__(self, i, score):
-            self.priority, self.arrival_time, self.request_id, self.score = 0, float(i), str(i), score
-
-    def by_score(requests):
-        for r in requests:
-            r.pars_key = (0, r.score)
-
-    queue = PARSRequestQueue(by_score, starvation_s=1e9)
+    queue = PARSRequestQueue(_by_score, starvation_s=1e9)
     kept, compactions, dead_before = [], 0, 0
     for i in range(300):
-        request = Req(i, -1.0 if i % 3 == 0 else float(i))
+        request = _Req(i, -1.0 if i % 3 == 0 else float(i))
         queue.add_request(request)
         queue.flush()
         if i % 3 == 0:

@@ -256,28 +256,15 @@ def test_in_batch_sees_more_pairs_than_per_pair(toy_root, tiny_encoder_dir, monk
     assert inb["pairs_seen"] / inb["prompts_encoded"] > 2 * per["pairs_seen"] / per["prompts_encoded"]
 
 
-def test_wandb_offline_run_is_written(toy_root, tiny_encoder_dir, monkeypatch, tmp_path):
-    monkeypatch.setenv("WANDB_MODE", "offline")
-    monkeypatch.setenv("DVC_EXP_NAME", "exp-test")
-    monkeypatch.delenv("WANDB_API_KEY", raising=False)
-    run(
-        toy_root,
-        tiny_encoder_dir,
-        "listwise",
-        "wb",
-        epochs=1,
-        wandb={"project": "pars-test", "entity": None, "dir": str(tmp_path)},
-    )
-    runs = list((tmp_path / "wandb").glob("offline-run-*"))
-    assert len(runs) == 1 and any(runs[0].glob("*.wandb"))
-
-
-def test_an_online_run_that_cannot_start_is_logged_offline(toy_root, tiny_encoder_dir, monkeypatch, tmp_path, capfd):
-    """No API key (or no network): training is not lost to its logging; one line says so, the run goes offline."""
+@pytest.mark.parametrize("mode", ["offline", "online"])
+def test_wandb_run_is_written_offline_when_not_online(toy_root, tiny_encoder_dir, monkeypatch, tmp_path, capfd, mode):
+    """offline: the run is written under the configured dir. online with no API key (or no network):
+    training is not lost to its logging; one line says so and the run is written offline."""
     from pipeline import tracking
 
     monkeypatch.setattr(tracking, "_online_failed", False)
-    monkeypatch.setenv("WANDB_MODE", "online")
+    monkeypatch.setenv("WANDB_MODE", mode)
+    monkeypatch.setenv("DVC_EXP_NAME", "exp-test")
     monkeypatch.delenv("WANDB_API_KEY", raising=False)
     for var in ("HOME", "WANDB_CONFIG_DIR"):  # no stored login
         monkeypatch.setenv(var, str(tmp_path / "home"))
@@ -290,7 +277,8 @@ def test_an_online_run_that_cannot_start_is_logged_offline(toy_root, tiny_encode
         epochs=1,
         wandb={"project": "p", "entity": None, "dir": str(tmp_path)},
     )
-    assert "W&B: no API key (WANDB_API_KEY or `wandb login`); logging offline in" in capfd.readouterr().err
+    said = "W&B: no API key (WANDB_API_KEY or `wandb login`); logging offline in" in capfd.readouterr().err
+    assert said == (mode == "online")
     assert (toy_root / "wb" / "models" / "toy" / "pairwise" / "pars.json").is_file()
     runs = list((tmp_path / "wandb").glob("offline-run-*"))
     assert len(runs) == 1 and any(runs[0].glob("*.wandb"))
