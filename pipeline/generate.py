@@ -70,7 +70,7 @@ class GenerationCache:
             self.close()  # the lock too: the caller never gets this object to close
             raise
 
-    def _take_lock(self) -> int:
+    def _take_lock(self) -> int | None:
         """One writer per cache: a second run would take the first's half-written last line for
         damage and replace the file, and the first would go on appending to the deleted one. The
         lock is on the cache's directory, not the file (_load replaces the file, so a lock on it
@@ -106,6 +106,10 @@ class GenerationCache:
                         entry = json.loads(raw)
                     except (json.JSONDecodeError, UnicodeDecodeError):
                         entry = None
+                    try:  # what add() now repairs (a lone surrogate, reasoning past output), repaired here too
+                        entry["samples"] = [_storable(dict(sample)) for sample in entry["samples"]]
+                    except (KeyError, TypeError, ValueError, AttributeError):
+                        pass  # not an entry's shape: is_entry judges it
                 if not is_entry(entry):
                     damaged.append((lineno, raw))
                     continue
@@ -148,15 +152,17 @@ class GenerationCache:
 
     def close(self) -> None:
         """Flush the cache and release the lock (a later run, or a second cache object, may open it)."""
-        if self._fh is not None:
-            self.sync()
-            self._fh.close()
-            self._fh = None
-        if self._lock is not None:
-            # LOCK_UN, not close alone: a forked child (a vLLM worker) sharing the fd would keep it
-            fcntl.flock(self._lock, fcntl.LOCK_UN)
-            os.close(self._lock)
-            self._lock = None
+        try:
+            if self._fh is not None:
+                self.sync()
+                self._fh.close()
+                self._fh = None
+        finally:  # the lock goes even when the flush fails
+            if self._lock is not None:
+                # LOCK_UN, not close alone: a forked child (a vLLM worker) sharing the fd would keep it
+                fcntl.flock(self._lock, fcntl.LOCK_UN)
+                os.close(self._lock)
+                self._lock = None
 
 
 _COUNTS = ("output_tokens", "reasoning_tokens", "prompt_tokens")
@@ -464,7 +470,8 @@ def run(
 def _run_locked(model, backend, selected, cache, out_dir, run_stats_path) -> dict[str, Any]:
     """run's work with the cache open and locked until the outputs are written: a second run can
     neither remove this one's temp file nor write the outputs in between."""
-    remove_leftover_temps(out_dir)
+    if cache._lock is not None:  # without the lock (NFS) a temp file may be another run's
+        remove_leftover_temps(out_dir)
     identity = backend.identity()
     keys = {r.prompt_id: cache_key(identity, backend.cache_text(r)) for r in selected.itertuples()}
     # an entry under this key with another number of samples than k (a hand-edited or foreign line)

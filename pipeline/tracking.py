@@ -48,19 +48,20 @@ def start_run(mode: str, **init: Any):
 
     global _online_failed
     where = Path(init.get("dir") or ".") / "wandb"
-    if mode == "online" and not _online_failed and not (os.environ.get("WANDB_API_KEY") or _stored_login()):
+    online = mode in ("online", "shared")  # shared: online, several writers to one run
+    if online and not _online_failed and not (os.environ.get("WANDB_API_KEY") or _stored_login()):
         # no key: wandb.init would ask for one on a terminal, waiting with no timeout after the stage's work
         _online_failed = True
         print(f"W&B: no API key (WANDB_API_KEY or `wandb login`); logging offline in {where}", file=sys.stderr)
-    if mode == "online" and not _online_failed:
+    if online and not _online_failed:
         try:
-            return wandb.init(mode="online", **init)
+            return wandb.init(mode=mode, **init)
         except (wandb.errors.Error, TimeoutError) as exc:
             _online_failed = True
             reason = next((line for line in str(exc).splitlines() if line.strip()), type(exc).__name__)
             print(f"W&B: cannot log online ({reason.strip()}); logging offline in {where} (`wandb sync` uploads it)",
                   file=sys.stderr)  # fmt: skip
-    return wandb.init(mode="offline" if mode == "online" else mode, **init)
+    return wandb.init(mode="offline" if online else mode, **init)
 
 
 def _git(*args: str) -> str | None:

@@ -242,12 +242,7 @@ class FakeBackend:
         lambda e: e.update(samples=[]),
         lambda e: e.update(samples=["one"]),
         lambda e: e.pop("prompt_id"),
-        # impossible counts: the trace is part of output_tokens; a prompt has >= 0 tokens
-        lambda e: e["samples"][0].update(reasoning_tokens=5),
-        lambda e: e["samples"][0].update(prompt_tokens=-1),
-        # a lone surrogate (JSON "\\ud800") loads, but no table can hold it: every later run failed
-        lambda e: e["samples"][0].update(text="a\ud800"),
-        lambda e: e["samples"][0].update(reasoning="\udfff"),
+        lambda e: e["samples"][0].update(prompt_tokens=-1),  # a prompt has >= 0 tokens
     ],
 )
 def test_a_damaged_cache_entry_is_generated_again_not_written(tmp_path, monkeypatch, capsys, damage):
@@ -275,6 +270,37 @@ def test_a_damaged_cache_entry_is_generated_again_not_written(tmp_path, monkeypa
     gens = pd.read_parquet(out / "generations.parquet")
     assert gens.sort_values("prompt_id")["output_tokens"].tolist() == [1, 2, 3, 4]
     assert set(gens["finish_reason"]) == {"stop"} and gens.notna().all().all()
+
+
+@pytest.mark.parametrize(
+    "repairable",
+    [
+        # a count past the output's (the trace is part of output_tokens): bounded by it
+        lambda e: e["samples"][0].update(reasoning_tokens=5),
+        # a lone surrogate (JSON "\\ud800") loads, but no table can hold it: every later run failed
+        lambda e: e["samples"][0].update(text="a\ud800"),
+        lambda e: e["samples"][0].update(reasoning="\udfff"),
+    ],
+)
+def test_a_repairable_cache_entry_is_repaired_not_asked_again(tmp_path, monkeypatch, capsys, repairable):
+    """Lines an older run cached before the cache repaired them: repaired as they load, as add() does,
+    so an openai run is not paid for twice."""
+    backend = FakeBackend()
+    monkeypatch.setattr(generate, "make_backend", lambda name, spec: backend)
+    prompts = pd.read_parquet(_prompts(tmp_path / "prompts.parquet", n=2))
+    out = tmp_path / "gen"
+    generate.run("fake", FAKE_SPEC, prompts, out)
+    cache = out / "cache.jsonl"
+    lines = cache.read_text().splitlines()
+    entry = json.loads(lines[1])
+    repairable(entry)
+    lines[1] = json.dumps(entry)
+    cache.write_text("\n".join(lines) + "\n")
+    backend.asked.clear()
+    generate.run("fake", FAKE_SPEC, prompts, out)
+    assert backend.asked == [] and not (out / "cache.jsonl.damaged").exists()
+    gens = pd.read_parquet(out / "generations.parquet")  # written: its text is valid UTF-8
+    assert (gens["reasoning_tokens"] <= gens["output_tokens"]).all() and len(gens) == 2
 
 
 class SurrogateBackend(FakeBackend):

@@ -51,7 +51,7 @@ def image_lines(link: str | None, alt: str) -> list[str]:
 
 
 def _fmt_int(x: Any) -> str:
-    return f"{x:,}" if isinstance(x, int) and not isinstance(x, bool) else str(x)
+    return f"{x:,}" if isinstance(x, int) and not isinstance(x, bool) else "–" if x is None else str(x)
 
 
 def _machine(machine: Any) -> str:
