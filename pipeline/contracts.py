@@ -83,6 +83,15 @@ SPLITS = ("train", "val", "test")
 FINISH_REASONS = ("stop", "length")
 
 
+def nested_value(d: Any, *keys: str) -> Any:
+    """d[k1][k2]..., or None where a level is missing or not a mapping (a damaged metrics file)."""
+    for k in keys:
+        if not isinstance(d, dict):
+            return None
+        d = d.get(k)
+    return d
+
+
 def _check(df: pd.DataFrame | pa.Table | pa.Schema, schema: pa.Schema, where: str) -> None:
     columns = df.names if isinstance(df, pa.Schema) else df.column_names if isinstance(df, pa.Table) else df.columns
     missing = [name for name in schema.names if name not in columns]
@@ -129,13 +138,14 @@ def read_table(path: str | Path, schema: pa.Schema) -> pd.DataFrame:
     path = Path(path)
     if not path.exists():
         raise FileNotFoundError(f"{path} does not exist (has the stage that writes it run?)")
-    try:  # pyarrow raises several types for a corrupt file
-        stored = pq.read_schema(path)
+    try:  # pyarrow raises several types for a corrupt file; opened once, the footer read once
+        parquet = pq.ParquetFile(path)
+        stored = parquet.schema_arrow
     except Exception as exc:
         raise ValueError(f"{path} is not a readable parquet file: {exc}") from exc
     _check(stored, schema, str(path))
     try:
-        table = pq.read_table(path, columns=schema.names)  # only what the reader asked for
+        table = parquet.read(columns=schema.names)  # only what the reader asked for
     except Exception as exc:
         raise ValueError(f"{path} is not a readable parquet file: {exc}") from exc
     for field in schema:

@@ -57,13 +57,13 @@ from pipeline.ranking.labels import check_generations, check_known_prompts, prom
 from pipeline.ranking.predictors import evaluated_predictors, names
 from pipeline.ranking.report_tables import OVERALL, ranking_rows, render_markdown
 from pipeline.serving.scorer import PRECISIONS, resolve_precision
-from pipeline.tracking import provenance, run_dir, run_group, start_run, wandb_mode
+from pipeline.tracking import MODE_ALIASES, MODES, provenance, run_dir, run_group, start_run, wandb_mode
 
 PAIRWISE = "pairwise"  # method_differences compares every other method against this one
 # what write_plots writes: the only files of the plots directory it replaces (nothing else there is touched)
 PLOT_FILES = ("tau_b.csv", "tau_b.png", "transfer.png")
-# wandb.init's modes (dryrun and run: its old names for offline and online)
-WANDB_MODES = ("online", "offline", "disabled", "shared", "dryrun", "run")
+# wandb.init's modes and its old names for offline and online (dryrun, run)
+WANDB_MODES = (*MODES, *MODE_ALIASES)
 # what a local tokenizer directory holds (fast, WordPiece, BPE, SentencePiece)
 TOKENIZER_DIR_MARKERS = (
     "tokenizer.json",
@@ -173,17 +173,19 @@ def check_params(params, machine: bool = True) -> dict:
 
 
 def _device_setting(sec, machine: bool) -> str:
-    from pipeline.hardware import DEVICE_PATTERN
+    """evaluate.device as this machine has it (`auto` resolved), or, for `pars profile` (`machine`
+    False), only checked in form: the GPU is the machine's that runs the stage."""
+    from pipeline.hardware import TORCH_DEVICES
 
     device = sec["device"]
-    if not isinstance(device, str) or not re.fullmatch(DEVICE_PATTERN, device):
-        raise PARSError(f"{sec.where}.device {device!r}: must be auto, cpu, cuda or cuda:N")
-    if machine:  # a GPU this machine lacks: one line now, not a failure in torch after the references
-        try:
-            resolve_device(device)
-        except ValueError as exc:
-            raise PARSError(f"{sec.where}.{exc}") from None
-    return device
+    if not isinstance(device, str) or not re.fullmatch(f"auto|{TORCH_DEVICES}", device):
+        raise PARSError(f"{sec.where}.device {device!r}: must be auto, cpu, cuda, cuda:N or mps")
+    if not machine:
+        return device
+    try:  # a GPU this machine lacks: one line now, not a failure in torch after the references
+        return resolve_device(device)
+    except ValueError as exc:
+        raise PARSError(f"{sec.where}.device {exc}") from None
 
 
 def check_outputs(data_root: Path, models_root: Path, metrics_dir: Path, plots_dir: Path) -> None:
@@ -210,10 +212,8 @@ def score_predictors(
 ) -> pd.DataFrame:
     """Scores of each predictor on each test prompt. The predictors' shared frozen lower layers
     run once per batch for all of them (`score_together`)."""
-    from pipeline.hardware import resolve_device
     from pipeline.serving.scorer import Scorer, score_together
 
-    device = resolve_device(device)
     texts = test["prompt"].tolist()
     scorers = []
     for model, method in predictors:
@@ -801,9 +801,8 @@ def run(
         tfidf_refs=tfidf_refs,
     )
     ranking["settings"]["baseline_tokenizer"] = tokenizer
-    device = resolve_device(settings["device"])
-    ranking["settings"]["device"] = device
-    ranking["settings"]["precision"] = resolve_precision(precision, device)
+    ranking["settings"]["device"] = settings["device"]  # resolved by check_params
+    ranking["settings"]["precision"] = resolve_precision(precision, settings["device"])
     ranking["settings"]["lexical_prior"] = lexical_prior_predictors(predictors, models_root)
     transfer = transfer_matrix(ranking)
     write_table(scores, scores_path(data_root), SCORES)  # outputs only once every metric is computed

@@ -19,6 +19,7 @@ import json
 import math
 from pathlib import Path
 
+from pipeline.contracts import nested_value
 from pipeline.errors import PARSError, plain_name
 from pipeline.params import PARAMS_HELP, Section, load_params
 from pipeline.ranking.checkpoint import (
@@ -53,7 +54,7 @@ def in_domain_metrics(
     """The predictor's test results on `eval_model`'s answers (default: its own model's), overall
     and per dataset."""
     eval_model = eval_model or model
-    by_group = _dig(ranking, "predictors", model, method, eval_model)
+    by_group = nested_value(ranking, "predictors", model, method, eval_model)
     if not isinstance(by_group, dict) or not isinstance(by_group.get("overall"), dict):
         raise ValueError(
             f"{path} has no test tau_b for {model}/{method} on {eval_model}'s answers "
@@ -68,26 +69,17 @@ def in_domain_metrics(
         raise ValueError(f"{path}: {key} {tau!r} is not a number")
     if tau is not None and not (tau != tau or -1 <= tau <= 1):  # NaN (!= itself): undefined, as evaluate writes it
         raise ValueError(f"{path}: {key} {tau!r} is not a tau_b (between -1 and 1)")
-    refs = _dig(ranking, "references", eval_model, "overall")
+    refs = nested_value(ranking, "references", eval_model, "overall")
     refs = refs if isinstance(refs, dict) else {}
     return {
         "eval_model": eval_model,
         "split": "test",
         **{k: overall.get(k) for k in ("kendall_tau_b", "ci_low", "ci_high", "n_prompts", "pair_accuracy")},
-        "per_dataset_tau_b": {g: _dig(s, "kendall_tau_b") for g, s in by_group.items() if g != "overall"},
-        "prompt_length_tau_b": _dig(refs, "prompt_length", "kendall_tau_b"),
-        "noise_ceiling_tau_b": _dig(refs, "noise_ceiling", "kendall_tau_b"),
-        "tfidf_ridge_tau_b": _dig(refs, "tfidf_ridge", "kendall_tau_b"),
+        "per_dataset_tau_b": {g: nested_value(s, "kendall_tau_b") for g, s in by_group.items() if g != "overall"},
+        "prompt_length_tau_b": nested_value(refs, "prompt_length", "kendall_tau_b"),
+        "noise_ceiling_tau_b": nested_value(refs, "noise_ceiling", "kendall_tau_b"),
+        "tfidf_ridge_tau_b": nested_value(refs, "tfidf_ridge", "kendall_tau_b"),
     }
-
-
-def _dig(obj, *keys):
-    """obj[k1][k2]..., or None where a level is missing or not a mapping (a damaged ranking.json)."""
-    for key in keys:
-        if not isinstance(obj, dict):
-            return None
-        obj = obj.get(key)
-    return obj
 
 
 def export_metrics(ranking: dict, model: str, method: str, members: list[str], path: str | Path) -> tuple[dict, float]:

@@ -46,6 +46,7 @@ from pipeline.encoders import resolve_encoder
 from pipeline.errors import PARSError, plain_name
 from pipeline.params import PARAMS_HELP, MissingParam, Section, load_params
 from pipeline.sources import SourceUnavailable
+from pipeline.sources.base import as_utf8
 
 BACKENDS = ("vllm", "openai", "recorded")
 
@@ -178,33 +179,21 @@ def is_entry(entry: Any) -> bool:
 
 
 def _is_sample(sample: Any) -> bool:
+    # text valid UTF-8 and reasoning <= output are _storable's work, done on every line before this check
     return (
         isinstance(sample, dict)
         # type() is int: a bool or 3.5 is not a token count; < 2**31: the int32 column
         and all(type(sample.get(f)) is int and 0 <= sample[f] < 2**31 for f in _COUNTS)
-        and sample["reasoning_tokens"] <= sample["output_tokens"]  # output_tokens counts the trace too
         and sample.get("finish_reason") in FINISH_REASONS
-        # a JSON escape such as "\ud800" loads as a lone surrogate, which the table cannot hold
-        and all(isinstance(sample.get(f), str) and _utf8(sample[f]) for f in ("text", "reasoning"))
+        and all(isinstance(sample.get(f), str) for f in ("text", "reasoning"))
     )
-
-
-def _utf8(text: str) -> bool:
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        return False
-    return True
 
 
 def _storable(sample: dict[str, Any]) -> dict[str, Any]:
     """`sample` as the cache's load check accepts it: text and reasoning valid UTF-8 (a backend can hand
-    back lone surrogates, e.g. an endpoint's JSON "\\ud800"; through UTF-16 with surrogatepass, a
-    surrogate pair split in two code points becomes its character again and a lone one U+FFFD, which
-    marks the loss visibly), and reasoning tokens no more than the output's."""
+    back lone surrogates, e.g. an endpoint's JSON "\\ud800"), and reasoning tokens no more than the output's."""
     for f in ("text", "reasoning"):
-        if not _utf8(sample[f]):
-            sample[f] = sample[f].encode("utf-16", "surrogatepass").decode("utf-16", "replace")
+        sample[f] = as_utf8(sample[f])
     # a reasoning count past the output's (an endpoint's own figure, or a trace tokenized again) would
     # be set aside as damage at the next load and asked for again, every run: the output bounds it
     sample["reasoning_tokens"] = min(sample["reasoning_tokens"], sample["output_tokens"])

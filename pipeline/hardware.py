@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import platform
+import re
 from pathlib import Path
 
 
@@ -35,20 +36,27 @@ def auto_precision(device_type: str) -> str:
     return "bf16-mixed" if bf16_is_native(device_type) else "32-true"
 
 
-DEVICE_PATTERN = r"auto|cpu|cuda(:\d+)?"  # the scorer's devices a setting may name
+TORCH_DEVICES = r"cpu|mps|cuda(:\d+)?"  # the torch devices a scorer runs on
 
 
 def resolve_device(device: str) -> str:
-    """A scorer's torch device: `auto` is cuda where a GPU is visible, else cpu. ValueError for a GPU
-    this machine does not have (else torch fails deep in the first checkpoint's load)."""
+    """A scorer's torch device as this machine has it: `auto` is cuda where a GPU is visible, else cpu.
+    ValueError, naming what is wrong, for anything else than TORCH_DEVICES or a device this machine
+    lacks (meta, cpu:7 or a missing GPU would otherwise fail deep in torch, at the first load or score)."""
     import torch
 
     if device == "auto":
         return "cuda" if torch.cuda.is_available() else "cpu"
+    if not isinstance(device, str) or not re.fullmatch(TORCH_DEVICES, device):
+        raise ValueError(f"{device!r} is not a torch device the scorer runs on (cpu, cuda, cuda:N or mps)")
+    if device == "mps" and not torch.backends.mps.is_available():
+        raise ValueError("is 'mps' but torch sees no Apple GPU")
     if device.startswith("cuda"):
-        index = int(device.partition(":")[2] or 0)
-        if index >= torch.cuda.device_count():
-            raise ValueError(f"device {device!r}: this machine has {torch.cuda.device_count()} CUDA device(s)")
+        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if count == 0:
+            raise ValueError(f"is {device!r} but torch sees no CUDA device")
+        if ":" in device and int(device.split(":")[1]) >= count:
+            raise ValueError(f"is {device!r} but torch sees {count} CUDA device(s) (cuda:0..{count - 1})")
     return device
 
 

@@ -14,7 +14,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from pipeline.contracts import read_json, same_file
+from pipeline.contracts import nested_value, read_json, same_file
 from pipeline.errors import PARSError
 from pipeline.ranking.report_tables import OVERALL, join_names, render_markdown
 from pipeline.serving.results import (
@@ -29,7 +29,6 @@ from pipeline.serving.results import (
     fmt_num,
     image_lines,
     is_finite_number,
-    nested_value,
     overhead_section,
     simulation_section,
     train_throughput_section,
@@ -119,10 +118,7 @@ def cross_model_members(ranking: dict, served: dict | None) -> dict[str, list[st
         path = CROSS_TRAIN.format(model=model)
         found = None
         if Path(path).is_file():
-            meta = read_json(path)
-            if not isinstance(meta, dict):
-                raise PARSError(f"{path}: not a JSON object (train writes it; rerun `dvc repro train_cross@{model}`)")
-            found = meta.get("members")
+            found = read_json(path).get("members")  # read_json refuses anything but an object
         if not found and served and served["model"] == model:
             found = served.get("members")
         members[model] = list(found) if isinstance(found, list) and found else None
@@ -166,11 +162,10 @@ def summary_lines(
     )
     w = nested_value(serving.get("simulation"), "workloads", SIM_WORKLOAD) or {}
     burst = next((v for k, v in (w.get("scenarios") or {}).items() if k.startswith("burst_")), {})
-    pars, oracle = burst.get("pars") or {}, burst.get("oracle") or {}
+    pars = burst.get("pars") or {}
     mean, p90, ratio = pars.get("speedup_mean_over_fcfs"), pars.get("speedup_p90_over_fcfs"), None
-    p_lat, o_lat = pars.get("mean_per_token_latency"), oracle.get("mean_per_token_latency")
-    if is_finite_number(p_lat) and is_finite_number(o_lat) and o_lat > 0:
-        ratio = p_lat / o_lat
+    if is_finite_number(pars.get("gap_mean_to_oracle")):  # simulate's PARS / oracle - 1
+        ratio = 1 + pars["gap_mean_to_oracle"]
     where = f"simulated {SIM_WORKLOAD} burst"
     check(
         mean,
@@ -193,7 +188,8 @@ def summary_lines(
         nested_value(bench, "pars", "mean_per_token_latency"),
     )
     engine = f_mean / p_mean if is_finite_number(f_mean) and is_finite_number(p_mean) and p_mean > 0 else None
-    spread = nested_value(draws, "sizes", "200", "fcfs_over_pars")
+    size = str(nested_value(bench, "setup", "num_prompts"))  # the draws of the benchmark's own burst size
+    spread = nested_value(draws, "sizes", size, "fcfs_over_pars")
     check(
         engine,
         lambda x: x >= ENGINE_RATIO,
@@ -201,7 +197,7 @@ def summary_lines(
         f"{fmt_num(engine, '.2f')}×",
         f"≥ {ENGINE_RATIO:g}×"
         + (
-            f"; one draw: over {len(nested_value(draws, 'sizes', '200', 'draws') or [])} simulated draws of 200 "
+            f"; one draw: over {len(nested_value(draws, 'sizes', size, 'draws') or [])} simulated draws of {size} "
             f"requests the geometric mean is {fmt_num(spread.get('geometric_mean'), '.2f')}×, "
             f"{fmt_num(100 * (1 - spread['share_at_least_2x']), '.0f')} % of them below 2×"
             if isinstance(spread, dict) and is_finite_number(spread.get("share_at_least_2x"))
@@ -223,8 +219,8 @@ def summary_lines(
     )
     over = serving.get("scheduler_overhead") or {}
     worst = over.get("max_pars_s_per_schedule")
-    others = [
-        f"{mode} {fmt_ms(r.get('max_pars_s_per_schedule'))} ms"
+    others = [  # (scoring mode, its longest schedule() call) of the modes other than the measured one
+        (mode, fmt_ms(r.get("max_pars_s_per_schedule")))
         for mode, r in (over.get("modes") or {}).items()
         if mode != over.get("scoring") and isinstance(r, dict)
     ]
@@ -271,9 +267,8 @@ def summary_lines(
         lines.append(
             f"- **Not measured ({len(unknown)} of {n})**, no metrics file or figure: " + "; ".join(unknown) + "."
         )
-    for other in others:  # beside the target, not in it: another scoring mode, and how long it holds the engine
-        mode, _, held = other.partition(" ")
-        lines.append(f"- With `scoring: {mode}` instead, the longest schedule() call holds the engine {held}.")
+    for mode, held in others:  # beside the target, not in it: how long another scoring mode holds the engine
+        lines.append(f"- With `scoring: {mode}` instead, the longest schedule() call holds the engine {held} ms.")
     return lines + [""]
 
 
@@ -397,8 +392,6 @@ def main(argv: list[str] | None = None) -> int:
     if bad is not None:  # a damaged file: shown, it would be a silent wrong number
         raise PARSError(f"{path}: {bad[0]} {bad[1]!r} is not a tau_b (between -1 and 1; rerun `pars evaluate`)")
     for f, ceiling in zip(ceiling_files, ceilings):
-        if not isinstance(ceiling, dict):
-            raise PARSError(f"{f}: not a JSON object (rerun the benchmark that writes it)")
         # every key the tables read, so a missing one is named here, not blamed on the ranking file
         missing = [k for k in ("model", "dataset", "noise_ceiling", "what", "command") if k not in ceiling]
         stat = ceiling.get("noise_ceiling")

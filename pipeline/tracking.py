@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+MODES = ("online", "offline", "disabled", "shared")  # wandb.init's modes
 MODE_ALIASES = {"dryrun": "offline", "run": "online"}  # wandb's older spellings
 
 
@@ -18,7 +19,7 @@ def wandb_mode(configured: str | None = None) -> str:
     an API key (WANDB_API_KEY, or `wandb login`'s) means online, and otherwise offline (`wandb sync` later)."""
     for mode in (os.environ.get("WANDB_MODE", ""), configured or ""):
         mode = MODE_ALIASES.get(mode.strip().lower(), mode.strip().lower())
-        if mode in ("online", "offline", "disabled", "shared"):
+        if mode in MODES:
             return mode
     return "online" if os.environ.get("WANDB_API_KEY") or _stored_login() else "offline"
 

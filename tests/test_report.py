@@ -84,8 +84,8 @@ def _ranking(taus: dict) -> dict:
     }
 
 
-def _row(mean, p90, ttft, speedup=1.0, p90_speedup=1.0):
-    return {
+def _row(mean, p90, ttft, speedup=1.0, p90_speedup=1.0, gap=None):
+    row = {
         "mean_per_token_latency": mean,
         "p90_per_token_latency": p90,
         "p90_ttft": ttft,
@@ -93,6 +93,7 @@ def _row(mean, p90, ttft, speedup=1.0, p90_speedup=1.0):
         "speedup_p90_over_fcfs": p90_speedup,
         "requests": 500,
     }
+    return row if gap is None else {**row, "gap_mean_to_oracle": gap}  # as simulate writes it: PARS / oracle - 1
 
 
 SIM = {
@@ -104,8 +105,8 @@ SIM = {
             "scenarios": {
                 "burst_500": {
                     "fcfs": _row(0.9, 1.2, 50.0),
-                    "pars": _row(0.25, 0.5, 40.0, 3.6, 2.4),
-                    "oracle": _row(0.2, 0.3, 30.0, 4.5, 4.0),
+                    "pars": _row(0.25, 0.5, 40.0, 3.6, 2.4, gap=0.25),
+                    "oracle": _row(0.2, 0.3, 30.0, 4.5, 4.0, gap=0.0),
                 },
                 "poisson_0.8": {"fcfs": _row(0.1, 0.2, 0.1), "pars": _row(0.1, 0.2, 0.1, 1.0, 1.0)},
                 "poisson_1.25": {"fcfs": _row(0.3, 0.5, 18.9), "pars": _row(0.1, 0.2, 23.6, 2.6, 2.25)},

@@ -249,25 +249,16 @@ def _text(raw, where: str) -> str:
 
 
 def _device(raw, where: str) -> str:
-    """cpu, cuda or cuda:N that this machine has (meta, cpu:7 or a missing GPU would otherwise fail
-    deep in torch, or at the first scored request)."""
+    """cpu, cuda, cuda:N or mps, that this machine has (hardware.resolve_device's check)."""
+    from pipeline.hardware import resolve_device
+
     raw = _text(raw, where)
-    if not re.fullmatch(r"cpu|mps|cuda(:\d+)?", raw):
-        raise PARSConfigError(f"{where} {raw!r} is not a torch device the scorer runs on (cpu, cuda, cuda:N or mps)")
-    if raw == "mps":
-        import torch
-
-        if not torch.backends.mps.is_available():
-            raise PARSConfigError(f"{where} is 'mps' but torch sees no Apple GPU")
-    if raw.startswith("cuda"):
-        import torch
-
-        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
-        if count == 0:
-            raise PARSConfigError(f"{where} is {raw!r} but torch sees no CUDA device")
-        if ":" in raw and int(raw.split(":")[1]) >= count:
-            raise PARSConfigError(f"{where} is {raw!r} but torch sees {count} CUDA device(s) (cuda:0..{count - 1})")
-    return raw
+    if raw == "auto":  # resolve_device takes it; a served scorer names its device
+        raise PARSConfigError(f"{where} 'auto' is not a torch device the scorer runs on (cpu, cuda, cuda:N or mps)")
+    try:
+        return resolve_device(raw)
+    except ValueError as exc:
+        raise PARSConfigError(f"{where} {exc}") from None
 
 
 def _checkpoint(raw, where: str) -> str:

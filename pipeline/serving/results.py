@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from pipeline.contracts import nested_value
 from pipeline.queueing.policies import POLICIES
 from pipeline.ranking.report_tables import join_names
 
@@ -34,15 +35,6 @@ def fmt_ms(seconds: Any) -> str:
         return fmt_num(seconds)
     ms = 1000 * seconds
     return fmt_num(ms, ",.0f" if abs(ms) >= 100 else ".1f" if abs(ms) >= 1 else ".2f")
-
-
-def nested_value(d: Any, *keys: str) -> Any:
-    """d[k1][k2]..., or None where a level is missing or not a mapping."""
-    for k in keys:
-        if not isinstance(d, dict):
-            return None
-        d = d.get(k)
-    return d
 
 
 def image_lines(link: str | None, alt: str) -> list[str]:

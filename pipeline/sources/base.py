@@ -19,6 +19,18 @@ def normalise(text: str) -> str:
     return unicodedata.normalize("NFC", text).strip()
 
 
+def as_utf8(text: str) -> str:
+    """`text` as valid UTF-8. JSON can escape a lone UTF-16 surrogate ("\\ud800"), which no tokenizer
+    or table takes; through UTF-16 with surrogatepass, a pair split in two code points becomes its
+    character again and a lone one U+FFFD, which marks the loss. Valid text comes back as it is
+    (encoding it is the check)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return text.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
+    return text
+
+
 @dataclass
 class RawRecord:
     source_id: str
