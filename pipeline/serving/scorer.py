@@ -394,9 +394,9 @@ class Scorer:
 def as_stored(texts: Sequence[str]) -> list[str]:
     """Prompts as training saw them (the prepare stage stores Unicode NFC, stripped): a prompt that
     reaches the server decomposed (NFD) would otherwise split into other words for the lexical prior."""
-    from pipeline.sources.base import as_utf8, normalise
+    from pipeline.sources.base import normalise
 
-    return [normalise(as_utf8(text)) for text in _text_list(texts)]
+    return [normalise(_encodable(text)) for text in _text_list(texts)]
 
 
 def _text_list(texts: Sequence[str]) -> list[str]:
@@ -409,6 +409,18 @@ def _text_list(texts: Sequence[str]) -> list[str]:
         if not isinstance(text, str):
             raise TypeError(f"score: item {i} is {type(text).__name__}, not str")
     return texts
+
+
+def _encodable(text: str) -> str:
+    """`text` with each lone UTF-16 surrogate (JSON can escape one: "\\ud800") as '?': no tokenizer
+    takes it, and the whole batch would fail. Other text is returned as is (encoding it is the check).
+    `pars score` refuses such a line instead, naming it (a file can be fixed); here, on the serving
+    path, one client's prompt must not fail the batch of others."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return text.encode("utf-8", "replace").decode("utf-8")
+    return text
 
 
 def _length_sorted_batches(ids: list[list[int]], pad_id: int, batch_size: int, progress: bool):
