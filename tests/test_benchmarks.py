@@ -225,3 +225,24 @@ def test_reply_targets_embeds_answers_and_adds_the_weighted_term(bench, tiny_enc
             pooled = model.encoder(input_ids=ids, attention_mask=mask).last_hidden_state[:2, 0]
             aux = (1 - torch.nn.functional.cosine_similarity(module.aux_head(pooled), module._target[:2])).mean()
     assert losses[3.0] - losses[0.0] == pytest.approx(3.0 * float(aux), rel=1e-4, abs=1e-6)
+
+
+# -- decoder_features ------------------------------------------------------------------------------
+def test_decoder_features_pairwise_head_learns_a_length_signal_and_the_cross_fit_never_picks_on_its_scored_half(
+    bench,
+):
+    df = bench("decoder_features")
+    rng = np.random.default_rng(0)
+    signal = rng.normal(size=2000)  # log length, seen by every feature through noise
+    x = (signal[:, None] + rng.normal(size=(2000, 16))).astype(np.float32)
+    lengths = np.expm1(np.clip(4.0 + signal + 0.3 * rng.normal(size=2000), 0.1, None))
+    scores, taus = df.pairwise_head(x[:1600], lengths[:1600], x[1600:], lengths[1600:], epochs=3, hidden=32, seed=0)
+    assert scores.shape == (400,) and len(taus) == 3
+    assert taus[-1] > 0.6  # the loss is the pipeline's pairwise one: the head ranks by the signal
+    assert taus[-1] == pytest.approx(df.kendall_tau_b(scores, lengths[1600:]), abs=1e-4)
+
+    # a candidate that is pure noise next to a perfect checkpoint: both halves keep the checkpoint
+    y = lengths[1600:]
+    combined = df.cross_fit_combination(np.log1p(y), {"noise": rng.normal(size=400)}, y, [0.0, 0.5, 1.0])
+    assert [c["checkpoint_weight"] for c in combined["chosen"]] == [1.0, 1.0]
+    assert combined["val_tau_b"] == pytest.approx(1.0)

@@ -704,7 +704,7 @@ def test_the_required_settings_are_options_and_decide_the_cache_key():
     assert set(REQUIRED["openai"]) <= set(openai)
 
 
-def test_vllm_passes_speed_settings_only_when_the_entry_sets_them(monkeypatch):
+def test_vllm_passes_speed_settings_only_when_the_entry_sets_them(monkeypatch, capsys):
     """max_num_seqs, tensor_parallel_size, enforce_eager, gpu_memory_utilization, cpu_kv_cache_gib and
     repetition_penalty left out are not passed: vLLM's own defaults apply, not a second set in our code.
     The settings that decide the answers are always the entry's."""
@@ -725,8 +725,10 @@ def test_vllm_passes_speed_settings_only_when_the_entry_sets_them(monkeypatch):
     set_ = {"max_num_seqs": 8, "tensor_parallel_size": 2, "enforce_eager": True, "gpu_memory_utilization": 0.8}
     vb.VllmBackend({**spec, **set_, "cpu_kv_cache_gib": 3}).start()  # on a GPU (the last _on_cpu)
     assert made.pop() == {"model": "m", "dtype": "float32", "seed": 7, "max_model_len": 1024, **set_}
+    assert "gpu_memory_utilization" not in capsys.readouterr().err
     monkeypatch.setattr(vb, "_on_cpu", lambda: True)
     vb.VllmBackend({**spec, **set_, "cpu_kv_cache_gib": 3}).start()  # gpu_memory_utilization: a GPU's
+    assert "gpu_memory_utilization is a GPU's share of memory and is not used on a CPU" in capsys.readouterr().err
     on_cpu = {key: value for key, value in set_.items() if key != "gpu_memory_utilization"}
     assert made.pop() == {"model": "m", "dtype": "float32", "seed": 7, "max_model_len": 1024, **on_cpu}
     assert os.environ["VLLM_CPU_KVCACHE_SPACE"] == "3"

@@ -13,6 +13,7 @@ import inspect
 import json
 import math
 import os
+import sys
 from pathlib import Path
 from typing import Any, Iterable, Iterator
 
@@ -231,8 +232,15 @@ class VllmBackend(Backend):
                 max_model_len=int(s["max_model_len"]),
             )
             kwargs.update({key: kind(s[key]) for key, kind in SPEED_ENGINE_ARGS.items() if key in s})
-            if not self.cpu and "gpu_memory_utilization" in s:  # a GPU's share; on a CPU cpu_kv_cache_gib
-                kwargs["gpu_memory_utilization"] = float(s["gpu_memory_utilization"])
+            if "gpu_memory_utilization" in s:  # a GPU's share; on a CPU the KV cache is cpu_kv_cache_gib
+                if self.cpu:
+                    print(
+                        "generate: note: gpu_memory_utilization is a GPU's share of memory and is not used on "
+                        "a CPU (the KV cache there is cpu_kv_cache_gib)",
+                        file=sys.stderr,
+                    )
+                else:
+                    kwargs["gpu_memory_utilization"] = float(s["gpu_memory_utilization"])
             kwargs.update(s.get("engine_args", {}))  # anything else vLLM takes, passed through
             self._llm = LLM(**kwargs)
         return self._llm
