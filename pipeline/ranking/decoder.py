@@ -83,6 +83,8 @@ class DecoderFeatures:
             raise ValueError(f"decoder {path} has {len(model.layers)} layers; layers {list(layers)} read past them")
         model.layers = model.layers[:keep]
         model.config.num_hidden_layers = keep
+        if isinstance(getattr(model.config, "layer_types", None), list):  # Qwen2's per-layer attention kinds
+            model.config.layer_types = model.config.layer_types[:keep]  # must match num_hidden_layers to save
         return cls(tokenizer, model, layers, max_length, device)
 
     @property
