@@ -145,7 +145,13 @@ def summary_lines(
 
     for model, target in TAU_TARGETS.items():
         tau = _overall_tau(ranking, model, "pairwise", model)
-        check(tau, lambda t, g=target: t >= g, f"{model} test pairwise τ_b", fmt_num(tau), f"≥ {target:g}")
+        written = fmt_num(tau)
+        # a blend of this predictor (the blend stage's pairwise+<features>) is shown beside it, not in its place
+        blends = [m for m in nested_value(ranking, "predictors", model) or {} if m.startswith("pairwise+")]
+        shown = [f"`{model}/{m}` {fmt_num(_overall_tau(ranking, model, m, model))}" for m in blends]
+        if shown:
+            written += f" (blended: {', '.join(shown)})"
+        check(tau, lambda t, g=target: t >= g, f"{model} test pairwise τ_b", written, f"≥ {target:g}")
     exported = (served or {}).get("members") or []
     taus = {m: _overall_tau(ranking, served["model"], served["method"], m) for m in exported}
     beats = [
@@ -258,7 +264,8 @@ def summary_lines(
         line = f"- **Served by default**: `{served['checkpoint']}`, {who} (as `{served['source']}` records it)"
         by = (w.get("score_model") or {}).get("pars")
         if by and by != served["model"]:
-            line += f"; the simulated {SIM_WORKLOAD} workload below scores PARS with `{by}`'s own predictor instead"
+            named = f"`{by}`" if "/" in by else f"`{by}`'s own predictor"  # <train model>/<method>, or a train model
+            line += f"; the simulated {SIM_WORKLOAD} workload below scores PARS with {named} instead"
         lines.append(line + ".")
     n = len(checks)
     lines.append(f"- **Targets met ({len(met)} of {n})**: " + ("; ".join(met) if met else "none") + ".")

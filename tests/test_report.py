@@ -327,3 +327,13 @@ def test_cross_model_members_unknown_and_no_serving_files(capsys, workdir):
     for name in "simulation engine_bench scheduler_overhead sim_fidelity capacity cold_repro train_throughput".split():
         assert f"*(no `metrics/{name}.json` yet: its section is left out)*" in out
     assert "## Engines on this page" not in out and "## Cost" not in out and "## Training throughput" not in out
+
+
+def test_summary_shows_a_blend_beside_the_pairwise_target_not_in_its_place():
+    from pipeline.report import summary_lines
+
+    ranking = _ranking({("chatgpt", "chatgpt"): 0.421, ("gpt-4-turbo", "gpt-4-turbo"): 0.486})
+    ranking["predictors"]["chatgpt"]["pairwise+decoder"] = {"chatgpt": {"overall": _stat(0.448)}}
+    lines = summary_lines(ranking, {}, {}, None)
+    missed = next(line for line in lines if line.startswith("- **Not met"))
+    assert "chatgpt test pairwise τ_b 0.421 (blended: `chatgpt/pairwise+decoder` 0.448) (target ≥ 0.45)" in missed

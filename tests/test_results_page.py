@@ -217,3 +217,26 @@ def test_workload_notes_engine_checkpoint_and_cost_sections():
     assert "| setting | role | precision | frozen layers | prompts/s | speedup over `full` |" in text
     assert "| full |  | 32-true | 0 | 23.2 | 1.00× | 0.278 |" in text
     assert "| fast |  | bf16-mixed | 3 | 162.0 | 6.99× | 0.260 |" in text
+
+
+def test_score_models_name_a_method_qualified_checkpoint_as_itself():
+    """`simulate.workloads.<w>.score_model` values may name a train model or <train model>/<method> (a
+    blend's checkpoint): the sentence names the checkpoint, never "<model>/<method>'s answers"."""
+    from pipeline.serving.results import _score_models
+
+    served = {"model": "recorded", "method": "pairwise"}
+    members = {"recorded": ["chatgpt", "gpt-4-turbo"]}
+    text = _score_models(
+        "chatgpt",
+        {"pars": "chatgpt/pairwise+decoder", "pointwise": "chatgpt", "listwise": "recorded/pairwise"},
+        members,
+        served,
+    )
+    assert "PARS ranks with the `chatgpt/pairwise+decoder` predictor (trained on chatgpt's answers: in-domain)" in text
+    assert (
+        "pointwise ranks with the `chatgpt` predictor of its method (trained on chatgpt's answers: in-domain)" in text
+    )
+    assert (
+        "listwise ranks with the cross-model predictor `recorded/pairwise` (trained on chatgpt and gpt-4-turbo" in text
+    )
+    assert "the exported serving default" in text and "pairwise+decoder's answers" not in text

@@ -126,17 +126,21 @@ def _score_models(workload: str, score_model: dict, members: dict, served: dict 
     for policy, model in score_model.items():
         by_model.setdefault(model, []).append("PARS" if policy == "pars" else policy)
     parts = []
-    for model, policies in by_model.items():
+    for ref, policies in by_model.items():
+        model, _, method = ref.partition("/")  # a train model, or <train model>/<method> (a blend's, say)
         if model in members:
-            kind = f"the cross-model predictor `{model}`"
+            kind = f"the cross-model predictor `{ref}`"
             if members[model]:
                 where = "in-domain here" if workload in members[model] else f"a transfer to {workload}"
                 kind += f" (trained on {join_names(members[model])}: {where})"
-            if served and served["model"] == model:
+            if served and served["model"] == model and method in ("", served["method"]):
                 kind += ", the exported serving default"
         else:
             one = len(policies) == 1
-            kind = f"the `{model}` predictor{'' if one else 's'} of {'its method' if one else 'their methods'}"
+            if method:
+                kind = f"the `{ref}` predictor"
+            else:
+                kind = f"the `{model}` predictor{'' if one else 's'} of {'its method' if one else 'their methods'}"
             kind += f" (trained on {model}'s answers: " + (
                 "in-domain)" if model == workload else f"a transfer to {workload})"
             )
