@@ -114,8 +114,8 @@ def test_a_late_failure_replaces_no_output(project, capsys, monkeypatch):  # noq
         ({"blends": ["smollm2/pairwise+tfidf", "smollm2/pairwise+tfidf"]}, "blends"),
         ({"blends": ["smollm2/pairwise"]}, "blends"),
         ({"eval_models": ["smollm2", "smollm2"]}, "eval_models"),
-        ({"train_models": [], "cross_models": []}, "train_models"),
-        ({"methods": [], "cross_models": None}, "train_models"),
+        ({"train_models": [], "cross_models": [], "blends": []}, "train_models"),  # no predictor at all
+        ({"methods": [], "cross_models": None, "blends": []}, "train_models"),
         ({"eval_models": []}, "eval_models"),
         ({"bootstrap.n": 1}, "bootstrap.n"),
         ({"wandb.mode": "sometimes"}, "wandb.mode"),
