@@ -12,15 +12,20 @@ tokens), fitted on the train split. Reported on the val split:
 - `checkpoint`: the given checkpoint's own scores (default: the serving export),
 - `combined`: w * z(checkpoint) + (1 - w) * z(ridge), alpha and w chosen on one half of val and
   scored on the other half, both ways (2-fold cross-fit: no figure is scored where it was chosen),
-- `pairwise_head` (with `--head-epochs` > 0): instead of the ridge, a small MLP on the same
-  standardised features trained with the pipeline's pairwise loss (`pipeline.ranking.losses`,
-  train's graded margin, in-batch pairs kept by δ = 0.2): PARS's objective on a frozen reader. Its
-  val τ_b after each epoch (for reading only) and the last epoch's `combined`, cross-fitted as above,
+- `pairwise_head` (with `--head-epochs` > 0): instead of the ridge, the blend stage's pairwise head
+  (`DecoderPairwiseHead`: `--head-seeds` MLPs on the same standardised features, each trained with
+  the pipeline's pairwise loss, train's graded margin, in-batch pairs kept by δ = 0.2, averaged):
+  PARS's objective on a frozen reader. Its val τ_b and its `combined`, cross-fitted as above,
 - `prompts_per_s`: the decoder's embedding rate on these cores (the cost a pipeline stage pays).
 
     python benchmarks/decoder_features.py --json metrics/choices/decoder_features-chatgpt.json
     python benchmarks/decoder_features.py --max-length 64 --layers 15,20 --n-train 3000
     python benchmarks/decoder_features.py --checkpoint models/chatgpt/pairwise --later-turns
+    python benchmarks/decoder_features.py --decoder models/base/qwen2.5-coder-0.5b --layers 8,12,16 \
+        --checkpoint models/chatgpt/pairwise --features-cache /tmp/qwen.npz   # the default blend's reader
+
+`--features-cache` keeps the features between runs: a run reading fewer layers, or fewer train
+prompts, of the same decoder takes them from the file instead of the decoder.
 
 The features and ridge are the blend stage's (`pipeline.ranking.decoder`, `blend.features: decoder`).
 Needs `dvc repro materialize pairs@chatgpt` (models/base/smollm2, data/pairs/chatgpt). Heavy:
@@ -41,7 +46,7 @@ import pandas as pd
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from pipeline.contracts import labels_path, prompts_path, write_json  # noqa: E402
-from pipeline.ranking.decoder import DecoderFeatures, DecoderRidge  # noqa: E402
+from pipeline.ranking.decoder import DecoderFeatures, DecoderPairwiseHead, DecoderRidge  # noqa: E402
 from pipeline.ranking.metrics import kendall_tau_b  # noqa: E402
 
 
@@ -67,46 +72,42 @@ def cross_fit_combination(ckpt, ridge_by_alpha, y, weights, seed: int = 0) -> di
     return {"val_tau_b": round(float(np.mean(taus)), 4), "halves": [round(float(t), 4) for t in taus], "chosen": picks}
 
 
-def pairwise_head(
-    x_train, len_train, x_val, len_val, *, epochs: int, hidden: int, seed: int
-) -> tuple[np.ndarray, list]:
-    """An MLP on standardised features trained with train's pairwise loss (graded margin 0 + 1 per
-    log length, in-batch pairs with δ = 0.2, batches of 64): (val scores after the last epoch,
-    val τ_b after each epoch)."""
-    import torch
-
-    from pipeline.ranking.labels import in_batch_pairs
-    from pipeline.ranking.losses import pairwise_loss
-
-    torch.manual_seed(seed)
-    mean, sd = x_train.mean(0), x_train.std(0) + 1e-6
-    xt = torch.tensor((x_train - mean) / sd, dtype=torch.float32)
-    xv = torch.tensor((x_val - mean) / sd, dtype=torch.float32)
-    yt = np.asarray(len_train, float)
-    net = torch.nn.Sequential(
-        torch.nn.Dropout(0.2),
-        torch.nn.Linear(xt.shape[1], hidden),
-        torch.nn.GELU(),
-        torch.nn.Dropout(0.5),
-        torch.nn.Linear(hidden, 1),
-    )
-    opt = torch.optim.AdamW(net.parameters(), lr=3e-4, weight_decay=0.01)
-    taus, no_cut = [], np.zeros(len(yt), bool)
-    for _ in range(epochs):
-        net.train()
-        for rows in torch.randperm(len(xt)).split(64):
-            pairs = torch.from_numpy(in_batch_pairs(yt[rows], no_cut[rows], 0.2))
-            loss = pairwise_loss(
-                net(xt[rows]).squeeze(1), torch.tensor(yt[rows]), pairs, margin=0.0, margin_per_log_length=1.0
-            )
-            opt.zero_grad()
-            loss.backward()
-            opt.step()
-        net.eval()
-        with torch.no_grad():
-            scores = net(xv).squeeze(1).numpy().astype(float)
-        taus.append(round(float(kendall_tau_b(scores, len_val)), 4))
-    return scores, taus
+def features_of(decoder, layers, max_length, batch_size, ids, texts, cache) -> tuple[np.ndarray, float, str]:
+    """(features of `texts` in order, embedding seconds, dtype). With `cache` (an .npz path), features
+    of the same decoder and max_length are read from it when it holds every prompt id and read layer
+    (the columns of the layers not asked for dropped), else computed and written there."""
+    if cache and Path(cache).exists():
+        with np.load(cache, allow_pickle=False) as c:
+            held = [int(k) for k in c["layers"]]
+            if (
+                str(c["decoder"]) == str(decoder)
+                and int(c["max_length"]) == max_length
+                and set(layers) <= set(held)
+                and set(ids) <= set(c["prompt_ids"].tolist())
+            ):
+                row = {pid: i for i, pid in enumerate(c["prompt_ids"].tolist())}
+                width = c["features"].shape[1] // len(held)  # per layer: last position + mean
+                cols = np.concatenate([np.arange(held.index(k) * width, (held.index(k) + 1) * width) for k in layers])
+                print(f"decoder_features: features from {cache}", file=sys.stderr)
+                return c["features"][[row[i] for i in ids]][:, cols], float(c["embed_s"]), str(c["dtype"])
+    # the blend stage's own features: bfloat16 where native
+    features = DecoderFeatures.load(decoder, layers, max_length)
+    t0 = time.perf_counter()
+    feats = features.embed(texts, batch_size, progress=True)
+    embed_s = time.perf_counter() - t0
+    dtype = str(features.model.dtype).removeprefix("torch.")
+    if cache:
+        np.savez(
+            cache,
+            features=feats,
+            layers=np.array(layers),
+            prompt_ids=np.array(ids),
+            decoder=str(decoder),
+            max_length=max_length,
+            embed_s=embed_s,
+            dtype=dtype,
+        )
+    return feats, embed_s, dtype
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -118,8 +119,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--later-turns", action="store_true", help="also fit on the later human turns of train conversations"
     )
-    ap.add_argument("--head-epochs", type=int, default=2, help="epochs of the pairwise MLP head (0: none)")
+    ap.add_argument("--head-epochs", type=int, default=3, help="epochs of the pairwise MLP head (0: none)")
     ap.add_argument("--head-hidden", type=int, default=256)
+    ap.add_argument("--head-seeds", type=int, default=5, help="MLPs averaged in the pairwise head")
+    ap.add_argument(
+        "--features-cache", default=None, help="an .npz of computed features, read when it matches, else written"
+    )
     ap.add_argument("--max-length", type=int, default=128)
     ap.add_argument("--layers", default="15,20,25", help="comma-separated decoder layers read")
     ap.add_argument("--batch-size", type=int, default=16)
@@ -134,10 +139,17 @@ def main(argv: list[str] | None = None) -> int:
             f"decoder_features: --layers {args.layers!r} / --alphas {args.alphas!r}: expected numbers", file=sys.stderr
         )
         return 2
-    if min(layers) < 1 or args.max_length < 8 or args.batch_size < 1 or args.head_epochs < 0 or args.head_hidden < 1:
+    if (
+        min(layers) < 1
+        or args.max_length < 8
+        or args.batch_size < 1
+        or args.head_epochs < 0
+        or args.head_hidden < 1
+        or args.head_seeds < 1
+    ):
         print(
             "decoder_features: --layers >= 1, --max-length >= 8, --batch-size >= 1, --head-epochs >= 0, "
-            "--head-hidden >= 1",
+            "--head-hidden >= 1, --head-seeds >= 1",
             file=sys.stderr,
         )
         return 2
@@ -164,11 +176,10 @@ def main(argv: list[str] | None = None) -> int:
         f"decoder_features: {len(train)} train ({' + '.join(fitted_on)}) + {len(val)} val first turns", file=sys.stderr
     )
 
-    # the blend stage's own features and ridge (blend.features: decoder): bfloat16 where native
-    features = DecoderFeatures.load(args.decoder, layers, args.max_length)
-    t0 = time.perf_counter()
-    feats = features.embed(texts, args.batch_size, progress=True)
-    embed_s = time.perf_counter() - t0
+    ids = train["prompt_id"].tolist() + val["prompt_id"].tolist()
+    feats, embed_s, dtype = features_of(
+        args.decoder, layers, args.max_length, args.batch_size, ids, texts, args.features_cache
+    )
     y_val = val["length"].to_numpy(float)
     fits = DecoderRidge.fit_grid(feats[: len(train)], train["length"].to_numpy(float), alphas)
     ridge = {a: fit.predict(feats[len(train) :]) for a, fit in zip(alphas, fits)}
@@ -183,7 +194,7 @@ def main(argv: list[str] | None = None) -> int:
         "decoder": args.decoder,
         "max_length": args.max_length,
         "layers": layers,
-        "dtype": str(features.model.dtype).removeprefix("torch."),
+        "dtype": dtype,
         "train_prompts": len(train),
         "train_datasets": fitted_on,
         "val_prompts": len(val),
@@ -197,19 +208,18 @@ def main(argv: list[str] | None = None) -> int:
         "combined": cross_fit_combination(ckpt, ridge, y_val, [round(0.1 * i, 1) for i in range(11)]),
     }
     if args.head_epochs:
-        head, taus = pairwise_head(
+        head = DecoderPairwiseHead.fit(
             feats[: len(train)],
             train["length"].to_numpy(float),
-            feats[len(train) :],
-            y_val,
+            seeds=args.head_seeds,
             epochs=args.head_epochs,
             hidden=args.head_hidden,
-            seed=0,
-        )
+        ).predict(feats[len(train) :])
         result["pairwise_head"] = {
             "hidden": args.head_hidden,
             "epochs": args.head_epochs,
-            "val_tau_b_by_epoch": taus,
+            "seeds": args.head_seeds,
+            "val_tau_b": round(float(kendall_tau_b(head, y_val)), 4),
             "combined": cross_fit_combination(ckpt, {"head": head}, y_val, [round(0.1 * i, 1) for i in range(11)]),
         }
     print(
@@ -217,7 +227,7 @@ def main(argv: list[str] | None = None) -> int:
         f"| checkpoint | {result['checkpoint']['val_tau_b']} |\n"
         f"| combined (cross-fit on val halves) | {result['combined']['val_tau_b']} |\n"
         + (
-            f"| pairwise MLP head, last epoch / combined | {result['pairwise_head']['val_tau_b_by_epoch'][-1]} / "
+            f"| pairwise MLP head ({args.head_seeds} seeds) / combined | {result['pairwise_head']['val_tau_b']} / "
             f"{result['pairwise_head']['combined']['val_tau_b']} |\n"
             if args.head_epochs
             else ""

@@ -6,14 +6,15 @@ This stage builds that sum for one trained predictor (params `blend.predictors`:
 method), with the regression named by `blend.features`:
 
 - tfidf: TF-IDF + ridge on log1p(answer length) (for predictors trained without train.lexical_prior);
-- decoder: a ridge on a frozen causal LM's hidden states (`pipeline.ranking.decoder`; e.g. the packaged
-  SmolLM2-135M-Instruct): a different model's view of the prompt, added on top of whatever the
-  predictor's score already holds (its lexical prior included).
+- decoder: a head on a frozen causal LM's hidden states (`pipeline.ranking.decoder`; the default reads
+  Qwen2.5-Coder-0.5B-Instruct): a different model's view of the prompt, added on top of whatever the
+  predictor's score already holds (its lexical prior included). `decoder.head`: a ridge, or a pairwise
+  head (small MLPs trained with PARS's pairwise loss, averaged over seeds).
 
 1. the regression is fitted on the train-split prompts of the models the predictor was trained on
    (its pars.json `trained_on.members`; labels from data/pairs; the decoder's on at most
    `decoder.max_train_prompts` of them, a seeded draw: its features cost a forward pass each);
-2. its alpha, then the blend weight w, chosen on their val-split prompts: the grid point with the
+2. its alpha (a pairwise head has none), then the blend weight w, chosen on their val-split prompts: the grid point with the
    highest mean over those models of val tau_b (each model counts once, as in train_cross);
 3. score = w * predictor / sd(predictor) + (1 - w) * regression / sd(regression), the sds over the
    val prompts.
@@ -36,6 +37,7 @@ import pandas as pd
 from pipeline.contracts import write_figure
 from pipeline.errors import PARSError
 from pipeline.params import PARAMS_HELP, Section, load_params, number_list
+from pipeline.ranking.decoder import HEADS
 
 FEATURES = ("tfidf", "decoder")  # blend.features: what the second regression reads
 
@@ -74,7 +76,7 @@ def check_params(model: str, params, machine: bool = True) -> tuple[str, str]:
 
 
 def member_splits(members: list[str], data_root: str | Path) -> dict[str, dict[str, pd.DataFrame]]:
-    """[member][split] = (prompt_id, dataset, prompt, length) of each labelled train/val prompt of a member."""
+    """[member][split] = (prompt_id, dataset, prompt, length, truncated) of each labelled train/val prompt of a member."""
     from pipeline.contracts import PROMPTS, prompts_path, read_table
     from pipeline.ranking.data import RankingData
 
@@ -90,6 +92,7 @@ def member_splits(members: list[str], data_root: str | Path) -> dict[str, dict[s
                 "dataset": labels["prompt_id"].map(dataset_of).to_numpy(),
                 "prompt": labels["prompt_id"].map(data.texts).to_numpy(),
                 "length": labels["length"].to_numpy(dtype=float),
+                "truncated": labels["truncated"].to_numpy(dtype=bool),
             }
         )
         out[member] = {split: frame[frame["split"] == split].reset_index(drop=True) for split in ("train", "val")}
@@ -217,15 +220,20 @@ def decoder_settings(raw, where: str = "params: blend.decoder", machine: bool = 
     not looked for."""
     if not isinstance(raw, dict):
         raise ValueError(f"{where}: expected a mapping, got {raw!r}")
-    keys = ("path", "layers", "max_length", "alphas", "max_train_prompts", "batch_size")
-    Section(raw, where).only((*keys, "datasets"))
+    keys = ("path", "layers", "max_length", "max_train_prompts", "batch_size")
+    Section(raw, where).only((*keys, "datasets", "head", "alphas", "pairwise_head"))
+    head = raw.get("head", "ridge")
+    if head not in HEADS:
+        raise ValueError(f"{where}.head {head!r}: expected one of {list(HEADS)}")
+    keys += ("alphas",) if head == "ridge" else ("pairwise_head",)
     missing = [k for k in keys if k not in raw]
     if missing:
-        raise ValueError(f"{where}: missing {', '.join(missing)}")
+        raise ValueError(f"{where}: missing {', '.join(missing)} (head: {head})")
     layers = raw["layers"]
     if not isinstance(layers, list) or not layers or not all(_integer(k) and k >= 1 for k in layers):
         raise ValueError(f"{where}.layers {layers!r}: expected a list of layer numbers >= 1")
-    alphas = number_list(raw["alphas"], f"{where}.alphas", positive=True)
+    alphas = number_list(raw["alphas"], f"{where}.alphas", positive=True) if head == "ridge" else None
+    pairwise = pairwise_head_settings(raw["pairwise_head"], f"{where}.pairwise_head") if head == "pairwise" else None
     for key, least in (("max_length", 8), ("batch_size", 1), ("max_train_prompts", 2)):
         value = raw[key]
         if not _integer(value) or value < least:
@@ -239,13 +247,32 @@ def decoder_settings(raw, where: str = "params: blend.decoder", machine: bool = 
     if not isinstance(path, str) or not path:
         raise ValueError(f"{where}.path {path!r}: expected a directory or a hub id")
     local = Path(path)
+    checked = {**raw, "head": head, "alphas": alphas, "pairwise_head": pairwise}
     if not machine:
-        return {**raw, "alphas": alphas}
+        return checked
     if local.exists() and not (local / "config.json").is_file():
         raise ValueError(f"{where}.path {path}: not a Hugging Face model directory (no config.json)")
     if not local.exists() and (path.startswith((".", "/")) or path.count("/") != 1):
         raise ValueError(f"{where}.path {path}: no such directory (dvc repro materialize makes models/base/)")
-    return {**raw, "alphas": alphas}
+    return checked
+
+
+def pairwise_head_settings(raw, where: str) -> dict:
+    """blend.decoder.pairwise_head as DecoderPairwiseHead.fit's keyword arguments (one line naming the key)."""
+    sec = raw if isinstance(raw, Section) else Section(raw if isinstance(raw, dict) else {}, where)
+    if not isinstance(raw, dict):
+        raise ValueError(f"{where}: expected a mapping, got {raw!r}")
+    sec.only(("seeds", "epochs", "hidden", "lr", "batch_size", "delta", "margin", "margin_per_log_length"))
+    return {
+        "seeds": sec.integer("seeds", minimum=1),
+        "epochs": sec.integer("epochs", minimum=1),
+        "hidden": sec.integer("hidden", minimum=1),
+        "lr": sec.number("lr", positive=True),
+        "batch_size": sec.integer("batch_size", minimum=2),
+        "delta": sec.number("delta", minimum=0, below=1),
+        "margin": sec.number("margin", minimum=0),
+        "margin_per_log_length": sec.number("margin_per_log_length", minimum=0),
+    }
 
 
 def _integer(value) -> bool:
@@ -274,9 +301,10 @@ def fit_decoder_blend(
     seed: int = 0,
     decoder=None,
 ) -> tuple[object, dict]:
-    """(DecoderPrior, facts): the decoder ridge's alpha, then w, chosen on val as the module says
+    """(DecoderPrior, facts): the decoder head (a ridge, its alpha chosen on val; or a pairwise head,
+    its settings fixed in params), then w, chosen on val as the module says
     (`decoder`: the DecoderFeatures load_decoder gives, loaded here if not given)."""
-    from pipeline.ranking.decoder import DecoderPrior, DecoderRidge
+    from pipeline.ranking.decoder import DecoderPairwiseHead, DecoderPrior, DecoderRidge
 
     cfg = decoder_settings(settings["decoder"])
     weights = weight_grid(settings)
@@ -296,21 +324,35 @@ def fit_decoder_blend(
     x_train = decoder.embed(train["prompt"].tolist(), cfg["batch_size"], progress=True)
     x_val = {m: decoder.embed(splits[m]["val"]["prompt"].tolist(), cfg["batch_size"]) for m in members}
     embed_s = time.perf_counter() - t0
-    fits = DecoderRidge.fit_grid(x_train, train["length"].to_numpy(), cfg["alphas"])
-    alpha_rows = []
-    for alpha, fit in zip(cfg["alphas"], fits):
-        mean, per = mean_val_tau({m: fit.predict(x_val[m]) for m in members}, splits)
-        alpha_rows.append({"alpha": alpha, "val_tau_b": mean, "per_model": per})
-    chosen = best(alpha_rows, lambda r: -cfg["alphas"].index(r["alpha"]))
-    ridge = fits[alpha_rows.index(chosen)]
-    choice = choose_weight(members, splits, encoder_val, {m: ridge.predict(x_val[m]) for m in members}, weights)
+    if cfg["head"] == "ridge":  # its alpha chosen on val
+        fits = DecoderRidge.fit_grid(x_train, train["length"].to_numpy(), cfg["alphas"])
+        alpha_rows = []
+        for alpha, fit in zip(cfg["alphas"], fits):
+            mean, per = mean_val_tau({m: fit.predict(x_val[m]) for m in members}, splits)
+            alpha_rows.append({"alpha": alpha, "val_tau_b": mean, "per_model": per})
+        chosen = best(alpha_rows, lambda r: -cfg["alphas"].index(r["alpha"]))
+        head = fits[alpha_rows.index(chosen)]
+    else:  # settings fixed in params (chosen on val by benchmarks/decoder_features.py); val picks only w
+        print(f"blend: pairwise head on {len(train)} train prompts ({cfg['pairwise_head']})", flush=True)
+        head = DecoderPairwiseHead.fit(
+            x_train,
+            train["length"].to_numpy(),
+            train["truncated"].to_numpy(),
+            **cfg["pairwise_head"],
+            seed=seed,
+            progress=True,
+        )
+        mean, per = mean_val_tau({m: head.predict(x_val[m]) for m in members}, splits)
+        alpha_rows, chosen = [], {"alpha": None, "val_tau_b": mean}
+    choice = choose_weight(members, splits, encoder_val, {m: head.predict(x_val[m]) for m in members}, weights)
     n_embedded = len(train) + sum(len(splits[m]["val"]) for m in members)
     facts = {
         "members": members,
         "n_train_prompts": {m: int(len(splits[m]["train"])) for m in members},
         "n_decoder_train_prompts": int(len(train)),
         "n_val_prompts": {m: int(len(splits[m]["val"])) for m in members},
-        "decoder": {k: cfg[k] for k in ("path", "layers", "max_length")},
+        "decoder": {k: cfg[k] for k in ("path", "layers", "max_length", "head")},
+        "pairwise_head": cfg["pairwise_head"],
         "decoder_train_datasets": cfg.get("datasets"),
         "decoder_prompts_per_s": round(n_embedded / embed_s, 2) if embed_s > 0 else None,
         "alpha": chosen["alpha"],
@@ -326,7 +368,12 @@ def fit_decoder_blend(
         "encoder_val_tau_b": mean_val_tau(encoder_val, splits)[0],
         "decoder_val_tau_b": chosen["val_tau_b"],
     }
-    return DecoderPrior(decoder, ridge, cfg["batch_size"]), facts
+    return DecoderPrior(decoder, head, cfg["batch_size"]), facts
+
+
+def alpha_note(facts: dict) -> str:
+    """' (alpha a)' for a ridge's chosen alpha; '' for a pairwise head (no alpha)."""
+    return f" (alpha {facts['alpha']:g})" if facts.get("alpha") is not None else ""
 
 
 def write_plot(facts: dict, name: str, out: Path, features: str = "tfidf") -> None:
@@ -342,11 +389,11 @@ def write_plot(facts: dict, name: str, out: Path, features: str = "tfidf") -> No
         ax.plot(w, [r["per_model"][member] for r in grid], marker=".", lw=1, label=member)
     ax.plot(w, [r["val_tau_b"] for r in grid], color="black", lw=2.2, label="mean (the choice)")
     ax.axvline(facts["w"], color="gray", ls="--", lw=1)
-    added = "TF-IDF + ridge" if features == "tfidf" else "decoder ridge"
+    added = "TF-IDF + ridge" if features == "tfidf" else f"decoder {facts['decoder']['head']}"
     ax.set_xlabel(f"w: weight of the predictor (0 = {added} alone, 1 = predictor alone)")
     ax.set_ylabel("val Kendall tau_b")
     ax.set_title(
-        f"blend of {name}: predictor + {added} (alpha {facts['alpha']:g})\nchosen on val: w = {facts['w']:g}",
+        f"blend of {name}: predictor + {added}{alpha_note(facts)}\nchosen on val: w = {facts['w']:g}",
         fontsize=10,
     )
     ax.legend(fontsize=8)
@@ -398,7 +445,7 @@ def run(
         weights = {"encoder_weight": facts["encoder_weight"], "lexical_weight": facts["lexical_weight"]}
     else:
         added, facts = fit_decoder_blend(members, splits, encoder_val, params, decoder=decoder)
-        attach, summary = attach_decoder, f"decoder ridge alone {facts['decoder_val_tau_b']:.3f}"
+        attach, summary = attach_decoder, f"decoder {facts['decoder']['head']} alone {facts['decoder_val_tau_b']:.3f}"
         weights = {"score_weight": facts["score_weight"], "decoder_weight": facts["decoder_weight"]}
     source_weight, added_weight = weights.values()
     expected = source_weight * encoder_val[members[0]][:64] + added_weight * added.predict(probe)
@@ -432,7 +479,7 @@ def run(
     write_json(facts, Path(metrics_dir) / f"{model}.json")
     write_plot(facts, f"{model}/{method}", Path(plots_dir) / f"{model}.png", features)
     print(
-        f"blend: {dst}: w={facts['w']:g} (alpha {facts['alpha']:g}); mean val tau_b {facts['val_tau_b']:.3f} "
+        f"blend: {dst}: w={facts['w']:g}{alpha_note(facts)}; mean val tau_b {facts['val_tau_b']:.3f} "
         f"(predictor alone {facts['encoder_val_tau_b']:.3f}, {summary}); {facts['stage_wall_s']:.0f} s",
         flush=True,
     )

@@ -24,7 +24,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "train": ("pipeline.train", "train a pairwise/pointwise/listwise predictor -> models/<model>/<method>/"),
     "blend": (
         "pipeline.blend",
-        "a trained predictor + a TF-IDF or decoder ridge, blend chosen on val -> models/<model>/<method>+<features>/",
+        "a trained predictor + a TF-IDF ridge or a decoder head, blend chosen on val -> models/<model>/<method>+<features>/",
     ),
     "evaluate": ("pipeline.evaluate", "Kendall tau_b, references and transfer matrix -> metrics/, plots/"),
     "report": ("pipeline.report", "the results page (tau_b tables, serving, capacity, cost) -> metrics/report.md"),

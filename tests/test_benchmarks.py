@@ -228,21 +228,35 @@ def test_reply_targets_embeds_answers_and_adds_the_weighted_term(bench, tiny_enc
 
 
 # -- decoder_features ------------------------------------------------------------------------------
-def test_decoder_features_pairwise_head_learns_a_length_signal_and_the_cross_fit_never_picks_on_its_scored_half(
-    bench,
+def test_decoder_features_cache_gives_the_rows_and_layers_asked_and_the_cross_fit_never_picks_on_its_scored_half(
+    bench, tmp_path
 ):
     df = bench("decoder_features")
     rng = np.random.default_rng(0)
-    signal = rng.normal(size=2000)  # log length, seen by every feature through noise
-    x = (signal[:, None] + rng.normal(size=(2000, 16))).astype(np.float32)
-    lengths = np.expm1(np.clip(4.0 + signal + 0.3 * rng.normal(size=2000), 0.1, None))
-    scores, taus = df.pairwise_head(x[:1600], lengths[:1600], x[1600:], lengths[1600:], epochs=3, hidden=32, seed=0)
-    assert scores.shape == (400,) and len(taus) == 3
-    assert taus[-1] > 0.6  # the loss is the pipeline's pairwise one: the head ranks by the signal
-    assert taus[-1] == pytest.approx(df.kendall_tau_b(scores, lengths[1600:]), abs=1e-4)
+    # a cache of 3 layers (width 4 each: last position + mean of a 2-wide toy decoder), 5 prompts
+    feats = rng.normal(size=(5, 12)).astype(np.float32)
+    ids = ["a", "b", "c", "d", "e"]
+    cache = tmp_path / "cache.npz"
+    np.savez(
+        cache,
+        features=feats,
+        layers=np.array([2, 4, 6]),
+        prompt_ids=np.array(ids),
+        decoder="dec",
+        max_length=64,
+        embed_s=1.5,
+        dtype="bfloat16",
+    )
+    got, embed_s, dtype = df.features_of("dec", [2, 6], 64, 16, ["d", "a"], ["text d", "text a"], str(cache))
+    np.testing.assert_array_equal(got, feats[[3, 0]][:, [0, 1, 2, 3, 8, 9, 10, 11]])
+    assert (embed_s, dtype) == (1.5, "bfloat16")
+    # another max_length (or a prompt, a layer the cache lacks): computed afresh, here from a decoder
+    # that does not exist, so it fails instead of answering from the cache
+    with pytest.raises((OSError, ValueError)):
+        df.features_of(str(tmp_path / "no-decoder"), [2], 128, 16, ["a"], ["text a"], str(cache))
 
     # a candidate that is pure noise next to a perfect checkpoint: both halves keep the checkpoint
-    y = lengths[1600:]
+    y = np.expm1(rng.uniform(1, 6, size=400))
     combined = df.cross_fit_combination(np.log1p(y), {"noise": rng.normal(size=400)}, y, [0.0, 0.5, 1.0])
     assert [c["checkpoint_weight"] for c in combined["chosen"]] == [1.0, 1.0]
     assert combined["val_tau_b"] == pytest.approx(1.0)

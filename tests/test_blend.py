@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 from helpers import params_section, write_dataset, write_params
 
+from pipeline.errors import PARSError
 from pipeline.pairs import main as pairs_main
 from pipeline.ranking.checkpoint import META, CheckpointError
 from pipeline.ranking.lexical import VOCAB_FILE, WEIGHTS_FILE, TfidfRidge
@@ -418,3 +419,62 @@ def test_a_bad_decoder_is_refused_before_any_scoring(toy_models, tiny_decoder, t
         with pytest.raises(ValueError, match=f"blend.decoder.path: .*{match}"):
             _blend(toy_models, features="decoder", decoder=settings)
     assert not (toy_models / "models/toy/pairwise+decoder").exists()
+
+
+def test_the_pairwise_head_ranks_by_the_signal_and_loads_as_it_was_saved(tmp_path):
+    """The decoder's pairwise head: PARS's pairwise loss on fixed features learns the length signal;
+    its seeds' MLPs are averaged; the saved file predicts the same; a damaged file is one line."""
+    from pipeline.ranking.decoder import DecoderPairwiseHead
+    from pipeline.ranking.metrics import kendall_tau_b
+
+    rng = np.random.default_rng(0)
+    signal = rng.normal(size=1200)  # log length, seen by every feature through noise
+    x = (signal[:, None] + rng.normal(size=(1200, 12))).astype(np.float32)
+    lengths = np.expm1(np.clip(4.0 + signal + 0.3 * rng.normal(size=1200), 0.1, None))
+    head = DecoderPairwiseHead.fit(x[:1000], lengths[:1000], seeds=2, epochs=3, hidden=16, lr=3e-3)
+    scores = head.predict(x[1000:])
+    assert len(head.nets) == 2 and scores.shape == (200,)
+    assert kendall_tau_b(scores, lengths[1000:]) > 0.6
+    singles = [DecoderPairwiseHead(head.mean, head.scale, [net]).predict(x[1000:]) for net in head.nets]
+    np.testing.assert_allclose(scores, np.mean(singles, 0), rtol=1e-5, atol=1e-6)
+    assert not np.allclose(singles[0], singles[1])  # the seeds differ
+
+    head.save(tmp_path / "head.safetensors")
+    np.testing.assert_array_equal(DecoderPairwiseHead.load(tmp_path / "head.safetensors").predict(x[1000:]), scores)
+    (tmp_path / "bad.safetensors").write_bytes(b"not a safetensors file")
+    with pytest.raises(ValueError, match="bad.safetensors: decoder pairwise head could not be read"):
+        DecoderPairwiseHead.load(tmp_path / "bad.safetensors")
+
+
+def test_decoder_blend_with_a_pairwise_head_serves_what_it_chose(toy_models, tiny_decoder):
+    import pandas as pd
+
+    from pipeline.ranking.decoder import PAIRWISE_HEAD_FILE, SUBDIR
+    from pipeline.serving.scorer import Scorer
+
+    pairwise = {"seeds": 2, "epochs": 2, "hidden": 8, "lr": 1e-3, "batch_size": 16, "delta": 0.2}
+    pairwise |= {"margin": 0.0, "margin_per_log_length": 1.0}
+    decoder = _decoder_settings(tiny_decoder, head="pairwise", pairwise_head=pairwise)
+    del decoder["alphas"]  # a ridge's setting: a pairwise head needs none
+    facts = _blend(toy_models, features="decoder", decoder=decoder)
+    dst = toy_models / "models/toy/pairwise+decoder"
+    meta = json.loads((dst / META).read_text())
+    assert meta["decoder"]["head"] == "pairwise" and facts["alpha"] is None and facts["pairwise_head"] == pairwise
+    assert (dst / SUBDIR / PAIRWISE_HEAD_FILE).is_file() and not (dst / SUBDIR / "ridge.safetensors").exists()
+    assert facts["val_tau_b"] >= max(facts["encoder_val_tau_b"], facts["decoder_val_tau_b"]) - 1e-9
+
+    prompts = pd.read_parquet(toy_models / "data/prompts/prompts.parquet")
+    test = prompts[prompts["split"] == "test"]["prompt"].tolist()
+    source, blended = Scorer.from_pretrained(toy_models / "models/toy/pairwise"), Scorer.from_pretrained(dst)
+    prior, score_weight, decoder_weight = blended.decoder
+    assert prior.head_kind == "pairwise"
+    expected = score_weight * source.score(test) + decoder_weight * prior.predict(test)
+    np.testing.assert_allclose(blended.score(test), expected, rtol=1e-3, atol=1e-3)
+
+    # a bad head setting names its key before anything is embedded
+    with pytest.raises(ValueError, match=r"decoder.head 'mlp'"):
+        _blend(toy_models, features="decoder", decoder={**decoder, "head": "mlp"})
+    with pytest.raises(PARSError, match=r"decoder.pairwise_head.lr -1"):
+        _blend(toy_models, features="decoder", decoder={**decoder, "pairwise_head": {**pairwise, "lr": -1}})
+    with pytest.raises(ValueError, match=r"decoder: missing pairwise_head \(head: pairwise\)"):
+        _blend(toy_models, features="decoder", decoder={k: v for k, v in decoder.items() if k != "pairwise_head"})

@@ -8,7 +8,7 @@ pars.json           format version, method, score direction, max length, head fr
                     (`files_sha256`; export re-lists them with the files added after training)
 lexical files       (optional) a TF-IDF + ridge model whose prediction is added to the encoder's
                     score: pars.json `lexical` says with which weights (see `attach_lexical`)
-decoder/            (optional) a frozen causal LM + ridge whose prediction is added to the score
+decoder/            (optional) a frozen causal LM + a head (ridge or pairwise) whose prediction is added to the score
                     above: pars.json `decoder` says which layers, how many tokens, which weights
 """
 
@@ -36,7 +36,8 @@ FILES_SHA256 = "files_sha256"
 # blend stage); serving computes encoder_weight * encoder score + lexical_weight * lexical prediction
 LEXICAL = "lexical"
 # pars.json key: a decoder prior added last (the blend stage with `features: decoder`); serving
-# computes score_weight * (the score above) + decoder_weight * the decoder ridge's prediction
+# computes score_weight * (the score above) + decoder_weight * the decoder head's prediction
+# (`head`: ridge or pairwise; a record without it is a ridge)
 DECODER = "decoder"
 
 
@@ -200,6 +201,7 @@ def attach_decoder(out_dir: str | Path, prior, *, score_weight: float, decoder_w
         **facts,
         "layers": list(prior.features.layers),
         "max_length": int(prior.features.max_length),
+        "head": prior.head_kind,
         "score_weight": float(score_weight),
         "decoder_weight": float(decoder_weight),
         "files_sha256": {name: sha256_file(out / name) for name in files},

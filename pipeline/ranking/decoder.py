@@ -12,11 +12,13 @@ for each layer read, the hidden state at the last position and the mean over the
 layers up to the deepest one read (plus one, so that it is not the final norm's output) are kept
 and run. Saved inside a checkpoint as plain files, no pickle: `decoder/` holds the truncated decoder
 (config, safetensors weights in bfloat16) and its tokenizer; `decoder/ridge.safetensors` the
-standardisation and ridge coefficients.
+standardisation and ridge coefficients, or `decoder/pairwise_head.safetensors` those of a pairwise
+head (`DecoderPairwiseHead`: small MLPs trained with PARS's pairwise loss on the same features).
 """
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Sequence
 
@@ -24,6 +26,7 @@ import numpy as np
 
 SUBDIR = "decoder"  # inside a checkpoint
 RIDGE_FILE = "ridge.safetensors"
+PAIRWISE_HEAD_FILE = "pairwise_head.safetensors"
 
 
 def cut_ids(ids: list[int], max_length: int) -> list[int]:
@@ -173,6 +176,10 @@ class DecoderRidge:
         y = np.log1p(np.asarray(lengths, dtype=float))
         return [cls(mean, scale, r.coef_, r.intercept_) for r in (Ridge(alpha=float(a)).fit(z, y) for a in alphas)]
 
+    @property
+    def n_features(self) -> int:
+        return int(self.coef.shape[0])
+
     def predict(self, features: np.ndarray) -> np.ndarray:
         return ((np.asarray(features, np.float64) - self.mean) / self.scale) @ self.coef + self.intercept
 
@@ -203,31 +210,168 @@ class DecoderRidge:
         return model
 
 
-class DecoderPrior:
-    """Decoder features + ridge: `predict(texts)` -> predicted log1p(answer length)."""
+class DecoderPairwiseHead:
+    """The mean of `seeds` small MLPs (dropout, one GELU hidden layer) on standardised decoder
+    features, each trained with PARS's pairwise loss (`pipeline.ranking.losses.pairwise_loss`, the
+    graded margin, in-batch pairs kept by δ and the censoring rules of `in_batch_pairs`) under a
+    one-cycle learning rate; higher = longer. Several seeds, because one MLP's val tau_b moves by
+    about 0.02 with its seed (metrics/choices/decoder_head-chatgpt-pairwise.json)."""
 
-    def __init__(self, features: DecoderFeatures, ridge: DecoderRidge, batch_size: int = 16):
-        if ridge.coef.shape[0] != features.width:
-            raise ValueError(f"decoder ridge has {ridge.coef.shape[0]} coefficients for {features.width} features")
-        self.features, self.ridge, self.batch_size = features, ridge, int(batch_size)
+    PARTS = ("w1", "b1", "w2", "b2")
+
+    def __init__(self, mean: np.ndarray, scale: np.ndarray, nets: Sequence[dict[str, np.ndarray]]):
+        self.mean, self.scale = np.asarray(mean, np.float32), np.asarray(scale, np.float32)
+        self.nets = [{k: np.asarray(net[k], np.float32) for k in self.PARTS} for net in nets]
+
+    @property
+    def n_features(self) -> int:
+        return int(self.mean.shape[0])
+
+    @classmethod
+    def fit(
+        cls,
+        features: np.ndarray,
+        lengths: Sequence[float],
+        truncated: Sequence[bool] | None = None,
+        *,
+        seeds: int = 5,
+        epochs: int = 3,
+        hidden: int = 256,
+        lr: float = 3e-4,
+        batch_size: int = 64,
+        delta: float = 0.2,
+        margin: float = 0.0,
+        margin_per_log_length: float = 1.0,
+        seed: int = 0,
+        progress: bool = False,
+    ) -> "DecoderPairwiseHead":
+        import torch
+
+        from pipeline.ranking.labels import in_batch_pairs
+        from pipeline.ranking.losses import pairwise_loss
+
+        x = np.asarray(features, np.float32)
+        mean, scale = x.mean(0), x.std(0)
+        scale[scale == 0] = 1.0
+        z = torch.from_numpy((x - mean) / scale)
+        y = np.asarray(lengths, dtype=float)
+        cut = np.zeros(len(y), bool) if truncated is None else np.asarray(truncated, bool)
+        steps = epochs * math.ceil(len(y) / batch_size)
+        nets = []
+        for k in range(seeds):
+            torch.manual_seed(seed + k)
+            net = torch.nn.Sequential(
+                torch.nn.Dropout(0.2),
+                torch.nn.Linear(z.shape[1], hidden),
+                torch.nn.GELU(),
+                torch.nn.Dropout(0.5),
+                torch.nn.Linear(hidden, 1),
+            )
+            opt = torch.optim.AdamW(net.parameters(), lr=lr, weight_decay=0.01)
+            schedule = torch.optim.lr_scheduler.OneCycleLR(opt, lr, total_steps=steps, pct_start=0.1)
+            net.train()
+            for _ in range(epochs):
+                for rows in torch.randperm(len(y)).split(batch_size):
+                    r = rows.numpy()
+                    pairs = torch.from_numpy(in_batch_pairs(y[r], cut[r], delta))
+                    loss = pairwise_loss(
+                        net(z[rows]).squeeze(1),
+                        torch.from_numpy(y[r]),
+                        pairs,
+                        torch.from_numpy(cut[r]),
+                        margin=margin,
+                        margin_per_log_length=margin_per_log_length,
+                    )
+                    opt.zero_grad()
+                    loss.backward()
+                    opt.step()
+                    schedule.step()
+            w1, b1, w2, b2 = (
+                p.detach().numpy().copy() for p in (net[1].weight, net[1].bias, net[4].weight, net[4].bias)
+            )
+            nets.append({"w1": w1, "b1": b1, "w2": w2, "b2": b2})
+            if progress:
+                print(f"pairwise head: {k + 1}/{seeds} trained ({len(y)} prompts, {epochs} epochs)", flush=True)
+        return cls(mean, scale, nets)
+
+    def predict(self, features: np.ndarray) -> np.ndarray:
+        import torch
+
+        z = torch.from_numpy((np.asarray(features, np.float32) - self.mean) / self.scale)
+        out = torch.zeros(len(z), dtype=torch.float64)
+        for net in self.nets:  # eval: dropout off
+            h = torch.nn.functional.gelu(z @ torch.from_numpy(net["w1"]).T + torch.from_numpy(net["b1"]))
+            out += (h @ torch.from_numpy(net["w2"]).T + torch.from_numpy(net["b2"])).squeeze(1).double()
+        return (out / len(self.nets)).numpy()
+
+    def save(self, path: str | Path) -> None:
+        from safetensors.numpy import save_file
+
+        tensors = {"mean": self.mean, "scale": self.scale}
+        for k, net in enumerate(self.nets):
+            tensors.update({f"{part}.{k}": net[part] for part in self.PARTS})
+        save_file(tensors, str(path))
+
+    @classmethod
+    def load(cls, path: str | Path) -> "DecoderPairwiseHead":
+        from safetensors.numpy import load_file
+
+        try:
+            t = load_file(str(path))
+            n = len([name for name in t if name.startswith("w1.")])
+            model = cls(t["mean"], t["scale"], [{p: t[f"{p}.{k}"] for p in cls.PARTS} for k in range(n)])
+        except Exception as exc:  # missing tensor, bad header, truncated file
+            raise ValueError(f"{path}: decoder pairwise head could not be read ({exc})") from exc
+        width = model.n_features
+        if (
+            not model.nets
+            or model.scale.shape != (width,)
+            or any(net["w1"].shape[1] != width or net["w2"].shape != (1, net["w1"].shape[0]) for net in model.nets)
+        ):
+            raise ValueError(f"{path}: decoder pairwise head tensors have mismatched shapes")
+        return model
+
+
+HEADS = {"ridge": (DecoderRidge, RIDGE_FILE), "pairwise": (DecoderPairwiseHead, PAIRWISE_HEAD_FILE)}
+
+
+class DecoderPrior:
+    """Decoder features + a head (ridge or pairwise): `predict(texts)` -> its length score."""
+
+    def __init__(self, features: DecoderFeatures, head, batch_size: int = 16):
+        if head.n_features != features.width:
+            raise ValueError(f"decoder head reads {head.n_features} features; the decoder gives {features.width}")
+        self.features, self.head, self.batch_size = features, head, int(batch_size)
+
+    @property
+    def head_kind(self) -> str:
+        return next(kind for kind, (cls, _) in HEADS.items() if isinstance(self.head, cls))
 
     def predict(self, texts: Sequence[str], progress: bool = False) -> np.ndarray:
         texts = list(texts)
         if not texts:
             return np.zeros(0)
-        return self.ridge.predict(self.features.embed(texts, self.batch_size, progress))
+        return self.head.predict(self.features.embed(texts, self.batch_size, progress))
 
     def save(self, checkpoint_dir: str | Path) -> list[str]:
         """Write `decoder/` into a checkpoint; returns its files, relative to the checkpoint."""
         root = Path(checkpoint_dir)
         sub = root / SUBDIR
         self.features.save(sub)
-        self.ridge.save(sub / RIDGE_FILE)
+        self.head.save(sub / HEADS[self.head_kind][1])
         return sorted(f.relative_to(root).as_posix() for f in sub.rglob("*") if f.is_file())
 
     @classmethod
     def load(
-        cls, checkpoint_dir: str | Path, layers: Sequence[int], max_length: int, device: str = "cpu"
+        cls,
+        checkpoint_dir: str | Path,
+        layers: Sequence[int],
+        max_length: int,
+        device: str = "cpu",
+        head: str = "ridge",
     ) -> "DecoderPrior":
+        if head not in HEADS:
+            raise ValueError(f"decoder head {head!r}: expected one of {sorted(HEADS)}")
         sub = Path(checkpoint_dir) / SUBDIR
-        return cls(DecoderFeatures.load(sub, layers, max_length, device), DecoderRidge.load(sub / RIDGE_FILE))
+        head_cls, filename = HEADS[head]
+        return cls(DecoderFeatures.load(sub, layers, max_length, device), head_cls.load(sub / filename))

@@ -109,6 +109,7 @@ def load_decoder(path: Path, meta: dict, device: str = "cpu"):
 
     spec, score_weight, decoder_weight = _added_regression(path, meta, DECODER, ("score_weight", "decoder_weight"))
     layers, max_length = spec.get("layers"), spec.get("max_length")
+    head = spec.get("head", "ridge")  # checkpoints written before the pairwise head carry a ridge
     if (
         not isinstance(layers, list)
         or not layers
@@ -118,7 +119,7 @@ def load_decoder(path: Path, meta: dict, device: str = "cpu"):
     ):
         raise CheckpointError(f"checkpoint {path}: {META} {DECODER} needs integer layers and max_length")
     try:
-        prior = DecoderPrior.load(path, layers, max_length, device)
+        prior = DecoderPrior.load(path, layers, max_length, device, head=head)
     except Exception as exc:  # a half-written or foreign decoder directory
         raise CheckpointError(f"checkpoint {path}: the decoder prior could not be loaded: {exc}") from exc
     return prior, score_weight, decoder_weight
@@ -223,7 +224,7 @@ class Scorer:
         # TF-IDF ridge prediction; None: the encoder's score alone
         self.lexical = lexical
         # a checkpoint with a decoder prior: score_weight * the score above + decoder_weight * the
-        # decoder ridge's prediction; None: the score above alone
+        # decoder head's prediction; None: the score above alone
         self.decoder = decoder
 
     @classmethod
