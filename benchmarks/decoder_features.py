@@ -73,9 +73,10 @@ def cross_fit_combination(ckpt, ridge_by_alpha, y, weights, seed: int = 0) -> di
 
 
 def features_of(decoder, layers, max_length, batch_size, ids, texts, cache) -> tuple[np.ndarray, float, str]:
-    """(features of `texts` in order, embedding seconds, dtype). With `cache` (an .npz path), features
-    of the same decoder and max_length are read from it when it holds every prompt id and read layer
-    (the columns of the layers not asked for dropped), else computed and written there."""
+    """(features of `texts` in order, prompts embedded per second, dtype, where from). With `cache` (an
+    .npz path), features of the same decoder and max_length are read from it when it holds every
+    prompt id and read layer (the columns of the layers not asked for dropped; the rate is then the
+    cache's, for the layers it holds), else computed and written there."""
     if cache and Path(cache).exists():
         with np.load(cache, allow_pickle=False) as c:
             held = [int(k) for k in c["layers"]]
@@ -89,7 +90,8 @@ def features_of(decoder, layers, max_length, batch_size, ids, texts, cache) -> t
                 width = c["features"].shape[1] // len(held)  # per layer: last position + mean
                 cols = np.concatenate([np.arange(held.index(k) * width, (held.index(k) + 1) * width) for k in layers])
                 print(f"decoder_features: features from {cache}", file=sys.stderr)
-                return c["features"][[row[i] for i in ids]][:, cols], float(c["embed_s"]), str(c["dtype"])
+                rate = len(row) / float(c["embed_s"])
+                return c["features"][[row[i] for i in ids]][:, cols], rate, str(c["dtype"]), f"{cache} (layers {held})"
     # the blend stage's own features: bfloat16 where native
     features = DecoderFeatures.load(decoder, layers, max_length)
     t0 = time.perf_counter()
@@ -107,7 +109,7 @@ def features_of(decoder, layers, max_length, batch_size, ids, texts, cache) -> t
             embed_s=embed_s,
             dtype=dtype,
         )
-    return feats, embed_s, dtype
+    return feats, len(texts) / embed_s, dtype, "the decoder"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -177,7 +179,7 @@ def main(argv: list[str] | None = None) -> int:
     )
 
     ids = train["prompt_id"].tolist() + val["prompt_id"].tolist()
-    feats, embed_s, dtype = features_of(
+    feats, prompts_per_s, dtype, features_from = features_of(
         args.decoder, layers, args.max_length, args.batch_size, ids, texts, args.features_cache
     )
     y_val = val["length"].to_numpy(float)
@@ -198,8 +200,8 @@ def main(argv: list[str] | None = None) -> int:
         "train_prompts": len(train),
         "train_datasets": fitted_on,
         "val_prompts": len(val),
-        "prompts_per_s": round(len(texts) / embed_s, 2),
-        "embed_s": round(embed_s, 1),
+        "prompts_per_s": round(prompts_per_s, 2),
+        "features_from": features_from,
         "decoder_ridge": {
             "val_tau_b_by_alpha": {str(a): round(float(t), 4) for a, t in ridge_taus.items()},
             "val_tau_b_best": round(float(max(ridge_taus.values())), 4),
@@ -232,7 +234,7 @@ def main(argv: list[str] | None = None) -> int:
             if args.head_epochs
             else ""
         )
-        + f"| embedding | {result['prompts_per_s']} prompts/s ({len(texts)} prompts, {embed_s:.0f} s) |"
+        + f"| embedding | {result['prompts_per_s']} prompts/s (features from {features_from}) |"
     )
     if args.json:
         write_json(result, args.json)

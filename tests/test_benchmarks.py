@@ -247,9 +247,9 @@ def test_decoder_features_cache_gives_the_rows_and_layers_asked_and_the_cross_fi
         embed_s=1.5,
         dtype="bfloat16",
     )
-    got, embed_s, dtype = df.features_of("dec", [2, 6], 64, 16, ["d", "a"], ["text d", "text a"], str(cache))
+    got, rate, dtype, source = df.features_of("dec", [2, 6], 64, 16, ["d", "a"], ["text d", "text a"], str(cache))
     np.testing.assert_array_equal(got, feats[[3, 0]][:, [0, 1, 2, 3, 8, 9, 10, 11]])
-    assert (embed_s, dtype) == (1.5, "bfloat16")
+    assert (rate, dtype) == (5 / 1.5, "bfloat16") and str(cache) in source
     # another max_length (or a prompt, a layer the cache lacks): computed afresh, here from a decoder
     # that does not exist, so it fails instead of answering from the cache
     with pytest.raises((OSError, ValueError)):
