@@ -12,10 +12,11 @@ tokens), fitted on the train split. Reported on the val split:
 - `checkpoint`: the given checkpoint's own scores (default: the serving export),
 - `combined`: w * z(checkpoint) + (1 - w) * z(ridge), alpha and w chosen on one half of val and
   scored on the other half, both ways (2-fold cross-fit: no figure is scored where it was chosen),
-- `pairwise_head` (with `--head-epochs` > 0): instead of the ridge, the blend stage's pairwise head
-  (`DecoderPairwiseHead`: `--head-seeds` MLPs on the same standardised features, each trained with
-  the pipeline's pairwise loss, train's graded margin, in-batch pairs kept by δ = 0.2, averaged):
-  PARS's objective on a frozen reader. Its val τ_b and its `combined`, cross-fitted as above,
+- `mlp_heads` (with `--head-epochs` > 0): instead of the ridge, the blend stage's MLP head
+  (`DecoderMLPHead`: `--head-seeds` MLPs on the same standardised features, averaged), once per loss
+  of `--head-losses`: pairwise (PARS's objective on a frozen reader: train's graded margin, in-batch
+  pairs kept by δ = 0.2; the blend's), pointwise or listwise (the pipeline's other losses, same
+  settings). Each head's val τ_b and its `combined`, cross-fitted as above,
 - `prompts_per_s`: the decoder's embedding rate on these cores (the cost a pipeline stage pays).
 
     python benchmarks/decoder_features.py --json metrics/choices/decoder_features-chatgpt.json
@@ -46,7 +47,7 @@ import pandas as pd
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from pipeline.contracts import labels_path, prompts_path, write_json  # noqa: E402
-from pipeline.ranking.decoder import DecoderFeatures, DecoderPairwiseHead, DecoderRidge  # noqa: E402
+from pipeline.ranking.decoder import DecoderFeatures, DecoderMLPHead, DecoderRidge  # noqa: E402
 from pipeline.ranking.metrics import kendall_tau_b  # noqa: E402
 
 
@@ -123,7 +124,12 @@ def main(argv: list[str] | None = None) -> int:
     )
     ap.add_argument("--head-epochs", type=int, default=3, help="epochs of the pairwise MLP head (0: none)")
     ap.add_argument("--head-hidden", type=int, default=256)
-    ap.add_argument("--head-seeds", type=int, default=5, help="MLPs averaged in the pairwise head")
+    ap.add_argument("--head-seeds", type=int, default=5, help="MLPs averaged in each MLP head")
+    ap.add_argument(
+        "--head-losses",
+        default="pairwise",
+        help="comma-separated losses to train an MLP head with, each on the same features (pairwise, pointwise, listwise)",
+    )
     ap.add_argument(
         "--features-cache", default=None, help="an .npz of computed features, read when it matches, else written"
     )
@@ -139,6 +145,15 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError:
         print(
             f"decoder_features: --layers {args.layers!r} / --alphas {args.alphas!r}: expected numbers", file=sys.stderr
+        )
+        return 2
+    from pipeline.ranking.losses import LOSSES
+
+    head_losses = [loss.strip() for loss in args.head_losses.split(",") if loss.strip()]
+    unknown = [loss for loss in head_losses if loss not in LOSSES]
+    if unknown or not head_losses:
+        print(
+            f"decoder_features: --head-losses {args.head_losses!r}: expected some of {sorted(LOSSES)}", file=sys.stderr
         )
         return 2
     if (
@@ -167,7 +182,7 @@ def main(argv: list[str] | None = None) -> int:
     labels = pd.read_parquet(labels_path("chatgpt", args.data))
     fitted_on = ["sharegpt", "sharegpt_turns"] if args.later_turns else ["sharegpt"]
     rows = prompts[prompts["dataset"].isin(fitted_on)][["prompt_id", "prompt", "dataset"]].merge(
-        labels[["prompt_id", "split", "length"]], on="prompt_id"
+        labels[["prompt_id", "split", "length", "truncated"]], on="prompt_id"
     )
     train = rows[rows["split"] == "train"]
     if args.n_train is not None and args.n_train < len(train):
@@ -209,33 +224,33 @@ def main(argv: list[str] | None = None) -> int:
         "checkpoint": {"path": args.checkpoint, "val_tau_b": round(float(kendall_tau_b(ckpt, y_val)), 4)},
         "combined": cross_fit_combination(ckpt, ridge, y_val, [round(0.1 * i, 1) for i in range(11)]),
     }
+    rows_out = [
+        f"| decoder ridge (best alpha) | {result['decoder_ridge']['val_tau_b_best']} |",
+        f"| checkpoint | {result['checkpoint']['val_tau_b']} |",
+        f"| combined (cross-fit on val halves) | {result['combined']['val_tau_b']} |",
+    ]
     if args.head_epochs:
-        head = DecoderPairwiseHead.fit(
-            feats[: len(train)],
-            train["length"].to_numpy(float),
-            seeds=args.head_seeds,
-            epochs=args.head_epochs,
-            hidden=args.head_hidden,
-        ).predict(feats[len(train) :])
-        result["pairwise_head"] = {
-            "hidden": args.head_hidden,
-            "epochs": args.head_epochs,
-            "seeds": args.head_seeds,
-            "val_tau_b": round(float(kendall_tau_b(head, y_val)), 4),
-            "combined": cross_fit_combination(ckpt, {"head": head}, y_val, [round(0.1 * i, 1) for i in range(11)]),
-        }
-    print(
-        f"| decoder ridge (best alpha) | {result['decoder_ridge']['val_tau_b_best']} |\n"
-        f"| checkpoint | {result['checkpoint']['val_tau_b']} |\n"
-        f"| combined (cross-fit on val halves) | {result['combined']['val_tau_b']} |\n"
-        + (
-            f"| pairwise MLP head ({args.head_seeds} seeds) / combined | {result['pairwise_head']['val_tau_b']} / "
-            f"{result['pairwise_head']['combined']['val_tau_b']} |\n"
-            if args.head_epochs
-            else ""
-        )
-        + f"| embedding | {result['prompts_per_s']} prompts/s (features from {features_from}) |"
-    )
+        result["mlp_heads"] = {"hidden": args.head_hidden, "epochs": args.head_epochs, "seeds": args.head_seeds}
+        for loss in head_losses:
+            head = DecoderMLPHead.fit(
+                feats[: len(train)],
+                train["length"].to_numpy(float),
+                train["truncated"].to_numpy(bool),
+                loss=loss,
+                seeds=args.head_seeds,
+                epochs=args.head_epochs,
+                hidden=args.head_hidden,
+            ).predict(feats[len(train) :])
+            result["mlp_heads"][loss] = {
+                "val_tau_b": round(float(kendall_tau_b(head, y_val)), 4),
+                "combined": cross_fit_combination(ckpt, {"head": head}, y_val, [round(0.1 * i, 1) for i in range(11)]),
+            }
+            rows_out.append(
+                f"| {loss} MLP head ({args.head_seeds} seeds) / combined | {result['mlp_heads'][loss]['val_tau_b']} / "
+                f"{result['mlp_heads'][loss]['combined']['val_tau_b']} |"
+            )
+    rows_out.append(f"| embedding | {result['prompts_per_s']} prompts/s (features from {features_from}) |")
+    print("\n".join(rows_out))
     if args.json:
         write_json(result, args.json)
     return 0

@@ -14,8 +14,9 @@ method), with the regression named by `blend.features`:
 1. the regression is fitted on the train-split prompts of the models the predictor was trained on
    (its pars.json `trained_on.members`; labels from data/pairs; the decoder's on at most
    `decoder.max_train_prompts` of them, a seeded draw: its features cost a forward pass each);
-2. its alpha (a pairwise head has none), then the blend weight w, chosen on their val-split prompts: the grid point with the
-   highest mean over those models of val tau_b (each model counts once, as in train_cross);
+2. its alpha (a pairwise head has none), then the blend weight w, chosen on their val-split prompts:
+   the grid point with the highest mean over those models of val tau_b (each model counts once, as in
+   train_cross);
 3. score = w * predictor / sd(predictor) + (1 - w) * regression / sd(regression), the sds over the
    val prompts.
 
@@ -258,10 +259,10 @@ def decoder_settings(raw, where: str = "params: blend.decoder", machine: bool = 
 
 
 def pairwise_head_settings(raw, where: str) -> dict:
-    """blend.decoder.pairwise_head as DecoderPairwiseHead.fit's keyword arguments (one line naming the key)."""
-    sec = raw if isinstance(raw, Section) else Section(raw if isinstance(raw, dict) else {}, where)
+    """blend.decoder.pairwise_head as DecoderMLPHead.fit's keyword arguments (one line naming the key)."""
     if not isinstance(raw, dict):
         raise ValueError(f"{where}: expected a mapping, got {raw!r}")
+    sec = raw if isinstance(raw, Section) else Section(raw, where)
     sec.only(("seeds", "epochs", "hidden", "lr", "batch_size", "delta", "margin", "margin_per_log_length"))
     return {
         "seeds": sec.integer("seeds", minimum=1),
@@ -304,7 +305,7 @@ def fit_decoder_blend(
     """(DecoderPrior, facts): the decoder head (a ridge, its alpha chosen on val; or a pairwise head,
     its settings fixed in params), then w, chosen on val as the module says
     (`decoder`: the DecoderFeatures load_decoder gives, loaded here if not given)."""
-    from pipeline.ranking.decoder import DecoderPairwiseHead, DecoderPrior, DecoderRidge
+    from pipeline.ranking.decoder import DecoderMLPHead, DecoderPrior, DecoderRidge
 
     cfg = decoder_settings(settings["decoder"])
     weights = weight_grid(settings)
@@ -334,7 +335,7 @@ def fit_decoder_blend(
         head = fits[alpha_rows.index(chosen)]
     else:  # settings fixed in params (chosen on val by benchmarks/decoder_features.py); val picks only w
         print(f"blend: pairwise head on {len(train)} train prompts ({cfg['pairwise_head']})", flush=True)
-        head = DecoderPairwiseHead.fit(
+        head = DecoderMLPHead.fit(
             x_train,
             train["length"].to_numpy(),
             train["truncated"].to_numpy(),

@@ -424,26 +424,34 @@ def test_a_bad_decoder_is_refused_before_any_scoring(toy_models, tiny_decoder, t
 def test_the_pairwise_head_ranks_by_the_signal_and_loads_as_it_was_saved(tmp_path):
     """The decoder's pairwise head: PARS's pairwise loss on fixed features learns the length signal;
     its seeds' MLPs are averaged; the saved file predicts the same; a damaged file is one line."""
-    from pipeline.ranking.decoder import DecoderPairwiseHead
+    from pipeline.ranking.decoder import DecoderMLPHead, DecoderPrior
     from pipeline.ranking.metrics import kendall_tau_b
 
     rng = np.random.default_rng(0)
     signal = rng.normal(size=1200)  # log length, seen by every feature through noise
     x = (signal[:, None] + rng.normal(size=(1200, 12))).astype(np.float32)
     lengths = np.expm1(np.clip(4.0 + signal + 0.3 * rng.normal(size=1200), 0.1, None))
-    head = DecoderPairwiseHead.fit(x[:1000], lengths[:1000], seeds=2, epochs=3, hidden=16, lr=3e-3)
+    head = DecoderMLPHead.fit(x[:1000], lengths[:1000], seeds=2, epochs=3, hidden=16, lr=3e-3)
     scores = head.predict(x[1000:])
     assert len(head.nets) == 2 and scores.shape == (200,)
     assert kendall_tau_b(scores, lengths[1000:]) > 0.6
-    singles = [DecoderPairwiseHead(head.mean, head.scale, [net]).predict(x[1000:]) for net in head.nets]
+    singles = [DecoderMLPHead(head.mean, head.scale, [net]).predict(x[1000:]) for net in head.nets]
     np.testing.assert_allclose(scores, np.mean(singles, 0), rtol=1e-5, atol=1e-6)
     assert not np.allclose(singles[0], singles[1])  # the seeds differ
 
     head.save(tmp_path / "head.safetensors")
-    np.testing.assert_array_equal(DecoderPairwiseHead.load(tmp_path / "head.safetensors").predict(x[1000:]), scores)
+    np.testing.assert_array_equal(DecoderMLPHead.load(tmp_path / "head.safetensors").predict(x[1000:]), scores)
     (tmp_path / "bad.safetensors").write_bytes(b"not a safetensors file")
     with pytest.raises(ValueError, match="bad.safetensors: decoder pairwise head could not be read"):
-        DecoderPairwiseHead.load(tmp_path / "bad.safetensors")
+        DecoderMLPHead.load(tmp_path / "bad.safetensors")
+
+    # the other losses train the same MLPs (the benchmark compares them); a checkpoint takes pairwise only
+    listwise = DecoderMLPHead.fit(x[:1000], lengths[:1000], loss="listwise", seeds=1, epochs=3, hidden=16, lr=3e-3)
+    assert listwise.loss == "listwise" and kendall_tau_b(listwise.predict(x[1000:]), lengths[1000:]) > 0.6
+    with pytest.raises(ValueError, match="listwise loss: a checkpoint takes a ridge or a pairwise head"):
+        DecoderPrior(None, listwise)
+    with pytest.raises(ValueError, match="loss 'hinge'"):
+        DecoderMLPHead.fit(x[:100], lengths[:100], loss="hinge")
 
 
 def test_decoder_blend_with_a_pairwise_head_serves_what_it_chose(toy_models, tiny_decoder):

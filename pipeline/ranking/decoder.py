@@ -13,7 +13,7 @@ layers up to the deepest one read (plus one, so that it is not the final norm's 
 and run. Saved inside a checkpoint as plain files, no pickle: `decoder/` holds the truncated decoder
 (config, safetensors weights in bfloat16) and its tokenizer; `decoder/ridge.safetensors` the
 standardisation and ridge coefficients, or `decoder/pairwise_head.safetensors` those of a pairwise
-head (`DecoderPairwiseHead`: small MLPs trained with PARS's pairwise loss on the same features).
+head (`DecoderMLPHead`: small MLPs trained with PARS's pairwise loss on the same features).
 """
 
 from __future__ import annotations
@@ -210,18 +210,21 @@ class DecoderRidge:
         return model
 
 
-class DecoderPairwiseHead:
+class DecoderMLPHead:
     """The mean of `seeds` small MLPs (dropout, one GELU hidden layer) on standardised decoder
-    features, each trained with PARS's pairwise loss (`pipeline.ranking.losses.pairwise_loss`, the
-    graded margin, in-batch pairs kept by δ and the censoring rules of `in_batch_pairs`) under a
-    one-cycle learning rate; higher = longer. Several seeds, because one MLP's val tau_b moves by
-    about 0.02 with its seed (metrics/choices/decoder_head-chatgpt-pairwise.json)."""
+    features, each trained with one of the pipeline's losses (`pipeline.ranking.losses`; the blend's
+    is PARS's pairwise loss with the graded margin, in-batch pairs kept by δ and the censoring rules
+    of `in_batch_pairs`) under a one-cycle learning rate; higher = longer. Several seeds, because one
+    MLP's val tau_b moves by about 0.02 with its seed (metrics/choices/decoder_head-qwen-chatgpt.json)."""
 
     PARTS = ("w1", "b1", "w2", "b2")
 
-    def __init__(self, mean: np.ndarray, scale: np.ndarray, nets: Sequence[dict[str, np.ndarray]]):
+    def __init__(
+        self, mean: np.ndarray, scale: np.ndarray, nets: Sequence[dict[str, np.ndarray]], loss: str = "pairwise"
+    ):
         self.mean, self.scale = np.asarray(mean, np.float32), np.asarray(scale, np.float32)
         self.nets = [{k: np.asarray(net[k], np.float32) for k in self.PARTS} for net in nets]
+        self.loss = loss  # what the MLPs were trained with (a checkpoint holds pairwise heads only)
 
     @property
     def n_features(self) -> int:
@@ -234,6 +237,7 @@ class DecoderPairwiseHead:
         lengths: Sequence[float],
         truncated: Sequence[bool] | None = None,
         *,
+        loss: str = "pairwise",
         seeds: int = 5,
         epochs: int = 3,
         hidden: int = 256,
@@ -244,11 +248,16 @@ class DecoderPairwiseHead:
         margin_per_log_length: float = 1.0,
         seed: int = 0,
         progress: bool = False,
-    ) -> "DecoderPairwiseHead":
+    ) -> "DecoderMLPHead":
+        """`delta` picks the pairs and the margins apply with `loss` pairwise only."""
         import torch
 
         from pipeline.ranking.labels import in_batch_pairs
-        from pipeline.ranking.losses import pairwise_loss
+        from pipeline.ranking.losses import LOSSES
+
+        if loss not in LOSSES:
+            raise ValueError(f"decoder head loss {loss!r}: expected one of {sorted(LOSSES)}")
+        margins = {"margin": margin, "margin_per_log_length": margin_per_log_length} if loss == "pairwise" else {}
 
         x = np.asarray(features, np.float32)
         mean, scale = x.mean(0), x.std(0)
@@ -274,16 +283,11 @@ class DecoderPairwiseHead:
                 for rows in torch.randperm(len(y)).split(batch_size):
                     r = rows.numpy()
                     pairs = torch.from_numpy(in_batch_pairs(y[r], cut[r], delta))
-                    loss = pairwise_loss(
-                        net(z[rows]).squeeze(1),
-                        torch.from_numpy(y[r]),
-                        pairs,
-                        torch.from_numpy(cut[r]),
-                        margin=margin,
-                        margin_per_log_length=margin_per_log_length,
+                    batch_loss = LOSSES[loss](
+                        net(z[rows]).squeeze(1), torch.from_numpy(y[r]), pairs, torch.from_numpy(cut[r]), **margins
                     )
                     opt.zero_grad()
-                    loss.backward()
+                    batch_loss.backward()
                     opt.step()
                     schedule.step()
             w1, b1, w2, b2 = (
@@ -291,8 +295,8 @@ class DecoderPairwiseHead:
             )
             nets.append({"w1": w1, "b1": b1, "w2": w2, "b2": b2})
             if progress:
-                print(f"pairwise head: {k + 1}/{seeds} trained ({len(y)} prompts, {epochs} epochs)", flush=True)
-        return cls(mean, scale, nets)
+                print(f"{loss} head: {k + 1}/{seeds} trained ({len(y)} prompts, {epochs} epochs)", flush=True)
+        return cls(mean, scale, nets, loss)
 
     def predict(self, features: np.ndarray) -> np.ndarray:
         import torch
@@ -313,7 +317,7 @@ class DecoderPairwiseHead:
         save_file(tensors, str(path))
 
     @classmethod
-    def load(cls, path: str | Path) -> "DecoderPairwiseHead":
+    def load(cls, path: str | Path) -> "DecoderMLPHead":
         from safetensors.numpy import load_file
 
         try:
@@ -332,20 +336,25 @@ class DecoderPairwiseHead:
         return model
 
 
-HEADS = {"ridge": (DecoderRidge, RIDGE_FILE), "pairwise": (DecoderPairwiseHead, PAIRWISE_HEAD_FILE)}
+# a checkpoint's decoder head: its kind -> (class, file in decoder/); an MLP head's kind is its loss
+HEADS = {"ridge": (DecoderRidge, RIDGE_FILE), "pairwise": (DecoderMLPHead, PAIRWISE_HEAD_FILE)}
 
 
 class DecoderPrior:
     """Decoder features + a head (ridge or pairwise): `predict(texts)` -> its length score."""
 
     def __init__(self, features: DecoderFeatures, head, batch_size: int = 16):
+        if isinstance(head, DecoderMLPHead) and head.loss != "pairwise":
+            raise ValueError(
+                f"decoder head trained with the {head.loss} loss: a checkpoint takes a ridge or a pairwise head"
+            )
         if head.n_features != features.width:
             raise ValueError(f"decoder head reads {head.n_features} features; the decoder gives {features.width}")
         self.features, self.head, self.batch_size = features, head, int(batch_size)
 
     @property
     def head_kind(self) -> str:
-        return next(kind for kind, (cls, _) in HEADS.items() if isinstance(self.head, cls))
+        return "ridge" if isinstance(self.head, DecoderRidge) else self.head.loss
 
     def predict(self, texts: Sequence[str], progress: bool = False) -> np.ndarray:
         texts = list(texts)

@@ -242,6 +242,13 @@ def render_markdown(
             f"{which} with a lexical prior: a TF-IDF + ridge regression fitted on its own train prompts is "
             "added to the encoder's score, in training (out-of-fold) and in serving (`train.lexical_prior`)."
         )
+    blended = sorted({m for by_method in ranking["predictors"].values() for m in by_method if "+" in m})
+    if blended:
+        notes.append(
+            f"{', '.join(f'`{m}`' for m in blended)}: a predictor's score plus a second regression (after the "
+            "`+`: `tfidf`, TF-IDF + ridge; `decoder`, a ridge or pairwise head on a frozen causal LM's hidden "
+            "states), weighted on val by the blend stage (`metrics/blend/<model>.json` says which reader and head)."
+        )
     excluded = settings.get("excluded_test_prompts") or {}
     if excluded.get("n_prompts"):
         by = ", ".join(f"{ds} {n}" for ds, n in excluded.get("by_dataset", {}).items())
