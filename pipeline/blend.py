@@ -233,7 +233,8 @@ def decoder_settings(raw, where: str = "params: blend.decoder", machine: bool = 
     layers = raw["layers"]
     if not isinstance(layers, list) or not layers or not all(_integer(k) and k >= 1 for k in layers):
         raise ValueError(f"{where}.layers {layers!r}: expected a list of layer numbers >= 1")
-    alphas = number_list(raw["alphas"], f"{where}.alphas", positive=True) if head == "ridge" else None
+    # checked wherever set: a bad ridge setting fails even while the pairwise head leaves it unread
+    alphas = number_list(raw["alphas"], f"{where}.alphas", positive=True) if "alphas" in raw else None
     pairwise = pairwise_head_settings(raw["pairwise_head"], f"{where}.pairwise_head") if head == "pairwise" else None
     for key, least in (("max_length", 8), ("batch_size", 1), ("max_train_prompts", 2)):
         value = raw[key]
