@@ -260,3 +260,24 @@ def test_decoder_features_cache_gives_the_rows_and_layers_asked_and_the_cross_fi
     combined = df.cross_fit_combination(np.log1p(y), {"noise": rng.normal(size=400)}, y, [0.0, 0.5, 1.0])
     assert [c["checkpoint_weight"] for c in combined["chosen"]] == [1.0, 1.0]
     assert combined["val_tau_b"] == pytest.approx(1.0)
+
+
+# -- serving_key -----------------------------------------------------------------------------------
+def test_serving_key_bins_give_each_bins_moments_and_the_head_learns_a_separable_length(bench):
+    sk = bench("serving_key")
+    o = np.array([1.0, 2.0, 4.0, 30.0, 50.0, 2000.0])
+    m1, minv = sk.bin_moments(o)
+    assert m1[0] == pytest.approx(1.5) and minv[0] == pytest.approx(0.75)  # (0, 2]: 1 and 2
+    assert m1[4] == pytest.approx(30.0) and m1[5] == pytest.approx(50.0)  # (20, 40], (40, 70]
+    assert m1[-1] == pytest.approx(2000.0) and m1[3] == pytest.approx(20.0)  # (10, 20] empty: its top edge
+
+    # one feature says whether the answer is a word or a page: the head's E[1/o] must tell them apart
+    rng = np.random.default_rng(0)
+    short = rng.random(600) < 0.5
+    x = np.c_[short.astype(np.float32), rng.normal(size=(600, 3)).astype(np.float32)]
+    lengths = np.where(short, 2.0, 500.0)
+    probs = sk.fit_bins(x, lengths, x[:4], seeds=1, epochs=30, hidden=16, lr=1e-2, batch_size=32)
+    np.testing.assert_allclose(probs.sum(1), 1.0, rtol=1e-6)
+    m1, minv = sk.bin_moments(lengths)
+    e_inv = probs @ minv
+    assert all(e_inv[i] > 5 * e_inv[j] for i in np.flatnonzero(short[:4]) for j in np.flatnonzero(~short[:4]))
