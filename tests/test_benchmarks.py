@@ -281,3 +281,13 @@ def test_serving_key_bins_give_each_bins_moments_and_the_head_learns_a_separable
     m1, minv = sk.bin_moments(lengths)
     e_inv = probs @ minv
     assert all(e_inv[i] > 5 * e_inv[j] for i in np.flatnonzero(short[:4]) for j in np.flatnonzero(~short[:4]))
+
+
+# -- distill_labels --------------------------------------------------------------------------------
+def test_distill_labels_mixes_log_lengths_and_keeps_the_answer_at_alpha_one(bench):
+    dl = bench("distill_labels")
+    lengths = np.array([0.0, 9.0, 99.0])
+    teacher = np.log1p(np.array([99.0, 99.0, 9.0]))
+    np.testing.assert_allclose(dl.mixed_lengths(lengths, teacher, 1.0), lengths)
+    np.testing.assert_allclose(dl.mixed_lengths(lengths, teacher, 0.0), [99.0, 99.0, 9.0])
+    np.testing.assert_allclose(dl.mixed_lengths(lengths, teacher, 0.5), [9.0, np.sqrt(1000) - 1, np.sqrt(1000) - 1])
