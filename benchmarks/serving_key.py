@@ -3,9 +3,9 @@
 A burst's mean per-token latency sums wait / answer length. For one server, the order that
 minimises the expected sum of completion / length, with lengths o unknown, is by E[o] / E[1/o]
 (the swap argument: j ahead of i costs i about o_j / o_i), not by the most likely length: a prompt
-with a small chance of a one-word answer belongs earlier than its typical length says. Session
-notes (docs/choices.md, "A few replies carry the gap to oracle") found that ten such short answers
-carry 41% of the predictor's excess over oracle SJF.
+with a small chance of a one-word answer belongs earlier than its typical length says; on val, ten
+such short answers carry 41% of the predictor's excess over oracle SJF (docs/choices.md, "A few
+replies carry the gap to oracle").
 
 This fits, on the decoder features of the blend's reader (ChatGPT train first turns), a
 distributional head: `--seeds` MLPs whose softmax over answer-length bins (fixed edges, fine at
@@ -14,7 +14,7 @@ the short end) is trained with cross-entropy, averaged. From it, per val prompt,
 `simulate.engine`, as benchmarks/val_serving.py):
 
 - `served`: the given checkpoint's score (default the blend, `chatgpt/pairwise+decoder`),
-- `wsept`: log E[o] - log E[1/o] of the distributional head alone,
+- `wsept`: log E[o] - log E[1/o] of the distributional head alone (`expected_length`: log E[o]),
 - `served+short(g)`: (1 - g) z(served) + g z(-log E[1/o]), for g in `--gammas`,
 - `served+prompt(g)`: (1 - g) z(served) + g z(log prompt tokens): a long prompt holds more KV cache.
 
@@ -22,12 +22,12 @@ g is chosen on the whole val burst (what a stage would do) and also cross-fitted
 random half's burst, scored on the other's, both ways (so no figure is scored where it was
 chosen). Prints and writes tau_b, mean / p90 speedup over FCFS and gap to oracle of each key.
 
-    python benchmarks/decoder_features.py --decoder models/base/qwen2.5-coder-0.5b --layers 8,12,16 \
-        --checkpoint models/chatgpt/pairwise --features-cache /tmp/qwen.npz --head-epochs 0
     python benchmarks/serving_key.py --features-cache /tmp/qwen.npz --json /tmp/serving_key.json
 
-Needs `dvc repro blend@chatgpt` and the features cache written by decoder_features.py (the same
-prompts, layers 8/12/16 of the blend's reader).
+Needs `dvc repro blend@chatgpt`. The decoder features (layers 8/12/16 of the blend's reader, every
+ChatGPT train and val first turn) come from `--features-cache` when it holds them (the format of
+benchmarks/decoder_features.py, which can share it), else the decoder computes and writes them there
+(about 10-15 minutes on 2 cores).
 """
 
 from __future__ import annotations
