@@ -33,7 +33,6 @@ benchmarks/decoder_features.py, which can share it), else the decoder computes a
 from __future__ import annotations
 
 import argparse
-import math
 import sys
 from pathlib import Path
 
@@ -62,33 +61,26 @@ def fit_bins(x_train, o_train, x_val, *, seeds=5, epochs=3, hidden=256, lr=3e-4,
     schedule) trained with cross-entropy on the bin of each train answer."""
     import torch
 
+    from pipeline.ranking.decoder import train_mlp
+
     mean, scale = x_train.mean(0), x_train.std(0)
     scale[scale == 0] = 1.0
     z = torch.from_numpy(((x_train - mean) / scale).astype(np.float32))
     zv = torch.from_numpy(((x_val - mean) / scale).astype(np.float32))
     target = torch.from_numpy(np.digitize(o_train, EDGES[1:-1], right=True)).long()
     n_bins = len(EDGES) - 1
-    steps = epochs * math.ceil(len(target) / batch_size)
     probs = np.zeros((len(zv), n_bins))
     for k in range(seeds):
-        torch.manual_seed(k)
-        net = torch.nn.Sequential(
-            torch.nn.Dropout(0.2),
-            torch.nn.Linear(z.shape[1], hidden),
-            torch.nn.GELU(),
-            torch.nn.Dropout(0.5),
-            torch.nn.Linear(hidden, n_bins),
+        net = train_mlp(
+            z,
+            lambda out, rows: torch.nn.functional.cross_entropy(out, target[rows]),
+            out_dim=n_bins,
+            epochs=epochs,
+            hidden=hidden,
+            lr=lr,
+            batch_size=batch_size,
+            seed=k,
         )
-        opt = torch.optim.AdamW(net.parameters(), lr=lr, weight_decay=0.01)
-        schedule = torch.optim.lr_scheduler.OneCycleLR(opt, lr, total_steps=steps, pct_start=0.1)
-        net.train()
-        for _ in range(epochs):
-            for rows in torch.randperm(len(target)).split(batch_size):
-                loss = torch.nn.functional.cross_entropy(net(z[rows]), target[rows])
-                opt.zero_grad()
-                loss.backward()
-                opt.step()
-                schedule.step()
         net.eval()
         with torch.no_grad():
             probs += torch.softmax(net(zv), 1).double().numpy()

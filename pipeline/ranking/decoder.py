@@ -210,6 +210,35 @@ class DecoderRidge:
         return model
 
 
+def train_mlp(z, batch_loss, *, out_dim: int = 1, epochs: int, hidden: int, lr: float, batch_size: int, seed: int):
+    """One MLP of a decoder head (dropout 0.2, Linear, GELU, dropout 0.5, Linear to `out_dim`) on the
+    standardised features `z` (a float32 tensor), trained by AdamW (weight decay 0.01) under a one-cycle
+    learning rate peaking at `lr`, batches drawn afresh each epoch; `batch_loss(outputs, rows)` gives a
+    batch's loss. Returns the net, in train mode."""
+    import torch
+
+    torch.manual_seed(seed)
+    net = torch.nn.Sequential(
+        torch.nn.Dropout(0.2),
+        torch.nn.Linear(z.shape[1], hidden),
+        torch.nn.GELU(),
+        torch.nn.Dropout(0.5),
+        torch.nn.Linear(hidden, out_dim),
+    )
+    opt = torch.optim.AdamW(net.parameters(), lr=lr, weight_decay=0.01)
+    steps = epochs * math.ceil(len(z) / batch_size)
+    schedule = torch.optim.lr_scheduler.OneCycleLR(opt, lr, total_steps=steps, pct_start=0.1)
+    net.train()
+    for _ in range(epochs):
+        for rows in torch.randperm(len(z)).split(batch_size):
+            loss = batch_loss(net(z[rows]), rows)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            schedule.step()
+    return net
+
+
 class DecoderMLPHead:
     """The mean of `seeds` small MLPs (dropout, one GELU hidden layer) on standardised decoder
     features, each trained with one of the pipeline's losses (`pipeline.ranking.losses`; the blend's
@@ -265,31 +294,15 @@ class DecoderMLPHead:
         z = torch.from_numpy((x - mean) / scale)
         y = np.asarray(lengths, dtype=float)
         cut = np.zeros(len(y), bool) if truncated is None else np.asarray(truncated, bool)
-        steps = epochs * math.ceil(len(y) / batch_size)
+
+        def batch_loss(out, rows):
+            r = rows.numpy()
+            pairs = torch.from_numpy(in_batch_pairs(y[r], cut[r], delta))
+            return LOSSES[loss](out.squeeze(1), torch.from_numpy(y[r]), pairs, torch.from_numpy(cut[r]), **margins)
+
         nets = []
         for k in range(seeds):
-            torch.manual_seed(seed + k)
-            net = torch.nn.Sequential(
-                torch.nn.Dropout(0.2),
-                torch.nn.Linear(z.shape[1], hidden),
-                torch.nn.GELU(),
-                torch.nn.Dropout(0.5),
-                torch.nn.Linear(hidden, 1),
-            )
-            opt = torch.optim.AdamW(net.parameters(), lr=lr, weight_decay=0.01)
-            schedule = torch.optim.lr_scheduler.OneCycleLR(opt, lr, total_steps=steps, pct_start=0.1)
-            net.train()
-            for _ in range(epochs):
-                for rows in torch.randperm(len(y)).split(batch_size):
-                    r = rows.numpy()
-                    pairs = torch.from_numpy(in_batch_pairs(y[r], cut[r], delta))
-                    batch_loss = LOSSES[loss](
-                        net(z[rows]).squeeze(1), torch.from_numpy(y[r]), pairs, torch.from_numpy(cut[r]), **margins
-                    )
-                    opt.zero_grad()
-                    batch_loss.backward()
-                    opt.step()
-                    schedule.step()
+            net = train_mlp(z, batch_loss, epochs=epochs, hidden=hidden, lr=lr, batch_size=batch_size, seed=seed + k)
             w1, b1, w2, b2 = (
                 p.detach().numpy().copy() for p in (net[1].weight, net[1].bias, net[4].weight, net[4].bias)
             )
