@@ -245,6 +245,29 @@ def test_decoder_features_are_deterministic_and_batch_independent(tiny_decoder):
         DecoderFeatures.load(tiny_decoder, [4], max_length=16)
 
 
+def test_decoder_features_read_the_shared_prefix_from_a_cache_as_if_read_whole(tiny_decoder):
+    """The chat template's shared prefix is run once and its keys/values reused (prefix caching):
+    each prompt's features match reading it whole, alone, on the cached path and on the fallback path
+    of a prompt that does not start with the prefix."""
+    import torch
+
+    from pipeline.ranking.decoder import DecoderFeatures
+
+    features = DecoderFeatures.load(tiny_decoder, [1, 3], max_length=16)
+    features.model.float()  # exact up to float32 rounding (bfloat16 where native would round more)
+    texts = TEXTS + ["a much longer prompt " * 20]
+    encoded = features.encode(texts)
+    prefix = features.shared_prefix()
+    assert prefix and all(e[: len(prefix)] == prefix for e in encoded)  # "user :" of the template
+    with torch.inference_mode():
+        whole = np.concatenate([features._forward([e], None) for e in encoded])
+    np.testing.assert_allclose(features.embed(texts, batch_size=3), whole, rtol=1e-4, atol=1e-5)
+    # a longer prefix that only the first prompt starts with: it alone is read from the cache
+    features._shared_prefix = encoded[0][: len(prefix) + 1]
+    assert sum(e[: len(prefix) + 1] == encoded[0][: len(prefix) + 1] for e in encoded) < len(encoded)
+    np.testing.assert_allclose(features.embed(texts, batch_size=3), whole, rtol=1e-4, atol=1e-5)
+
+
 def test_a_qwen2_decoder_cut_to_its_read_layers_saves_and_loads_the_same(tmp_path, tokenizer):
     """Qwen2 configs list an attention kind per layer (`layer_types`), which must shrink with the layers
     kept, or the cut decoder cannot be saved into a blend checkpoint (the default blend reads Qwen2.5)."""

@@ -10,7 +10,8 @@ Features of one prompt: the prompt cut to `max_length` tokens (head + tail, half
 the decoder's chat template with the generation prompt (the position where the answer would start);
 for each layer read, the hidden state at the last position and the mean over the prompt. Only the
 layers up to the deepest one read (plus one, so that it is not the final norm's output) are kept
-and run. Saved inside a checkpoint as plain files, no pickle: `decoder/` holds the truncated decoder
+and run. The template's shared prefix (system turn and user header) is run once per call and its
+keys and values reused by every batch (prefix caching). Saved inside a checkpoint as plain files, no pickle: `decoder/` holds the truncated decoder
 (config, safetensors weights in bfloat16) and its tokenizer; `decoder/ridge.safetensors` the
 standardisation and ridge coefficients, or `decoder/pairwise_head.safetensors` those of a pairwise
 head (`DecoderMLPHead`: small MLPs trained with PARS's pairwise loss on the same features).
@@ -60,6 +61,7 @@ class DecoderFeatures:
         self.tokenizer, self.model = tokenizer, model.eval().to(device)
         self.layers, self.max_length, self.device = layers, int(max_length), device
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+        self._shared_prefix: list[int] | None = None
 
     @classmethod
     def load(cls, path: str | Path, layers: Sequence[int], max_length: int, device: str = "cpu") -> "DecoderFeatures":
@@ -105,44 +107,97 @@ class DecoderFeatures:
             out.append(tok(chat, add_special_tokens=False)["input_ids"])
         return out
 
+    def shared_prefix(self) -> list[int]:
+        """The token ids every chat-wrapped prompt starts with: the template's system turn and user
+        header (24 of a ChatGPT prompt's ~75 tokens with Qwen2.5's default system message)."""
+        if self._shared_prefix is None:
+            a, b = self.encode(["0", "x"])
+            n = 0
+            while n < min(len(a), len(b)) and a[n] == b[n]:
+                n += 1
+            self._shared_prefix = a[:n]
+        return self._shared_prefix
+
     def embed(self, texts: Sequence[str], batch_size: int = 16, progress: bool = False) -> np.ndarray:
-        """(len(texts), width) float32 features, in input order (batched by token length)."""
+        """(len(texts), width) float32 features, in input order (batched by token length).
+
+        The shared prefix is run once and its keys and values reused by every batch (prefix
+        caching, as vLLM does), with its hidden states' sum added to each prompt's mean: about a
+        third less compute on short prompts. A prompt whose first token merged with the template's
+        (the prefix does not match) is read whole."""
         import torch
 
         encoded = self.encode(list(texts))
         feats = np.zeros((len(encoded), self.width), np.float32)
-        order = np.argsort([len(e) for e in encoded], kind="stable")  # similar lengths share a batch
-        batches = range(0, len(order), int(batch_size))
+        prefix = self.shared_prefix()
+        cached = [len(e) > len(prefix) and e[: len(prefix)] == prefix for e in encoded]
+        batches = []
+        for use_cache in (True, False):  # a batch shares the cache or not; similar lengths share a batch
+            rows = sorted((i for i in range(len(encoded)) if cached[i] == use_cache), key=lambda i: len(encoded[i]))
+            batches += [(use_cache, rows[s : s + int(batch_size)]) for s in range(0, len(rows), int(batch_size))]
         if progress:
             from tqdm import tqdm
 
             batches = tqdm(batches, desc="decoder features", unit="batch", mininterval=10)
         with torch.inference_mode():
-            for start in batches:
-                rows = order[start : start + int(batch_size)]
-                span = max(len(encoded[i]) for i in rows)
-                ids = torch.full((len(rows), span), self.pad_id)
-                mask = torch.zeros((len(rows), span), dtype=torch.long)
-                for j, i in enumerate(rows):  # left padding: the last position is the prompt's last token
-                    ids[j, span - len(encoded[i]) :] = torch.tensor(encoded[i])
-                    mask[j, span - len(encoded[i]) :] = 1
-                # positions count from each prompt's first real token, as if it were alone: in
-                # bfloat16 a shifted rotary angle rounds differently, and a prompt's features would
-                # depend on its batch-mates' lengths
-                positions = (mask.cumsum(1) - 1).clamp(min=0)
-                hidden = self.model(
-                    input_ids=ids.to(self.device),
-                    attention_mask=mask.to(self.device),
-                    position_ids=positions.to(self.device),
-                    output_hidden_states=True,
-                ).hidden_states
-                weight = mask.to(self.device).unsqueeze(-1).float()
-                parts = []
-                for k in self.layers:
-                    h = hidden[k].float()
-                    parts += [h[:, -1], (h * weight).sum(1) / weight.sum(1)]
-                feats[rows] = torch.cat(parts, 1).cpu().numpy()
+            prefix_run = self._run_prefix(prefix) if any(cached) and prefix else None
+            for use_cache, rows in batches:
+                if use_cache and prefix_run is not None:
+                    feats[rows] = self._forward([encoded[i][len(prefix) :] for i in rows], prefix_run)
+                else:
+                    feats[rows] = self._forward([encoded[i] for i in rows], None)
         return feats
+
+    def _run_prefix(self, prefix: list[int]):
+        """The prefix's key/value cache and, per layer read, the sum of its hidden states."""
+        import torch
+
+        out = self.model(
+            input_ids=torch.tensor([prefix], device=self.device), use_cache=True, output_hidden_states=True
+        )
+        sums = {k: out.hidden_states[k][0].float().sum(0) for k in self.layers}
+        return out.past_key_values, sums, len(prefix)
+
+    def _forward(self, seqs: list[list[int]], prefix_run) -> np.ndarray:
+        """Features of one batch of token sequences (after the cached prefix, if `prefix_run`)."""
+        import copy
+
+        import torch
+
+        span = max(len(s) for s in seqs)
+        ids = torch.full((len(seqs), span), self.pad_id)
+        mask = torch.zeros((len(seqs), span), dtype=torch.long)
+        for j, s in enumerate(seqs):  # left padding: the last position is the prompt's last token
+            ids[j, span - len(s) :] = torch.tensor(s)
+            mask[j, span - len(s) :] = 1
+        # positions count from each prompt's first real token, as if it were alone: in bfloat16 a
+        # shifted rotary angle rounds differently, and a prompt's features would depend on its
+        # batch-mates' lengths
+        positions = (mask.cumsum(1) - 1).clamp(min=0)
+        weight = mask.to(self.device).unsqueeze(-1).float()
+        past, sums, n_prefix = None, None, 0
+        if prefix_run is not None:
+            cache, sums, n_prefix = prefix_run
+            past = copy.deepcopy(cache)
+            past.batch_repeat_interleave(len(seqs))
+            positions = positions + n_prefix
+            mask = torch.cat([torch.ones((len(seqs), n_prefix), dtype=torch.long), mask], 1)
+        hidden = self.model(
+            input_ids=ids.to(self.device),
+            attention_mask=mask.to(self.device),
+            position_ids=positions.to(self.device),
+            past_key_values=past,
+            use_cache=past is not None,
+            output_hidden_states=True,
+        ).hidden_states
+        parts = []
+        for k in self.layers:
+            h = hidden[k].float()
+            total, count = (h * weight).sum(1), weight.sum(1)
+            if sums is not None:  # the mean is over the whole prompt, prefix included
+                total, count = total + sums[k], count + n_prefix
+            parts += [h[:, -1], total / count]
+        return torch.cat(parts, 1).cpu().numpy()
 
     def save(self, out_dir: str | Path) -> None:
         """The truncated decoder (bfloat16 weights) and its tokenizer, into `out_dir`."""
