@@ -30,8 +30,8 @@ prompts, of the same decoder takes them from the file instead of the decoder.
 
 The features and ridge are the blend stage's (`pipeline.ranking.decoder`, `blend.features: decoder`).
 Needs `dvc repro materialize pairs@chatgpt` (models/base/smollm2, data/pairs/chatgpt). Heavy:
-about 16 prompts/s at 128 tokens on 2 cores with AVX512-BF16, about 47 with AMX (bfloat16 both);
-run it on idle cores.
+Qwen2.5-0.5B at 128 tokens, about 22 prompts/s on 2 Zen 5 cores with AVX512-BF16 (bfloat16, the
+template's prefix cached: benchmarks/reader_prefix_cache.py); run it on idle cores.
 """
 
 from __future__ import annotations

@@ -291,3 +291,13 @@ def test_distill_labels_mixes_log_lengths_and_keeps_the_answer_at_alpha_one(benc
     np.testing.assert_allclose(dl.mixed_lengths(lengths, teacher, 1.0), lengths)
     np.testing.assert_allclose(dl.mixed_lengths(lengths, teacher, 0.0), [99.0, 99.0, 9.0])
     np.testing.assert_allclose(dl.mixed_lengths(lengths, teacher, 0.5), [9.0, np.sqrt(1000) - 1, np.sqrt(1000) - 1])
+
+
+def test_reader_prefix_cache_agreement_is_one_for_equal_features_and_names_the_largest_difference(bench):
+    mod = bench("reader_prefix_cache")
+    a = np.array([[1.0, 0.0], [0.0, 2.0]])
+    same = mod.agreement(a, a.copy())
+    assert same["cosine_min"] == 1.0 and same["max_abs_diff_over_max_abs"] == 0.0
+    moved = mod.agreement(a, np.array([[1.0, 1.0], [0.0, 2.0]]))  # one row turned by 45 degrees
+    assert moved["cosine_min"] == round(float(np.sqrt(0.5)), 6) and moved["max_abs_diff_over_max_abs"] == 0.5
+    assert mod.main(["--n", "0"]) == 2

@@ -262,6 +262,7 @@ def test_decoder_features_read_the_shared_prefix_from_a_cache_as_if_read_whole(t
     with torch.inference_mode():
         whole = np.concatenate([features._forward([e], None) for e in encoded])
     np.testing.assert_allclose(features.embed(texts, batch_size=3), whole, rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(features.embed(texts, batch_size=3, prefix_cache=False), whole, rtol=1e-4, atol=1e-5)
     # a longer prefix that only the first prompt starts with: it alone is read from the cache
     features._shared_prefix = encoded[0][: len(prefix) + 1]
     assert sum(e[: len(prefix) + 1] == encoded[0][: len(prefix) + 1] for e in encoded) < len(encoded)
