@@ -206,7 +206,7 @@ def main(argv: list[str] | None = None) -> int:
 
     ckpt = np.asarray(Scorer.from_pretrained(args.checkpoint).score(val["prompt"].tolist()), dtype=float)
     result = {
-        "what": "SmolLM2-135M-Instruct hidden states + ridge as ChatGPT answer-length features, val split only",
+        "what": f"{Path(args.decoder).name} hidden states + ridge or MLP heads as ChatGPT answer-length features, val split only",
         "how": "python benchmarks/decoder_features.py " + " ".join(argv if argv is not None else sys.argv[1:]),
         "decoder": args.decoder,
         "max_length": args.max_length,

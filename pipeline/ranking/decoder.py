@@ -63,6 +63,7 @@ class DecoderFeatures:
         self.layers, self.max_length, self.device = layers, int(max_length), device
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
         self._shared_prefix: list[int] | None = None
+        self._prefix_run = None  # (prefix ids, its cache and hidden-state sums): computed once, reused by every call
 
     @classmethod
     def load(cls, path: str | Path, layers: Sequence[int], max_length: int, device: str = "cpu") -> "DecoderFeatures":
@@ -153,14 +154,17 @@ class DecoderFeatures:
         return feats
 
     def _run_prefix(self, prefix: list[int]):
-        """The prefix's key/value cache and, per layer read, the sum of its hidden states."""
+        """The prefix's key/value cache and, per layer read, the sum of its hidden states; kept between
+        calls (the scheduler's scorer reads a few prompts per call)."""
         import torch
 
-        out = self.model(
-            input_ids=torch.tensor([prefix], device=self.device), use_cache=True, output_hidden_states=True
-        )
-        sums = {k: out.hidden_states[k][0].float().sum(0) for k in self.layers}
-        return out.past_key_values, sums, len(prefix)
+        if self._prefix_run is None or self._prefix_run[0] != prefix:
+            out = self.model(
+                input_ids=torch.tensor([prefix], device=self.device), use_cache=True, output_hidden_states=True
+            )
+            sums = {k: out.hidden_states[k][0].float().sum(0) for k in self.layers}
+            self._prefix_run = (list(prefix), (out.past_key_values, sums, len(prefix)))
+        return self._prefix_run[1]
 
     def _forward(self, seqs: list[list[int]], prefix_run) -> np.ndarray:
         """Features of one batch of token sequences (after the cached prefix, if `prefix_run`)."""
