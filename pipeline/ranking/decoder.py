@@ -10,8 +10,8 @@ Features of one prompt: the prompt cut to `max_length` tokens (head + tail, half
 the decoder's chat template with the generation prompt (the position where the answer would start);
 for each layer read, the hidden state at the last position and the mean over the prompt. Only the
 layers up to the deepest one read (plus one, so that it is not the final norm's output) are kept
-and run. The template's shared prefix (system turn and user header) is run once per call and its
-keys and values reused by every batch (prefix caching). Saved inside a checkpoint as plain files, no
+and run. The template's shared prefix (system turn and user header) is run once and its keys and
+values reused by every batch (prefix caching). Saved inside a checkpoint as plain files, no
 pickle: `decoder/` holds the truncated decoder (config, safetensors weights in bfloat16) and its
 tokenizer; `decoder/ridge.safetensors` the standardisation and ridge coefficients, or
 `decoder/pairwise_head.safetensors` those of a pairwise head (`DecoderMLPHead`: small MLPs trained
@@ -127,7 +127,7 @@ class DecoderFeatures:
 
         The shared prefix is run once and its keys and values reused by every batch (prefix
         caching, as vLLM does), with its hidden states' sum added to each prompt's mean: on ChatGPT's
-        prompts, 24 of about 75 tokens, and 1.5x the prompts/s. A prompt whose first token merged
+        prompts, 24 of about 75 tokens, and about 1.4x the prompts/s. A prompt whose first token merged
         with the template's (the prefix does not match) is read whole, as every prompt is with
         `prefix_cache=False` (benchmarks/reader_prefix_cache.py compares the two)."""
         import torch
