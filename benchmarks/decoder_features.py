@@ -122,9 +122,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--later-turns", action="store_true", help="also fit on the later human turns of train conversations"
     )
-    ap.add_argument("--head-epochs", type=int, default=3, help="epochs of the pairwise MLP head (0: none)")
-    ap.add_argument("--head-hidden", type=int, default=256)
-    ap.add_argument("--head-seeds", type=int, default=5, help="MLPs averaged in each MLP head")
+    # the head's other settings are the blend's (params.yaml blend.decoder.pairwise_head)
+    ap.add_argument(
+        "--head-epochs", type=int, default=None, help="epochs of each MLP head (0: none; default: the blend's)"
+    )
+    ap.add_argument("--head-hidden", type=int, default=None, help="its hidden units (default: the blend's)")
+    ap.add_argument(
+        "--head-seeds", type=int, default=None, help="MLPs averaged in each MLP head (default: the blend's)"
+    )
     ap.add_argument(
         "--head-losses",
         default="pairwise",
@@ -147,7 +152,14 @@ def main(argv: list[str] | None = None) -> int:
             f"decoder_features: --layers {args.layers!r} / --alphas {args.alphas!r}: expected numbers", file=sys.stderr
         )
         return 2
+    from pipeline.blend import pairwise_head_settings
+    from pipeline.params import load_params
     from pipeline.ranking.losses import LOSSES
+
+    head_cfg = pairwise_head_settings(load_params("blend")["decoder"]["pairwise_head"], "blend.decoder.pairwise_head")
+    for key in ("epochs", "hidden", "seeds"):
+        if getattr(args, f"head_{key}") is not None:
+            head_cfg[key] = getattr(args, f"head_{key}")
 
     head_losses = [loss.strip() for loss in args.head_losses.split(",") if loss.strip()]
     unknown = [loss for loss in head_losses if loss not in LOSSES]
@@ -160,9 +172,9 @@ def main(argv: list[str] | None = None) -> int:
         min(layers) < 1
         or args.max_length < 8
         or args.batch_size < 1
-        or args.head_epochs < 0
-        or args.head_hidden < 1
-        or args.head_seeds < 1
+        or head_cfg["epochs"] < 0
+        or head_cfg["hidden"] < 1
+        or head_cfg["seeds"] < 1
     ):
         print(
             "decoder_features: --layers >= 1, --max-length >= 8, --batch-size >= 1, --head-epochs >= 0, "
@@ -229,24 +241,22 @@ def main(argv: list[str] | None = None) -> int:
         f"| checkpoint | {result['checkpoint']['val_tau_b']} |",
         f"| combined (cross-fit on val halves) | {result['combined']['val_tau_b']} |",
     ]
-    if args.head_epochs:
-        result["mlp_heads"] = {"hidden": args.head_hidden, "epochs": args.head_epochs, "seeds": args.head_seeds}
+    if head_cfg["epochs"]:
+        result["mlp_heads"] = {"hidden": head_cfg["hidden"], "epochs": head_cfg["epochs"], "seeds": head_cfg["seeds"]}
         for loss in head_losses:
             head = DecoderMLPHead.fit(
                 feats[: len(train)],
                 train["length"].to_numpy(float),
                 train["truncated"].to_numpy(bool),
                 loss=loss,
-                seeds=args.head_seeds,
-                epochs=args.head_epochs,
-                hidden=args.head_hidden,
+                **head_cfg,
             ).predict(feats[len(train) :])
             result["mlp_heads"][loss] = {
                 "val_tau_b": round(float(kendall_tau_b(head, y_val)), 4),
                 "combined": cross_fit_combination(ckpt, {"head": head}, y_val, [round(0.1 * i, 1) for i in range(11)]),
             }
             rows_out.append(
-                f"| {loss} MLP head ({args.head_seeds} seeds) / combined | {result['mlp_heads'][loss]['val_tau_b']} / "
+                f"| {loss} MLP head ({head_cfg['seeds']} seeds) / combined | {result['mlp_heads'][loss]['val_tau_b']} / "
                 f"{result['mlp_heads'][loss]['combined']['val_tau_b']} |"
             )
     rows_out.append(f"| embedding | {result['prompts_per_s']} prompts/s (features from {features_from}) |")

@@ -45,14 +45,19 @@ def mixed_lengths(lengths: np.ndarray, calibrated: np.ndarray, alpha: float) -> 
 
 
 def out_of_fold(x: np.ndarray, y: np.ndarray, cut: np.ndarray, folds: int, seeds: int) -> np.ndarray:
-    """Each prompt's score from a pairwise head trained on the other folds."""
+    """Each prompt's score from a pairwise head (the blend's settings, `seeds` MLPs) trained on the other folds."""
+    from pipeline.blend import pairwise_head_settings
+    from pipeline.params import load_params
     from pipeline.ranking.decoder import DecoderMLPHead
+
+    settings = pairwise_head_settings(load_params("blend")["decoder"]["pairwise_head"], "blend.decoder.pairwise_head")
+    settings["seeds"] = seeds
 
     fold = np.random.default_rng(0).integers(0, folds, len(y))
     scores = np.zeros(len(y))
     for k in range(folds):
         held = fold == k
-        scores[held] = DecoderMLPHead.fit(x[~held], y[~held], cut[~held], seeds=seeds).predict(x[held])
+        scores[held] = DecoderMLPHead.fit(x[~held], y[~held], cut[~held], **settings).predict(x[held])
         print(f"distill_labels: fold {k + 1}/{folds}", file=sys.stderr, flush=True)
     return scores
 

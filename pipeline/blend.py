@@ -344,9 +344,10 @@ def fit_decoder_blend(
             seed=seed,
             progress=True,
         )
-        mean, per = mean_val_tau({m: head.predict(x_val[m]) for m in members}, splits)
-        alpha_rows, chosen = [], {"alpha": None, "val_tau_b": mean}
-    choice = choose_weight(members, splits, encoder_val, {m: head.predict(x_val[m]) for m in members}, weights)
+    val_scores = {m: head.predict(x_val[m]) for m in members}
+    if cfg["head"] != "ridge":
+        alpha_rows, chosen = [], {"alpha": None, "val_tau_b": mean_val_tau(val_scores, splits)[0]}
+    choice = choose_weight(members, splits, encoder_val, val_scores, weights)
     n_embedded = len(train) + sum(len(splits[m]["val"]) for m in members)
     facts = {
         "members": members,

@@ -455,7 +455,9 @@ def test_the_pairwise_head_ranks_by_the_signal_and_loads_as_it_was_saved(tmp_pat
     signal = rng.normal(size=1200)  # log length, seen by every feature through noise
     x = (signal[:, None] + rng.normal(size=(1200, 12))).astype(np.float32)
     lengths = np.expm1(np.clip(4.0 + signal + 0.3 * rng.normal(size=1200), 0.1, None))
-    head = DecoderMLPHead.fit(x[:1000], lengths[:1000], seeds=2, epochs=3, hidden=16, lr=3e-3)
+    settings = {"epochs": 3, "hidden": 16, "lr": 3e-3, "batch_size": 64, "delta": 0.2, "margin": 0.0}
+    settings["margin_per_log_length"] = 1.0
+    head = DecoderMLPHead.fit(x[:1000], lengths[:1000], seeds=2, **settings)
     scores = head.predict(x[1000:])
     assert len(head.nets) == 2 and scores.shape == (200,)
     assert kendall_tau_b(scores, lengths[1000:]) > 0.6
@@ -470,12 +472,12 @@ def test_the_pairwise_head_ranks_by_the_signal_and_loads_as_it_was_saved(tmp_pat
         DecoderMLPHead.load(tmp_path / "bad.safetensors")
 
     # the other losses train the same MLPs (the benchmark compares them); a checkpoint takes pairwise only
-    listwise = DecoderMLPHead.fit(x[:1000], lengths[:1000], loss="listwise", seeds=1, epochs=3, hidden=16, lr=3e-3)
+    listwise = DecoderMLPHead.fit(x[:1000], lengths[:1000], loss="listwise", seeds=1, **settings)
     assert listwise.loss == "listwise" and kendall_tau_b(listwise.predict(x[1000:]), lengths[1000:]) > 0.6
     with pytest.raises(ValueError, match="listwise loss: a checkpoint takes a ridge or a pairwise head"):
         DecoderPrior(None, listwise)
     with pytest.raises(ValueError, match="loss 'hinge'"):
-        DecoderMLPHead.fit(x[:100], lengths[:100], loss="hinge")
+        DecoderMLPHead.fit(x[:100], lengths[:100], loss="hinge", seeds=1, **settings)
 
 
 def test_decoder_blend_with_a_pairwise_head_serves_what_it_chose(toy_models, tiny_decoder):

@@ -330,18 +330,20 @@ class DecoderMLPHead:
         truncated: Sequence[bool] | None = None,
         *,
         loss: str = "pairwise",
-        seeds: int = 5,
-        epochs: int = 3,
-        hidden: int = 256,
-        lr: float = 3e-4,
-        batch_size: int = 64,
-        delta: float = 0.2,
-        margin: float = 0.0,
-        margin_per_log_length: float = 1.0,
+        seeds: int,
+        epochs: int,
+        hidden: int,
+        lr: float,
+        batch_size: int,
+        delta: float,
+        margin: float,
+        margin_per_log_length: float,
         seed: int = 0,
         progress: bool = False,
     ) -> "DecoderMLPHead":
-        """`delta` picks the pairs and the margins apply with `loss` pairwise only."""
+        """The settings are params.yaml's `blend.decoder.pairwise_head` (their one home; the blend's
+        `pairwise_head_settings` reads them). `delta` picks the pairs and the margins apply with
+        `loss` pairwise only."""
         import torch
 
         from pipeline.ranking.labels import in_batch_pairs
