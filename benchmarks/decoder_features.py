@@ -26,7 +26,7 @@ tokens), fitted on the train split. Reported on the val split:
         --checkpoint models/chatgpt/pairwise --features-cache /tmp/qwen.npz   # the default blend's reader
 
 `--features-cache` keeps the features between runs: a run reading fewer layers, or fewer train
-prompts, of the same decoder takes them from the file instead of the decoder.
+prompts, of the same decoder (the same files: a sha256 of its directory) takes them from the file instead of the decoder.
 
 The features and ridge are the blend stage's (`pipeline.ranking.decoder`, `blend.features: decoder`).
 Needs `dvc repro materialize pairs@chatgpt` (models/base/smollm2, data/pairs/chatgpt). Heavy:
@@ -37,6 +37,7 @@ template's prefix cached: benchmarks/reader_prefix_cache.py); run it on idle cor
 from __future__ import annotations
 
 import argparse
+import hashlib
 import sys
 import time
 from pathlib import Path
@@ -73,16 +74,34 @@ def cross_fit_combination(ckpt, ridge_by_alpha, y, weights, seed: int = 0) -> di
     return {"val_tau_b": round(float(np.mean(taus)), 4), "halves": [round(float(t), 4) for t in taus], "chosen": picks}
 
 
+def decoder_fingerprint(decoder) -> str:
+    """The sha256 of a decoder directory's files (config, tokenizer, weights): a features cache is
+    read back only for the same weights, not merely the same path (`pars materialize` rewrites
+    models/base/). A hub id or a missing path is its own fingerprint."""
+    root = Path(decoder)
+    if not root.is_dir():
+        return str(decoder)
+    digest = hashlib.sha256()
+    for f in sorted(p for p in root.rglob("*") if p.is_file()):
+        digest.update(f.relative_to(root).as_posix().encode() + b"\0")
+        with f.open("rb") as fh:
+            while block := fh.read(1 << 24):
+                digest.update(block)
+    return digest.hexdigest()
+
+
 def features_of(decoder, layers, max_length, batch_size, ids, texts, cache) -> tuple[np.ndarray, float, str]:
     """(features of `texts` in order, prompts embedded per second, dtype, where from). With `cache` (an
-    .npz path), features of the same decoder and max_length are read from it when it holds every
-    prompt id and read layer (the columns of the layers not asked for dropped; the rate is then the
-    cache's, for the layers it holds), else computed and written there."""
+    .npz path), features of the same decoder (its files' fingerprint) and max_length are read from it
+    when it holds every prompt id and read layer (the columns of the layers not asked for dropped; the
+    rate is then the cache's, for the layers it holds), else computed and written there."""
+    fingerprint = decoder_fingerprint(decoder) if cache else None
     if cache and Path(cache).exists():
         with np.load(cache, allow_pickle=False) as c:
             held = [int(k) for k in c["layers"]]
             if (
-                str(c["decoder"]) == str(decoder)
+                "decoder_fingerprint" in c.files
+                and str(c["decoder_fingerprint"]) == fingerprint
                 and int(c["max_length"]) == max_length
                 and set(layers) <= set(held)
                 and set(ids) <= set(c["prompt_ids"].tolist())
@@ -106,6 +125,7 @@ def features_of(decoder, layers, max_length, batch_size, ids, texts, cache) -> t
             layers=np.array(layers),
             prompt_ids=np.array(ids),
             decoder=str(decoder),
+            decoder_fingerprint=fingerprint,
             max_length=max_length,
             embed_s=embed_s,
             dtype=dtype,

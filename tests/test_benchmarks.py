@@ -243,6 +243,7 @@ def test_decoder_features_cache_gives_the_rows_and_layers_asked_and_the_cross_fi
         layers=np.array([2, 4, 6]),
         prompt_ids=np.array(ids),
         decoder="dec",
+        decoder_fingerprint=df.decoder_fingerprint("dec"),
         max_length=64,
         embed_s=1.5,
         dtype="bfloat16",
@@ -250,6 +251,28 @@ def test_decoder_features_cache_gives_the_rows_and_layers_asked_and_the_cross_fi
     got, rate, dtype, source = df.features_of("dec", [2, 6], 64, 16, ["d", "a"], ["text d", "text a"], str(cache))
     np.testing.assert_array_equal(got, feats[[3, 0]][:, [0, 1, 2, 3, 8, 9, 10, 11]])
     assert (rate, dtype) == (5 / 1.5, "bfloat16") and str(cache) in source
+    # a decoder directory is known by its files: other weights at the same path are another decoder
+    model = tmp_path / "decoder"
+    model.mkdir()
+    (model / "config.json").write_text("{}")
+    (model / "model.safetensors").write_bytes(b"weights one")
+    before = df.decoder_fingerprint(model)
+    (model / "model.safetensors").write_bytes(b"weights two")
+    assert df.decoder_fingerprint(model) != before and df.decoder_fingerprint(model) == df.decoder_fingerprint(model)
+    stale = tmp_path / "stale.npz"
+    np.savez(
+        stale,
+        features=feats,
+        layers=np.array([2, 4, 6]),
+        prompt_ids=np.array(ids),
+        decoder=str(model),
+        decoder_fingerprint=before,
+        max_length=64,
+        embed_s=1.5,
+        dtype="bfloat16",
+    )
+    with pytest.raises((OSError, ValueError)):  # not answered from the stale cache: read afresh, and this is no model
+        df.features_of(str(model), [2], 64, 16, ["a"], ["text a"], str(stale))
     # another max_length (or a prompt, a layer the cache lacks): computed afresh, here from a decoder
     # that does not exist, so it fails instead of answering from the cache
     with pytest.raises((OSError, ValueError)):
