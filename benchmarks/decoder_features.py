@@ -26,7 +26,8 @@ tokens), fitted on the train split. Reported on the val split:
         --checkpoint models/chatgpt/pairwise --features-cache /tmp/qwen.npz   # the default blend's reader
 
 `--features-cache` keeps the features between runs: a run reading fewer layers, or fewer train
-prompts, of the same decoder (the same files: a sha256 of its directory) takes them from the file instead of the decoder.
+prompts, of the same decoder (the same files: a sha256 of its directory) takes them from the file
+instead of the decoder.
 
 The features and ridge are the blend stage's (`pipeline.ranking.decoder`, `blend.features: decoder`).
 Needs `dvc repro materialize pairs@chatgpt` (models/base/smollm2, data/pairs/chatgpt). Heavy:
