@@ -75,6 +75,20 @@ def cross_fit_combination(ckpt, ridge_by_alpha, y, weights, seed: int = 0) -> di
     return {"val_tau_b": round(float(np.mean(taus)), 4), "halves": [round(float(t), 4) for t in taus], "chosen": picks}
 
 
+def head_settings() -> dict:
+    """params.yaml's blend.decoder.pairwise_head as DecoderMLPHead.fit's settings (their one home);
+    one line and exit 2 when it cannot be read."""
+    from pipeline.blend import pairwise_head_settings
+    from pipeline.errors import PARSError
+    from pipeline.params import load_params
+
+    try:
+        return pairwise_head_settings(load_params("blend")["decoder"]["pairwise_head"], "blend.decoder.pairwise_head")
+    except (OSError, KeyError, ValueError, PARSError) as exc:
+        print(f"{Path(sys.argv[0]).name}: params blend.decoder.pairwise_head: {exc}", file=sys.stderr)
+        raise SystemExit(2) from None
+
+
 def decoder_fingerprint(decoder) -> str:
     """The sha256 of a decoder directory's files (config, tokenizer, weights): a features cache is
     read back only for the same weights, not merely the same path (`pars materialize` rewrites
@@ -84,7 +98,7 @@ def decoder_fingerprint(decoder) -> str:
         return str(decoder)
     digest = hashlib.sha256()
     for f in sorted(p for p in root.rglob("*") if p.is_file()):
-        digest.update(f.relative_to(root).as_posix().encode() + b"\0")
+        digest.update(f"{f.relative_to(root).as_posix()}\0{f.stat().st_size}\0".encode())
         with f.open("rb") as fh:
             while block := fh.read(1 << 24):
                 digest.update(block)
@@ -173,11 +187,9 @@ def main(argv: list[str] | None = None) -> int:
             f"decoder_features: --layers {args.layers!r} / --alphas {args.alphas!r}: expected numbers", file=sys.stderr
         )
         return 2
-    from pipeline.blend import pairwise_head_settings
-    from pipeline.params import load_params
     from pipeline.ranking.losses import LOSSES
 
-    head_cfg = pairwise_head_settings(load_params("blend")["decoder"]["pairwise_head"], "blend.decoder.pairwise_head")
+    head_cfg = head_settings()
     for key in ("epochs", "hidden", "seeds"):
         if getattr(args, f"head_{key}") is not None:
             head_cfg[key] = getattr(args, f"head_{key}")
@@ -263,7 +275,7 @@ def main(argv: list[str] | None = None) -> int:
         f"| combined (cross-fit on val halves) | {result['combined']['val_tau_b']} |",
     ]
     if head_cfg["epochs"]:
-        result["mlp_heads"] = {"hidden": head_cfg["hidden"], "epochs": head_cfg["epochs"], "seeds": head_cfg["seeds"]}
+        result["mlp_heads"] = dict(head_cfg)
         for loss in head_losses:
             head = DecoderMLPHead.fit(
                 feats[: len(train)],

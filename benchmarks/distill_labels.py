@@ -33,7 +33,7 @@ import pandas as pd
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from decoder_features import features_of  # noqa: E402
+from decoder_features import features_of, head_settings  # noqa: E402
 
 from pipeline.contracts import labels_path, pairs_dir, prompts_path, write_json  # noqa: E402
 from pipeline.ranking.metrics import kendall_tau_b  # noqa: E402
@@ -44,14 +44,9 @@ def mixed_lengths(lengths: np.ndarray, calibrated: np.ndarray, alpha: float) -> 
     return np.expm1(alpha * np.log1p(lengths) + (1 - alpha) * calibrated)
 
 
-def out_of_fold(x: np.ndarray, y: np.ndarray, cut: np.ndarray, folds: int, seeds: int) -> np.ndarray:
-    """Each prompt's score from a pairwise head (the blend's settings, `seeds` MLPs) trained on the other folds."""
-    from pipeline.blend import pairwise_head_settings
-    from pipeline.params import load_params
+def out_of_fold(x: np.ndarray, y: np.ndarray, cut: np.ndarray, folds: int, settings: dict) -> np.ndarray:
+    """Each prompt's score from a pairwise head (DecoderMLPHead.fit's `settings`) trained on the other folds."""
     from pipeline.ranking.decoder import DecoderMLPHead
-
-    settings = pairwise_head_settings(load_params("blend")["decoder"]["pairwise_head"], "blend.decoder.pairwise_head")
-    settings["seeds"] = seeds
 
     fold = np.random.default_rng(0).integers(0, folds, len(y))
     scores = np.zeros(len(y))
@@ -86,6 +81,7 @@ def main(argv: list[str] | None = None) -> int:
         if not path.exists():
             sys.exit(f"distill_labels: {path} is missing (dvc repro pairs@chatgpt)")
 
+    settings = {**head_settings(), "seeds": args.seeds}  # the blend's head, --seeds MLPs; read before the slow part
     labels = pd.read_parquet(labels_path("chatgpt", data))
     prompts = pd.read_parquet(prompts_path(data))
     first = prompts[prompts["dataset"] == "sharegpt"][["prompt_id", "prompt"]].merge(labels, on="prompt_id")
@@ -100,7 +96,7 @@ def main(argv: list[str] | None = None) -> int:
         args.features_cache,
     )
     y = train["length"].to_numpy(float)
-    teacher = out_of_fold(x, y, train["truncated"].to_numpy(bool), args.folds, args.seeds)
+    teacher = out_of_fold(x, y, train["truncated"].to_numpy(bool), args.folds, settings)
     slope, intercept = np.polyfit(teacher, np.log1p(y), 1)
     calibrated = slope * teacher + intercept
     facts = {

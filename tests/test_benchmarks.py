@@ -285,6 +285,20 @@ def test_decoder_features_cache_gives_the_rows_and_layers_asked_and_the_cross_fi
     assert combined["val_tau_b"] == pytest.approx(1.0)
 
 
+def test_decoder_head_settings_come_from_params_and_a_missing_section_is_one_line(bench, tmp_path, monkeypatch, capsys):
+    df = bench("decoder_features")
+    cfg = df.head_settings()  # the repository's params.yaml: the blend's head, whole
+    assert set(cfg) == {"seeds", "epochs", "hidden", "lr", "batch_size", "delta", "margin", "margin_per_log_length"}
+    bad = tmp_path / "params.yaml"
+    bad.write_text("blend:\n  decoder: {path: x}\n")
+    monkeypatch.setenv("PARS_PARAMS", str(bad))
+    with pytest.raises(SystemExit) as exc:
+        df.head_settings()
+    assert exc.value.code == 2
+    err = capsys.readouterr().err.strip()
+    assert "blend.decoder.pairwise_head" in err and "\n" not in err
+
+
 # -- serving_key -----------------------------------------------------------------------------------
 def test_serving_key_bins_give_each_bins_moments_and_the_head_learns_a_separable_length(bench):
     sk = bench("serving_key")
