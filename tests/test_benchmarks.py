@@ -236,18 +236,22 @@ def test_decoder_features_cache_gives_the_rows_and_layers_asked_and_the_cross_fi
     # a cache of 3 layers (width 4 each: last position + mean of a 2-wide toy decoder), 5 prompts
     feats = rng.normal(size=(5, 12)).astype(np.float32)
     ids = ["a", "b", "c", "d", "e"]
+
+    def write_cache(path, decoder, fingerprint):
+        np.savez(
+            path,
+            features=feats,
+            layers=np.array([2, 4, 6]),
+            prompt_ids=np.array(ids),
+            decoder=str(decoder),
+            decoder_fingerprint=fingerprint,
+            max_length=64,
+            embed_s=1.5,
+            dtype="bfloat16",
+        )
+
     cache = tmp_path / "cache.npz"
-    np.savez(
-        cache,
-        features=feats,
-        layers=np.array([2, 4, 6]),
-        prompt_ids=np.array(ids),
-        decoder="dec",
-        decoder_fingerprint=df.decoder_fingerprint("dec"),
-        max_length=64,
-        embed_s=1.5,
-        dtype="bfloat16",
-    )
+    write_cache(cache, "dec", df.decoder_fingerprint("dec"))
     got, rate, dtype, source = df.features_of("dec", [2, 6], 64, 16, ["d", "a"], ["text d", "text a"], str(cache))
     np.testing.assert_array_equal(got, feats[[3, 0]][:, [0, 1, 2, 3, 8, 9, 10, 11]])
     assert (rate, dtype) == (5 / 1.5, "bfloat16") and str(cache) in source
@@ -260,17 +264,7 @@ def test_decoder_features_cache_gives_the_rows_and_layers_asked_and_the_cross_fi
     (model / "model.safetensors").write_bytes(b"weights two")
     assert df.decoder_fingerprint(model) != before and df.decoder_fingerprint(model) == df.decoder_fingerprint(model)
     stale = tmp_path / "stale.npz"
-    np.savez(
-        stale,
-        features=feats,
-        layers=np.array([2, 4, 6]),
-        prompt_ids=np.array(ids),
-        decoder=str(model),
-        decoder_fingerprint=before,
-        max_length=64,
-        embed_s=1.5,
-        dtype="bfloat16",
-    )
+    write_cache(stale, model, before)
     with pytest.raises((OSError, ValueError)):  # not answered from the stale cache: read afresh, and this is no model
         df.features_of(str(model), [2], 64, 16, ["a"], ["text a"], str(stale))
     # another max_length (or a prompt, a layer the cache lacks): computed afresh, here from a decoder
