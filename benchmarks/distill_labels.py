@@ -17,8 +17,9 @@ Then train on it and compare val tau_b (against the true val labels) with the co
     pars train --model chatgpt --method pairwise --data /tmp/distill/a0.5/data --models /tmp/distill/a0.5/models \
         --metrics /tmp/distill/a0.5/metrics --plots /tmp/distill/a0.5/plots
 
-The features cache is benchmarks/decoder_features.py's (layers 8/12/16 of the blend's reader, its layers when
-this was measured; every ChatGPT train and val first turn); without one, the decoder computes it (about 10 minutes on 2 cores).
+The features cache is benchmarks/decoder_features.py's (layers 8/12/16 of the blend's reader, its
+layers when this was measured; every ChatGPT train and val first turn); without one, the decoder
+computes it (about 10 minutes on 2 cores).
 """
 
 from __future__ import annotations

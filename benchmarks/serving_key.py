@@ -24,10 +24,10 @@ chosen). Prints and writes tau_b, mean / p90 speedup over FCFS and gap to oracle
 
     python benchmarks/serving_key.py --features-cache /tmp/qwen.npz --json /tmp/serving_key.json
 
-Needs `dvc repro blend@chatgpt`. The decoder features (layers 8/12/16 of the blend's reader, its layers when this was
-measured; every ChatGPT train and val first turn) come from `--features-cache` when it holds them (the format of
-benchmarks/decoder_features.py, which can share it), else the decoder computes and writes them there
-(about 10-15 minutes on 2 cores).
+Needs `dvc repro blend@chatgpt`. The decoder features (layers 8/12/16 of the blend's reader, its
+layers when this was measured; every ChatGPT train and val first turn) come from `--features-cache`
+when it holds them (the format of benchmarks/decoder_features.py, which can share it), else the
+decoder computes and writes them there (about 10-15 minutes on 2 cores).
 """
 
 from __future__ import annotations
