@@ -53,6 +53,22 @@ from pipeline.ranking.decoder import DecoderFeatures, DecoderMLPHead, DecoderRid
 from pipeline.ranking.metrics import kendall_tau_b  # noqa: E402
 
 
+def comma_numbers(kind):
+    """An argparse type: "8,12,16" -> [8, 12, 16]; anything else is argparse's error naming the flag
+    (exit 2). Shared by the benchmarks that read layer and weight lists."""
+
+    def parse(text: str) -> list:
+        try:
+            values = [kind(part) for part in text.split(",") if part.strip()]
+        except ValueError:
+            values = []
+        if not values:
+            raise argparse.ArgumentTypeError(f"{text!r}: expected comma-separated {kind.__name__} values")
+        return values
+
+    return parse
+
+
 def zscore(x: np.ndarray) -> np.ndarray:
     return (x - x.mean()) / (x.std() or 1.0)
 
@@ -174,19 +190,12 @@ def main(argv: list[str] | None = None) -> int:
         "--features-cache", default=None, help="an .npz of computed features, read when it matches, else written"
     )
     ap.add_argument("--max-length", type=int, default=128)
-    ap.add_argument("--layers", default="15,20,25", help="comma-separated decoder layers read")
+    ap.add_argument("--layers", type=comma_numbers(int), default="15,20,25", help="comma-separated decoder layers read")
     ap.add_argument("--batch-size", type=int, default=16)
-    ap.add_argument("--alphas", default="1000,3000,10000,30000")
+    ap.add_argument("--alphas", type=comma_numbers(float), default="1000,3000,10000,30000")
     ap.add_argument("--json", default=None, help="also write the figures to this JSON file")
     args = ap.parse_args(argv)
-    try:
-        layers = sorted({int(k) for k in args.layers.split(",")})
-        alphas = [float(a) for a in args.alphas.split(",")]
-    except ValueError:
-        print(
-            f"decoder_features: --layers {args.layers!r} / --alphas {args.alphas!r}: expected numbers", file=sys.stderr
-        )
-        return 2
+    layers, alphas = sorted(set(args.layers)), args.alphas
     from pipeline.ranking.losses import LOSSES
 
     head_cfg = head_settings()

@@ -34,7 +34,7 @@ import pandas as pd
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from decoder_features import features_of, head_settings  # noqa: E402
+from decoder_features import comma_numbers, features_of, head_settings  # noqa: E402
 
 from pipeline.contracts import labels_path, pairs_dir, prompts_path, write_json  # noqa: E402
 from pipeline.ranking.metrics import kendall_tau_b  # noqa: E402
@@ -62,19 +62,15 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--data", default="data")
     ap.add_argument("--decoder", default="models/base/qwen2.5-coder-0.5b")
-    ap.add_argument("--layers", default="8,12,16")
+    ap.add_argument("--layers", type=comma_numbers(int), default="8,12,16")
     ap.add_argument("--max-length", type=int, default=128)
     ap.add_argument("--features-cache", default=None, help="decoder_features.py's .npz (read, or written)")
-    ap.add_argument("--alphas", default="0.5,0", help="comma-separated weights of the answer's own length")
+    ap.add_argument("--alphas", type=comma_numbers(float), default="0.5,0", help="comma-separated weights of the answer's own length")
     ap.add_argument("--folds", type=int, default=5)
     ap.add_argument("--seeds", type=int, default=3, help="MLPs per fold's head")
     ap.add_argument("--out", required=True, help="writes <out>/a<alpha>/data and <out>/teacher.json")
     args = ap.parse_args(argv)
-    try:
-        layers = sorted({int(k) for k in args.layers.split(",")})
-        alphas = [float(a) for a in args.alphas.split(",")]
-    except ValueError:
-        ap.error(f"--layers {args.layers!r} / --alphas {args.alphas!r}: expected comma-separated numbers")
+    layers, alphas = sorted(set(args.layers)), args.alphas
     if not all(0 <= a <= 1 for a in alphas) or args.folds < 2 or args.seeds < 1:
         ap.error("--alphas in [0, 1], --folds >= 2, --seeds >= 1")
     data = Path(args.data).resolve()

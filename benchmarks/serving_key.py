@@ -42,7 +42,7 @@ import pandas as pd
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from decoder_features import features_of  # noqa: E402
+from decoder_features import comma_numbers, features_of  # noqa: E402
 
 from pipeline.contracts import generations_path, labels_path, prompts_path, write_json  # noqa: E402
 from pipeline.params import load_params  # noqa: E402
@@ -134,18 +134,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--data", default="data")
     ap.add_argument("--checkpoint", default="models/chatgpt/pairwise+decoder", help="the served predictor")
     ap.add_argument("--decoder", default="models/base/qwen2.5-coder-0.5b")
-    ap.add_argument("--layers", default="8,12,16")
+    ap.add_argument("--layers", type=comma_numbers(int), default="8,12,16")
     ap.add_argument("--max-length", type=int, default=128)
     ap.add_argument("--features-cache", required=True, help="decoder_features.py's .npz (read, or written)")
     ap.add_argument("--seeds", type=int, default=5)
-    ap.add_argument("--gammas", default="0,0.1,0.2,0.3,0.4,0.5,0.6,0.8,1")
+    ap.add_argument("--gammas", type=comma_numbers(float), default="0,0.1,0.2,0.3,0.4,0.5,0.6,0.8,1")
     ap.add_argument("--json", default=None)
     args = ap.parse_args(argv)
-    try:
-        layers = sorted({int(k) for k in args.layers.split(",")})
-        gammas = [float(g) for g in args.gammas.split(",")]
-    except ValueError:
-        ap.error(f"--layers {args.layers!r} / --gammas {args.gammas!r}: expected comma-separated numbers")
+    layers, gammas = sorted(set(args.layers)), args.gammas
     for path in (prompts_path(args.data), labels_path("chatgpt", args.data), Path(args.checkpoint) / "pars.json"):
         if not Path(path).exists():
             sys.exit(f"serving_key: {path} is missing (dvc repro blend@chatgpt)")

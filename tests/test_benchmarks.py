@@ -293,6 +293,21 @@ def test_decoder_head_settings_come_from_params_and_a_missing_section_is_one_lin
     assert "blend.decoder.pairwise_head" in err and "\n" not in err
 
 
+@pytest.mark.parametrize(
+    "name, flag", [("decoder_features", "--alphas"), ("serving_key", "--gammas"), ("distill_labels", "--layers")]
+)
+def test_decoder_benchmarks_read_number_lists_and_a_bad_one_is_an_error_naming_its_flag(bench, name, flag, capsys):
+    df = bench("decoder_features")
+    assert df.comma_numbers(int)("8,12, 16,") == [8, 12, 16]
+    assert df.comma_numbers(float)("3e3,1") == [3000.0, 1.0]
+    argv = ["--out", "unused"] if name == "distill_labels" else []
+    with pytest.raises(SystemExit) as exc:  # before anything is read or computed
+        bench(name).main([*argv, flag, "8,x"])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert f"argument {flag}" in err and "'8,x'" in err and "Traceback" not in err
+
+
 # -- serving_key -----------------------------------------------------------------------------------
 def test_serving_key_bins_give_each_bins_moments_and_the_head_learns_a_separable_length(bench):
     sk = bench("serving_key")

@@ -554,6 +554,12 @@ def cold_repro_section(cold: dict) -> list[str]:
     train stage, against the previous run where the file keeps it; the stages skipped."""
     stages = cold["stages_s"]
     prev = cold.get("previous") or {}
+
+    def minutes(run: dict) -> float | None:  # benchmarks/cold_repro.py writes both; older files total_min only
+        if run.get("total_min") is not None:
+            return run["total_min"]
+        return run["total_s"] / 60 if run.get("total_s") is not None else None
+
     prev_stages = prev.get("stages_s") or {}
     longest = sorted(stages, key=lambda s: -stages[s])
     shown = [s for s in longest if s in longest[:8] or s.startswith("train")]
@@ -561,14 +567,12 @@ def cold_repro_section(cold: dict) -> list[str]:
     lines = [
         "## Cost: a cold `dvc repro` (`metrics/cold_repro.json`, `python benchmarks/cold_repro.py`)",
         "",
-        f"A fresh clone, no DVC cache, `dvc repro`: **{fmt_num(cold['total_min'], '.1f')} min** {commit} "
+        f"A fresh clone, no DVC cache, `dvc repro`: **{fmt_num(minutes(cold), '.1f')} min** {commit} "
         f"({cold.get('machine')}).",
     ]
-    if prev.get("total_min") is not None:
+    if minutes(prev) is not None:
         prev_commit = f" at commit `{str(prev['commit'])[:7]}`" if prev.get("commit") else ""
-        lines[-1] += (
-            f" The previous run: **{fmt_num(prev['total_min'], '.1f')} min**{prev_commit} ({prev.get('machine')})."
-        )
+        lines[-1] += f" The previous run: **{fmt_num(minutes(prev), '.1f')} min**{prev_commit} ({prev.get('machine')})."
     lines += [
         "",
         f"The {min(8, len(longest))} longest stages and every train stage:",
