@@ -65,7 +65,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--layers", type=comma_numbers(int), default="8,12,16")
     ap.add_argument("--max-length", type=int, default=128)
     ap.add_argument("--features-cache", default=None, help="decoder_features.py's .npz (read, or written)")
-    ap.add_argument("--alphas", type=comma_numbers(float), default="0.5,0", help="comma-separated weights of the answer's own length")
+    ap.add_argument(
+        "--alphas",
+        type=comma_numbers(float),
+        default="0.5,0",
+        help="comma-separated weights of the answer's own length",
+    )
     ap.add_argument("--folds", type=int, default=5)
     ap.add_argument("--seeds", type=int, default=3, help="MLPs per fold's head")
     ap.add_argument("--out", required=True, help="writes <out>/a<alpha>/data and <out>/teacher.json")
