@@ -212,6 +212,11 @@ def test_workload_notes_engine_checkpoint_and_cost_sections():
     assert "**35.4 min** at commit `de184fc` (Xeon)." in text
     assert text.index("| b | 900 |") < text.index("| c | 60 |") < text.index("| a | 5 |")
     assert "No stage was skipped." in text and "previous run" not in text
+    # a previous run kept with the script's total_s only (hand-kept files may hold total_min instead)
+    cold["previous"] = {"total_s": 2494.3, "commit": "8fc954059c49", "machine": "EPYC", "stages_s": {"b": 950.0}}
+    text = "\n".join(cold_repro_section(cold))
+    assert "The previous run: **41.6 min** at commit `8fc9540` (EPYC)." in text
+    assert "| b | 900 | 950 |" in text and "| a | 5 | – |" in text
     # without a before / after in the file, the first setting is the one the speed-ups are over
     text = "\n".join(train_throughput_section(speed))
     assert "| setting | role | precision | frozen layers | prompts/s | speedup over `full` |" in text

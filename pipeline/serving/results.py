@@ -555,7 +555,7 @@ def cold_repro_section(cold: dict) -> list[str]:
     stages = cold["stages_s"]
     prev = cold.get("previous") or {}
 
-    def minutes(run: dict) -> float | None:  # benchmarks/cold_repro.py writes both; older files total_min only
+    def minutes(run: dict) -> float | None:  # benchmarks/cold_repro.py writes both; its older output total_s only
         if run.get("total_min") is not None:
             return run["total_min"]
         return run["total_s"] / 60 if run.get("total_s") is not None else None
