@@ -53,17 +53,18 @@ from pipeline.ranking.decoder import DecoderFeatures, DecoderMLPHead, DecoderRid
 from pipeline.ranking.metrics import kendall_tau_b  # noqa: E402
 
 
-def comma_numbers(kind):
-    """An argparse type: "8,12,16" -> [8, 12, 16]; anything else is argparse's error naming the flag
-    (exit 2). Shared by the benchmarks that read layer and weight lists."""
+def comma_numbers(kind, minimum=None):
+    """An argparse type: "8,12,16" -> [8, 12, 16] (each >= `minimum` if given); anything else is
+    argparse's error naming the flag (exit 2). Shared by the benchmarks that read layer and weight lists."""
 
     def parse(text: str) -> list:
         try:
             values = [kind(part) for part in text.split(",") if part.strip()]
         except ValueError:
             values = []
-        if not values:
-            raise argparse.ArgumentTypeError(f"{text!r}: expected comma-separated {kind.__name__} values")
+        if not values or (minimum is not None and min(values) < minimum):
+            at_least = f" >= {minimum}" if minimum is not None else ""
+            raise argparse.ArgumentTypeError(f"{text!r}: expected comma-separated {kind.__name__} values{at_least}")
         return values
 
     return parse
@@ -190,7 +191,9 @@ def main(argv: list[str] | None = None) -> int:
         "--features-cache", default=None, help="an .npz of computed features, read when it matches, else written"
     )
     ap.add_argument("--max-length", type=int, default=128)
-    ap.add_argument("--layers", type=comma_numbers(int), default="15,20,25", help="comma-separated decoder layers read")
+    ap.add_argument(
+        "--layers", type=comma_numbers(int, minimum=1), default="15,20,25", help="comma-separated decoder layers read"
+    )
     ap.add_argument("--batch-size", type=int, default=16)
     ap.add_argument("--alphas", type=comma_numbers(float), default="1000,3000,10000,30000")
     ap.add_argument("--json", default=None, help="also write the figures to this JSON file")
@@ -211,15 +214,14 @@ def main(argv: list[str] | None = None) -> int:
         )
         return 2
     if (
-        min(layers) < 1
-        or args.max_length < 8
+        args.max_length < 8
         or args.batch_size < 1
         or head_cfg["epochs"] < 0
         or head_cfg["hidden"] < 1
         or head_cfg["seeds"] < 1
     ):
         print(
-            "decoder_features: --layers >= 1, --max-length >= 8, --batch-size >= 1, --head-epochs >= 0, "
+            "decoder_features: --max-length >= 8, --batch-size >= 1, --head-epochs >= 0, "
             "--head-hidden >= 1, --head-seeds >= 1",
             file=sys.stderr,
         )

@@ -62,7 +62,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--data", default="data")
     ap.add_argument("--decoder", default="models/base/qwen2.5-coder-0.5b")
-    ap.add_argument("--layers", type=comma_numbers(int), default="8,12,16")
+    ap.add_argument("--layers", type=comma_numbers(int, minimum=1), default="8,12,16")
     ap.add_argument("--max-length", type=int, default=128)
     ap.add_argument("--features-cache", default=None, help="decoder_features.py's .npz (read, or written)")
     ap.add_argument(

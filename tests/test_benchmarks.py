@@ -306,6 +306,9 @@ def test_decoder_benchmarks_read_number_lists_and_a_bad_one_is_an_error_naming_i
     assert exc.value.code == 2
     err = capsys.readouterr().err
     assert f"argument {flag}" in err and "'8,x'" in err and "Traceback" not in err
+    with pytest.raises(SystemExit):  # a layer below 1 is refused by each of the three alike
+        bench(name).main([*argv, "--layers", "0,8"])
+    assert "argument --layers: '0,8': expected comma-separated int values >= 1" in capsys.readouterr().err
 
 
 # -- serving_key -----------------------------------------------------------------------------------
