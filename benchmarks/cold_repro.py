@@ -138,12 +138,7 @@ def main() -> None:
         total = time.time() - t0
     if rc:
         raise SystemExit(f"dvc repro failed (exit {rc}) after {total:.0f} s")
-    out = {
-        "commit": commit.stdout.strip(),
-        "total_s": round(total, 1),
-        "total_min": round(total / 60, 1),
-        **summary(events, total),
-    }
+    out = {"commit": commit.stdout.strip(), "total_s": round(total, 1), **summary(events, total)}
     print(json.dumps(out, indent=2))
     if "unrecognised" in out:
         raise SystemExit(

@@ -212,7 +212,7 @@ def test_workload_notes_engine_checkpoint_and_cost_sections():
     assert "**35.4 min** at commit `de184fc` (Xeon)." in text
     assert text.index("| b | 900 |") < text.index("| c | 60 |") < text.index("| a | 5 |")
     assert "No stage was skipped." in text and "previous run" not in text
-    # a previous run kept with the script's total_s only (hand-kept files may hold total_min instead)
+    # the previous run, as the script records it: its minutes follow from total_s too
     cold["previous"] = {"total_s": 2494.3, "commit": "8fc954059c49", "machine": "EPYC", "stages_s": {"b": 950.0}}
     text = "\n".join(cold_repro_section(cold))
     assert "The previous run: **41.6 min** at commit `8fc9540` (EPYC)." in text

@@ -555,9 +555,7 @@ def cold_repro_section(cold: dict) -> list[str]:
     stages = cold["stages_s"]
     prev = cold.get("previous") or {}
 
-    def minutes(run: dict) -> float | None:  # benchmarks/cold_repro.py writes both; its older output total_s only
-        if run.get("total_min") is not None:
-            return run["total_min"]
+    def minutes(run: dict) -> float | None:  # benchmarks/cold_repro.py records seconds only
         return run["total_s"] / 60 if run.get("total_s") is not None else None
 
     prev_stages = prev.get("stages_s") or {}
