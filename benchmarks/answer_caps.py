@@ -18,10 +18,15 @@ import argparse
 import json
 import os
 import statistics
+import sys
 import time
 from pathlib import Path
 
 import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from pipeline.cli import comma_numbers  # noqa: E402
 
 
 def censor_table(lengths: np.ndarray, caps: list[int], delta: float, tokens_per_s: float) -> list[dict]:
@@ -61,14 +66,14 @@ def main() -> None:
     parser.add_argument("--per-dataset", type=int, default=12, help="train-split prompts per dataset")
     parser.add_argument("--k", type=int, default=4)
     parser.add_argument("--max-tokens", type=int, default=1024, help="the largest cap: generated once at this")
-    parser.add_argument("--caps", default="256,384,512,768,1024")
+    parser.add_argument("--caps", type=comma_numbers(int, minimum=1), default="256,384,512,768,1024")
     parser.add_argument("--temperature", type=float, default=0.7)
     parser.add_argument("--top-p", type=float, default=0.95)
     parser.add_argument("--repetition-penalty", type=float, default=1.0)
     parser.add_argument("--delta", type=float, default=0.2)
     parser.add_argument("--json", default=None)
     args = parser.parse_args()
-    caps = sorted({int(c) for c in args.caps.split(",")} | {args.max_tokens})
+    caps = sorted({*args.caps, args.max_tokens})
     if caps[-1] > args.max_tokens:
         raise SystemExit(f"--caps: every cap must be <= --max-tokens {args.max_tokens}, got {caps[-1]}")
     model = Path(args.model)
@@ -164,4 +169,6 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    from pipeline.cli import run_script
+
+    raise SystemExit(run_script(main))

@@ -48,26 +48,11 @@ import pandas as pd
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from pipeline.cli import comma_names, comma_numbers  # noqa: E402
 from pipeline.contracts import labels_path, prompts_path, write_json  # noqa: E402
 from pipeline.ranking.decoder import DecoderFeatures, DecoderMLPHead, DecoderRidge  # noqa: E402
+from pipeline.ranking.losses import LOSSES  # noqa: E402
 from pipeline.ranking.metrics import kendall_tau_b  # noqa: E402
-
-
-def comma_numbers(kind, minimum=None):
-    """An argparse type: "8,12,16" -> [8, 12, 16] (each >= `minimum` if given); anything else is
-    argparse's error naming the flag (exit 2). Shared by the benchmarks that read layer and weight lists."""
-
-    def parse(text: str) -> list:
-        try:
-            values = [kind(part) for part in text.split(",") if part.strip()]
-        except ValueError:
-            values = []
-        if not values or (minimum is not None and min(values) < minimum):
-            at_least = f" >= {minimum}" if minimum is not None else ""
-            raise argparse.ArgumentTypeError(f"{text!r}: expected comma-separated {kind.__name__} values{at_least}")
-        return values
-
-    return parse
 
 
 def zscore(x: np.ndarray) -> np.ndarray:
@@ -184,6 +169,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     ap.add_argument(
         "--head-losses",
+        type=comma_names(tuple(LOSSES)),
         default="pairwise",
         help="comma-separated losses to train an MLP head with, each on the same features (pairwise, pointwise, listwise)",
     )
@@ -198,21 +184,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--alphas", type=comma_numbers(float), default="1000,3000,10000,30000")
     ap.add_argument("--json", default=None, help="also write the figures to this JSON file")
     args = ap.parse_args(argv)
-    layers, alphas = sorted(set(args.layers)), args.alphas
-    from pipeline.ranking.losses import LOSSES
-
+    layers, alphas, head_losses = sorted(set(args.layers)), args.alphas, args.head_losses
     head_cfg = head_settings()
     for key in ("epochs", "hidden", "seeds"):
         if getattr(args, f"head_{key}") is not None:
             head_cfg[key] = getattr(args, f"head_{key}")
-
-    head_losses = [loss.strip() for loss in args.head_losses.split(",") if loss.strip()]
-    unknown = [loss for loss in head_losses if loss not in LOSSES]
-    if unknown or not head_losses:
-        print(
-            f"decoder_features: --head-losses {args.head_losses!r}: expected some of {sorted(LOSSES)}", file=sys.stderr
-        )
-        return 2
     if (
         args.max_length < 8
         or args.batch_size < 1
@@ -311,4 +287,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    from pipeline.cli import run_script
+
+    raise SystemExit(run_script(main))

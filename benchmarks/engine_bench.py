@@ -99,7 +99,10 @@ def parse_args(argv=None):
     p.add_argument("--enforce-eager", action=argparse.BooleanOptionalAction, default=True)
     p.add_argument("--out-json", default="metrics/engine_bench.json")
     p.add_argument("--plot", default="plots/engine_bench.png")
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    if args.num_prompts < 1:  # 0 would serve the whole split: hours of vLLM
+        p.error(f"argument --num-prompts: must be at least 1, got {args.num_prompts}")
+    return args
 
 
 def packaged_smollm2() -> Path:
@@ -507,4 +510,6 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    from pipeline.cli import run_script
+
+    raise SystemExit(run_script(main))

@@ -195,4 +195,6 @@ def plot(out: dict, path: Path) -> None:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    from pipeline.cli import run_script
+
+    raise SystemExit(run_script(main))

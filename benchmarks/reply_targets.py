@@ -29,6 +29,7 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from pipeline.cli import comma_numbers  # noqa: E402
 from pipeline.contracts import generations_path, prompts_path, write_json  # noqa: E402
 from pipeline.params import PARAMS_HELP, load_params  # noqa: E402
 from pipeline.ranking import lightning as ranking_lightning  # noqa: E402
@@ -116,13 +117,15 @@ def aux_module(targets: dict[str, np.ndarray], weight: float):
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default="chatgpt")
-    ap.add_argument("--weights", default="0.5,2", help="comma-separated weights of the auxiliary term")
+    ap.add_argument(
+        "--weights", type=comma_numbers(float), default="0.5,2", help="comma-separated weights of the auxiliary term"
+    )
     ap.add_argument("--params", default=None, help=PARAMS_HELP)
     ap.add_argument("--max-answers", type=int, default=None, help="embed only this many answers (a quick check)")
     ap.add_argument("--work", default="/tmp/reply_targets", help="scratch root for the runs' models and metrics")
     ap.add_argument("--out", default=None, help="default metrics/choices/reply_targets-<model>-pairwise.json")
     args = ap.parse_args(argv)
-    weights = [float(w) for w in args.weights.split(",") if w.strip()]
+    weights = args.weights
 
     import pipeline.train as train_stage
 
@@ -184,4 +187,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    from pipeline.cli import run_script
+
+    raise SystemExit(run_script(main))

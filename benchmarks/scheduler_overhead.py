@@ -44,6 +44,15 @@ def parse_args(argv=None):
     args = p.parse_args(argv)
     if args.arrivals < 1 or args.step_ms < 0 or args.max_num_seqs < 1 or args.torch_threads < 1:
         p.error("--arrivals, --max-num-seqs and --torch-threads must be >= 1, --step-ms >= 0")
+    # before thousands of prompts are tokenized (a missing --served-model would be read as a hub id)
+    if not Path(args.prompts).is_file():
+        raise FileNotFoundError(f"--prompts {args.prompts}: no such file (dvc repro prepare)")
+    for flag, path, stage in (
+        ("--served-model", args.served_model, "materialize"),
+        ("--checkpoint", args.checkpoint, "export"),
+    ):
+        if not Path(path).is_dir():
+            raise FileNotFoundError(f"{flag} {path}: no such directory (dvc repro {stage})")
     return args
 
 
@@ -111,12 +120,12 @@ def run_mode(mode: str, args, model_cfg, prompt_ids: list[list[int]]) -> dict:
 
 
 def main(argv=None) -> int:
+    args = parse_args(argv)
     import torch
 
     from pipeline.hardware import machine
     from pipeline.serving import cpu_harness
 
-    args = parse_args(argv)
     torch.set_num_threads(args.torch_threads)
     prompt_ids = load_prompt_ids(args)
     results = {}
@@ -153,4 +162,6 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    from pipeline.cli import run_script
+
+    raise SystemExit(run_script(main))

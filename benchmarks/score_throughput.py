@@ -30,6 +30,10 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
 import numpy as np
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from pipeline.cli import comma_numbers  # noqa: E402
+
 DEFAULT_CHECKPOINT = "models/export/pars-recorded"
 
 
@@ -71,13 +75,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--checkpoint", default=DEFAULT_CHECKPOINT)
     ap.add_argument("--untrained-minilm", action="store_true", help="time a random-head MiniLM checkpoint instead")
     ap.add_argument("--prompts", default="data/prompts/prompts.parquet")
-    ap.add_argument("--batch-sizes", default="1,2,4,8,16,32,64")
+    ap.add_argument("--batch-sizes", type=comma_numbers(int, minimum=1), default="1,2,4,8,16,32,64")
     ap.add_argument("--seconds", type=float, default=5.0, help="minimum timed seconds per batch size")
     ap.add_argument("--min-batches", type=int, default=5)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--threads", type=int, help="torch intra-op threads (default: torch's, = cores)")
     ap.add_argument("--out", help="also write the figures as JSON here")
     args = ap.parse_args(argv)
+    if not Path(args.prompts).is_file():
+        raise FileNotFoundError(f"--prompts {args.prompts}: no such file (dvc repro prepare)")
 
     import pandas as pd
     import torch
@@ -114,7 +120,7 @@ def main(argv: list[str] | None = None) -> int:
         )
         print(f"{'batch':>5} {'batches':>7} {'prompts/s':>10} {'p50 ms':>9} {'p99 ms':>9}")
         rows = []
-        for bs in (int(x) for x in args.batch_sizes.split(",")):
+        for bs in args.batch_sizes:
             r = bench(scorer, prompts, bs, args.seconds, args.min_batches, rng)
             rows.append(r)
             print(
@@ -141,4 +147,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from pipeline.cli import run_script
+
+    sys.exit(run_script(main))

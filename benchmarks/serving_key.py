@@ -42,8 +42,9 @@ import pandas as pd
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from decoder_features import comma_numbers, features_of  # noqa: E402
+from decoder_features import features_of  # noqa: E402
 
+from pipeline.cli import comma_numbers  # noqa: E402
 from pipeline.contracts import generations_path, labels_path, prompts_path, write_json  # noqa: E402
 from pipeline.params import load_params  # noqa: E402
 from pipeline.ranking.metrics import kendall_tau_b  # noqa: E402
@@ -240,4 +241,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    from pipeline.cli import run_script
+
+    raise SystemExit(run_script(main))

@@ -174,4 +174,6 @@ def plot_runs(doc: dict[str, Any], png: str | Path) -> None:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from pipeline.cli import run_script
+
+    sys.exit(run_script(main))

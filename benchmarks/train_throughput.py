@@ -384,4 +384,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from pipeline.cli import run_script
+
+    sys.exit(run_script(main))

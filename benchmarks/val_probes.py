@@ -178,4 +178,6 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    from pipeline.cli import run_script
+
+    raise SystemExit(run_script(main))

@@ -224,7 +224,7 @@ def decoder_settings(raw, where: str = "params: blend.decoder", machine: bool = 
     keys = ("path", "layers", "max_length", "max_train_prompts", "batch_size")
     Section(raw, where).only((*keys, "datasets", "head", "alphas", "pairwise_head"))
     head = raw.get("head", "ridge")
-    if head not in HEADS:
+    if not isinstance(head, str) or head not in HEADS:
         raise ValueError(f"{where}.head {head!r}: expected one of {list(HEADS)}")
     keys += ("alphas",) if head == "ridge" else ("pairwise_head",)
     missing = [k for k in keys if k not in raw]
@@ -415,7 +415,15 @@ def run(
     plots_dir: str | Path = "plots/blend",
 ) -> dict:
     from pipeline.contracts import ensure_parent, predictor_dir, write_json
-    from pipeline.ranking.checkpoint import DECODER, LEXICAL, attach_decoder, attach_lexical, copy_checkpoint, read_meta
+    from pipeline.ranking.checkpoint import (
+        DECODER,
+        LEXICAL,
+        attach_decoder,
+        attach_lexical,
+        copy_checkpoint,
+        read_meta,
+        read_trained_on,
+    )
     from pipeline.serving.scorer import Scorer
 
     t0 = time.perf_counter()
@@ -428,7 +436,7 @@ def run(
         raise ValueError(f"blend: {src} already adds a lexical model to its score (a blend, or train's lexical_prior)")
     if DECODER in meta:
         raise ValueError(f"blend: {src} already adds a decoder prior to its score")
-    trained_on = meta.get("trained_on") or {}
+    trained_on = read_trained_on(src, meta)
     members = list(trained_on.get("members") or [trained_on.get("model") or model])
     splits = member_splits(members, data_root)
     decoder = load_decoder(params) if features == "decoder" else None  # a bad decoder fails before scoring

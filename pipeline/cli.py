@@ -11,6 +11,7 @@ import argparse
 import importlib
 import os
 import sys
+from pathlib import Path
 
 from pipeline.errors import PARSError, UsageError
 
@@ -80,9 +81,69 @@ def _usage_error(self: argparse.ArgumentParser, message: str):
     raise UsageError(f"{message} (see `{self.prog} --help`)")
 
 
+def comma_numbers(kind, minimum=None):
+    """An argparse type: "8,12,16" -> [8, 12, 16] (each >= `minimum` if given); anything else is
+    argparse's error naming the flag (exit 2). Shared by the benchmarks that read lists of layers, weights or sizes."""
+
+    def parse(text: str) -> list:
+        try:
+            values = [kind(part) for part in text.split(",") if part.strip()]
+        except ValueError:
+            values = []
+        if not values or (minimum is not None and min(values) < minimum):
+            at_least = f" >= {minimum}" if minimum is not None else ""
+            raise argparse.ArgumentTypeError(f"{text!r}: expected comma-separated {kind.__name__} values{at_least}")
+        return values
+
+    return parse
+
+
+def comma_names(choices):
+    """An argparse type: "pairwise,listwise" -> ["pairwise", "listwise"], each one of `choices`; anything
+    else is argparse's error naming the flag (exit 2)."""
+
+    def parse(text: str) -> list[str]:
+        values = [part.strip() for part in text.split(",") if part.strip()]
+        if not values or any(v not in choices for v in values):
+            raise argparse.ArgumentTypeError(f"{text!r}: expected comma-separated names from {', '.join(choices)}")
+        return values
+
+    return parse
+
+
+def _debug_env() -> bool:
+    return os.environ.get("PARS_DEBUG", "") not in ("", "0")
+
+
+def run_script(main, name: str | None = None) -> int:
+    """Run a script's `main()` (a benchmark's) as `pars` runs a command: bad input (a flag, a file, a
+    checkpoint) is one line `<script>: error: ...` on stderr and exit 1; PARS_DEBUG=1 shows the traceback.
+
+        if __name__ == "__main__":
+            from pipeline.cli import run_script
+
+            raise SystemExit(run_script(main))
+    """
+    from pipeline.ranking.checkpoint import CheckpointError
+
+    name = name or Path(main.__code__.co_filename).stem
+    try:
+        return int(main() or 0)
+    except (*INPUT_ERRORS, CheckpointError) as exc:
+        if _debug_env():
+            raise
+        print(f"{name}: error: {_one_line(exc)}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        if _debug_env():
+            raise
+        print(f"{name}: interrupted", file=sys.stderr)
+        return 130
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    debug = os.environ.get("PARS_DEBUG", "") not in ("", "0")
+    debug = _debug_env()
     while argv and argv[0] == "--debug":
         debug, argv = True, argv[1:]
     if not argv or argv[0] in ("-h", "--help"):

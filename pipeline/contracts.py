@@ -247,10 +247,14 @@ def write_text(text: str, path: str | Path) -> Path:
 def write_figure(fig, path: str | Path, **savefig: Any) -> Path:
     """Save a matplotlib figure atomically (format from the file's suffix): an interrupted run leaves
     the old figure (or none), never half of a new one."""
+    from matplotlib import rcParams
+
     path = ensure_parent(path)
     tmp = path.with_name(f".{path.name}.tmp")
+    # named, never guessed from the temp file's ".tmp"; no suffix: matplotlib's default for such a name
+    fmt = path.suffix.lstrip(".") or rcParams["savefig.format"]
     try:
-        fig.savefig(tmp, format=path.suffix.lstrip(".") or None, **savefig)
+        fig.savefig(tmp, format=fmt, **savefig)
         os.replace(tmp, path)
     finally:
         tmp.unlink(missing_ok=True)

@@ -27,6 +27,11 @@ def resolve_encoder(name: str, key: str = "encoder", lookup: bool = True) -> str
     hub id as given (`pars profile`: the machine that trains may have the network this one lacks).
     """
     name = str(name)
+    if not name.strip():  # Path("") is ".", which exists
+        raise PARSError(
+            f"{key} {name!r}: blank; name an encoder (known: {', '.join(PACKAGED_ENCODERS)}; or an existing "
+            f"directory, or a Hugging Face hub id)"
+        )
     if name in PACKAGED_ENCODERS:
         package = PACKAGED_ENCODERS[name]
         try:

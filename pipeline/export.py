@@ -30,6 +30,7 @@ from pipeline.ranking.checkpoint import (
     copy_checkpoint,
     file_hashes,
     read_meta,
+    read_trained_on,
 )
 
 
@@ -160,7 +161,7 @@ def run(
             f"(train it first, or name a predictor under {Path(models_root)})"
         )
     source_meta = read_meta(src)  # validates the source (files, version, hash) with a clear message
-    trained_on = {"model": model, **(source_meta.get("trained_on") or {})}
+    trained_on = {"model": model, **read_trained_on(src, source_meta)}
     members = list(trained_on.get("members") or [model])
     metrics, tau = export_metrics(ranking, model, method, members, ranking_path)
     # scored on the source (the same bytes as the export): a failure here replaces nothing

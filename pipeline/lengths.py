@@ -124,7 +124,9 @@ def check_plot_format(path: str) -> None:
 
     suffix = Path(path).suffix.lstrip(".").lower()
     known = Figure().canvas.get_supported_filetypes()
-    if suffix and suffix not in known:
+    if not suffix:
+        raise PARSError(f"--plot {path}: no suffix to name the image format (known: {', '.join(sorted(known))})")
+    if suffix not in known:
         raise PARSError(f"--plot {path}: matplotlib cannot write {suffix!r} images (known: {', '.join(sorted(known))})")
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import difflib
 import math
 import os
+import re
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +19,25 @@ import yaml
 from pipeline.errors import PARSError, check_number
 
 PARAMS_HELP = "params file (default: $PARS_PARAMS if set, else params.yaml)"  # every stage's --params
+
+# 3e-4, 1e5: PyYAML (YAML 1.1) reads an exponent number as a float only with a dot and a signed exponent
+_EXPONENT = re.compile(r"([-+]?[0-9]+)(?:\.([0-9]*))?[eE]([-+]?)([0-9]+)")
+
+
+def text_number(value: Any) -> str:
+    """A note for the error line when `value` is a number the YAML file holds as text (`lr: 3e-4`,
+    `lr: '0.5'`), else "". It stays refused: DVC's params and other YAML readers see a string too."""
+    if not isinstance(value, str):
+        return ""
+    exponent = _EXPONENT.fullmatch(value.strip())
+    if exponent:
+        whole, fraction, sign, power = exponent.groups()
+        return f" (YAML reads {value} as text: write {whole}.{fraction or '0'}e{sign or '+'}{power})"
+    try:
+        number = float(value)
+    except ValueError:
+        return ""
+    return " (a quoted string: write the number without quotes)" if math.isfinite(number) else ""
 
 
 class MissingParam(KeyError):
@@ -52,7 +72,7 @@ class Section(dict):
             value = int(value)
         if isinstance(value, bool) or not isinstance(value, int):
             expected = "an integer or null" if optional else "an integer"
-            raise PARSError(f"{name} {value!r}: must be {expected}")
+            raise PARSError(f"{name} {value!r}: must be {expected}{text_number(value)}")
         check_number(value, name, minimum=minimum, maximum=maximum)
         return value
 
@@ -73,7 +93,7 @@ class Section(dict):
             return None
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             expected = "a number or null" if optional else "a number"
-            raise PARSError(f"{name} {value!r}: must be {expected}")
+            raise PARSError(f"{name} {value!r}: must be {expected}{text_number(value)}")
         value = float(value)
         check_number(value, name, positive=positive, minimum=minimum, below=below, maximum=maximum)
         return value
@@ -128,7 +148,8 @@ def number_list(
             and (minimum is None or v >= minimum)
             and (maximum is None or v <= maximum)
         ):
-            raise ValueError(f"{name}[{i}] {v!r}: must be a finite number {' and '.join(limits)}".rstrip())
+            must = f"must be a finite number {' and '.join(limits)}".rstrip()
+            raise ValueError(f"{name}[{i}] {v!r}: {must}{text_number(v)}")
     return [float(v) for v in values]
 
 
@@ -158,11 +179,16 @@ def params_path(path: str | Path | None = None) -> Path:
     return Path(env)
 
 
+def params_origin(path: str | Path | None) -> str:
+    """ " ($PARS_PARAMS)" when params_path(path) comes from that variable (a stale one is named), else ""."""
+    return " ($PARS_PARAMS)" if not path and os.environ.get("PARS_PARAMS") else ""
+
+
 def load_params(section: str, path: str | Path | None = None) -> Section:
     """Return the `section` of the params file (params_path: default `params.yaml`, or $PARS_PARAMS)."""
-    path = params_path(path)
+    given, path = path, params_path(path)
     if not path.exists():
-        raise FileNotFoundError(f"params file not found: {path}")
+        raise FileNotFoundError(f"params file not found: {path}{params_origin(given)}")
     data = read_yaml(path)
     if not isinstance(data, dict):
         raise PARSError(
@@ -176,12 +202,36 @@ def load_params(section: str, path: str | Path | None = None) -> Section:
     return as_section(value or {}, f"{path}: {section}")
 
 
+class UniqueKeyLoader(yaml.SafeLoader):
+    """yaml.SafeLoader refusing a key written twice in one mapping: PyYAML would keep the last one
+    silently, while ruamel, which DVC reads params with, refuses the file."""
+
+    def construct_mapping(self, node, deep=False):
+        if isinstance(node, yaml.MappingNode):
+            first: dict[Any, int] = {}  # key -> the line it is first on
+            for key_node, _ in node.value:
+                if key_node.tag == "tag:yaml.org,2002:merge":  # `<<: *base`: its keys may be overridden
+                    continue
+                key = self.construct_object(key_node, deep=True)
+                try:
+                    repeated = key in first
+                except TypeError:  # an unhashable key: the base class says so
+                    continue
+                if repeated:
+                    raise yaml.constructor.ConstructorError(
+                        None, None, f"key {key!r} written twice, first on line {first[key]}", key_node.start_mark
+                    )
+                first[key] = key_node.start_mark.line + 1
+        return super().construct_mapping(node, deep=deep)
+
+
 def read_yaml(path: str | Path) -> Any:
-    """A YAML file's content (None when empty); a syntax error is one line naming the file and line."""
+    """A YAML file's content (None when empty); a syntax error or a repeated key is one line naming
+    the file and line. Every params and profile file is read here."""
     path = Path(path)
     try:
         with path.open(encoding="utf-8") as fh:
-            return yaml.safe_load(fh)
+            return yaml.load(fh, Loader=UniqueKeyLoader)
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark
         where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark is not None else str(path)

@@ -56,10 +56,11 @@ def assign_split(pid: str, fractions: dict[str, float]) -> str:
 COMMON_OPTIONS = ("cap", "dataset", "source", "splits")
 
 
-def source_options(name: str, options: Any, where: str) -> tuple[str, dict]:
+def source_options(name: str, options: Any, where: str, machine: bool = True) -> tuple[str, dict]:
     """(source kind, options for it) of a prepare.sources entry, or one line naming the entry and
     what is wrong: an unknown source or option (a misspelling), a missing one, a cap or limit that is
-    not a count, a dataset name that is not a string.
+    not a count, a dataset name that is not a string; with `machine`, a jsonl file this machine lacks
+    (`pars profile` checks without: the file may live where the pipeline runs).
 
     `{mine: {path: prompts.jsonl}}` is a file of the user's own (the `jsonl` source)."""
     if options is None:
@@ -95,7 +96,10 @@ def source_options(name: str, options: Any, where: str) -> tuple[str, dict]:
         raise PARSError(f"{where}.limit {limit!r}: must be a whole number >= 1, or null for all")
     splits = options.get("splits")
     if splits is not None and (
-        not isinstance(splits, list) or not splits or not set(splits) <= {"train", "val", "test"}
+        not isinstance(splits, list)
+        or not splits
+        or not all(isinstance(s, str) for s in splits)
+        or not set(splits) <= {"train", "val", "test"}
     ):
         raise PARSError(f"{where}: splits {splits!r} is not a list of train, val, test (or null for all)")
     for option in takes:  # the source's own options other than limit (path, text_field, repo) are strings
@@ -104,7 +108,7 @@ def source_options(name: str, options: Any, where: str) -> tuple[str, dict]:
             continue
         if not isinstance(value, str) or not value:
             raise PARSError(f"{where}.{option} {value!r}: must be a non-empty string")
-    if kind == "jsonl":  # found now, before any entry is loaded
+    if kind == "jsonl" and machine:  # found now, before any entry is loaded
         path = Path(options["path"])
         if path.is_dir():
             raise PARSError(f"{where}.path {path}: is a directory, not a JSONL file of prompts")

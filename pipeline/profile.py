@@ -26,7 +26,7 @@ from typing import Any
 import yaml
 
 from pipeline.errors import PARSError
-from pipeline.params import Section, as_section, params_path, read_yaml
+from pipeline.params import Section, as_section, params_origin, params_path, read_yaml
 from pipeline.ranking.predictors import evaluated_predictors, names
 
 
@@ -82,8 +82,9 @@ def check_merged(merged: dict, base: dict, where: str) -> None:
     """Every section of the merged params as its stage checks it, before anything is written: a
     profile's `lrr`, `lr: -1` or `models: llama` would otherwise write a params file that the stage
     refuses only when it runs. Only what the params decide (machine=False). Sections whose stage
-    checks its params only with its data (prepare, sim_fidelity) get _like_base."""
-    from pipeline import blend, capacity, engine_fit, evaluate, export, generate, pairs, simulate, train
+    checks its params only with its data (prepare, sim_fidelity) get _like_base, and each entry of
+    prepare.sources prepare's own check (source_options, without the files this machine has)."""
+    from pipeline import blend, capacity, engine_fit, evaluate, export, generate, pairs, prepare, simulate, train
     from pipeline.ranking.losses import METHODS
 
     # machine=False: what a check would ask this machine (the hub, its accelerator, files that later
@@ -111,6 +112,9 @@ def check_merged(merged: dict, base: dict, where: str) -> None:
             checks[name](section)
         elif name in ("prepare", "sim_fidelity") and isinstance(base.get(name), dict):
             _like_base(section, base[name])
+        if name == "prepare" and isinstance(section.get("sources"), dict):  # each entry as the stage checks it
+            for source, options in section["sources"].items():
+                prepare.source_options(source, options, f"{section.where}.sources.{source}", machine=False)
         # materialize: its keys are model names; the stage checks each entry before converting any
 
 
@@ -240,6 +244,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     # the file the other commands read (pipeline.params.load_params): switch that one
     params = str(params_path(args.params))
+    if not Path(params).is_file() and params_origin(args.params):  # a stale $PARS_PARAMS, named
+        raise FileNotFoundError(f"params file {params}{params_origin(args.params)} does not exist")
     merged = apply_profile(args.profile, params)
     dvc_yaml = Path(params).with_name("dvc.yaml")
     also = f"; evaluate's model deps in {dvc_yaml} follow it" if dvc_yaml.is_file() else ""

@@ -100,7 +100,20 @@ def load_requests(
         if "/" in str(train_model):  # "<train model>/<method>": another method's scores (e.g. a blend)
             train_model, method = str(train_model).split("/", 1)
         mine = sc[(sc.train_model == train_model) & (sc.method == method)]
-        col = mine.drop_duplicates("prompt_id").set_index("prompt_id")["score"]
+        # a second score of a prompt or a NaN would otherwise rank it silently (first row kept) or fail unnamed
+        twice = mine.prompt_id[mine.prompt_id.duplicated()]
+        if len(twice):
+            raise PARSError(
+                f"{path}: train_model={train_model} method={method} scores prompt_id {twice.iloc[0]!r} "
+                "more than once"
+            )
+        bad = mine[~np.isfinite(mine.score.to_numpy(np.float64))]
+        if len(bad):
+            raise PARSError(
+                f"{path}: train_model={train_model} method={method} has a non-finite score "
+                f"({bad.score.iloc[0]}) for prompt_id {bad.prompt_id.iloc[0]!r}"
+            )
+        col = mine.set_index("prompt_id")["score"]
         missing = scores.index.difference(col.index)
         if col.empty:
             notes.append(f"{path} has no {method} scores for train_model={train_model}: policy {policy} skipped")
@@ -253,11 +266,13 @@ def check_params(p: dict[str, Any], where: str) -> None:
         number(load, f"poisson_loads[{i}]", positive=True)
     for i, sigma in enumerate(curve.get("noise_sigma") or []):
         number(sigma, f"quality_curve.noise_sigma[{i}]", positive=False)
-    if curve and curve.get("workload") not in (p.get("workloads") or {}):
+    if curve and (not isinstance(curve.get("workload"), str) or curve["workload"] not in workloads):
         raise PARSError(
             f"{where}.quality_curve.workload {curve.get('workload')!r} is not one of "
             f"simulate.workloads {sorted(p.get('workloads') or {})}"
         )
+    if not p["policies"]:  # would run fcfs alone (always added) and compare nothing; [fcfs] says so on purpose
+        raise PARSError(f"{where}.policies []: expected a list of policies to compare (known: {', '.join(POLICIES)})")
     unknown = sorted(str(x) for x in set(map(str, p["policies"])) - set(POLICIES))
     if unknown:
         raise PARSError(f"{where}.policies: unknown policy {unknown[0]!r} (known: {', '.join(POLICIES)})")
@@ -584,10 +599,10 @@ def print_table(name: str, w: dict[str, Any], scenario: str) -> None:
     for p in ORDER:
         if p in rows:
             r = rows[p]
+            gap = f"{r['gap_mean_to_oracle']:+9.1%}" if "gap_mean_to_oracle" in r else f"{'–':>9s}"  # no oracle run
             print(
                 f"{p:10s} {r['mean_per_token_latency']:9.4f} {r['p90_per_token_latency']:9.4f} "
-                f"{r['speedup_mean_over_fcfs']:7.2f}x {r['speedup_p90_over_fcfs']:7.2f}x "
-                f"{r.get('gap_mean_to_oracle', float('nan')):+9.1%}"
+                f"{r['speedup_mean_over_fcfs']:7.2f}x {r['speedup_p90_over_fcfs']:7.2f}x {gap}"
             )
 
 

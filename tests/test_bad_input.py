@@ -504,3 +504,12 @@ def test_checkpoint_files_honour_the_umask(tmp_path, tiny_bert_config, tokenizer
         os.umask(old)
     modes = {p.name: p.stat().st_mode & 0o777 for p in ckpt.iterdir() if p.is_file()}
     assert "model.safetensors" in modes and set(modes.values()) == {0o644}, modes
+
+
+@pytest.mark.parametrize("name", ["", "  "])
+def test_a_blank_encoder_name_is_refused_not_read_as_the_working_directory(name):
+    from pipeline.errors import PARSError
+    from pipeline.ranking.model import load_tokenizer
+
+    with pytest.raises(PARSError, match="blank; name an encoder"):
+        load_tokenizer(name)

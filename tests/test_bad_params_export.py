@@ -61,6 +61,24 @@ def test_export_ranking_file_is_named(capsys, tmp_path, blob, named):
     assert not (tmp_path / "export").exists()
 
 
+@pytest.mark.parametrize(
+    "blob, named",
+    [("[]", "pars.json holds a JSON list, not an object"), ('"x"', "pars.json holds a JSON str, not an object")],
+)
+def test_export_source_pars_json_that_is_not_an_object_is_named(capsys, tmp_path, blob, named):
+    src = tmp_path / "models" / "recorded" / "pairwise"
+    for name in ("model.safetensors", "config.json"):
+        write(src / name, "{}")
+    write(src / "pars.json", blob)
+    ranking, prompts = write(tmp_path / "ranking.json", "{}"), write(tmp_path / "prompts.parquet", "")
+    rc, _, err = run_cli(
+        capsys, "export", "--params", PARAMS, "--ranking", ranking, "--prompts", prompts,
+        "--out", tmp_path / "export", "--models", tmp_path / "models",
+    )  # fmt: skip
+    assert named in one_line_error(rc, err, "export", src)
+    assert not (tmp_path / "export").exists()
+
+
 # ---------------------------------------------------------------- report
 
 

@@ -79,6 +79,8 @@ TRAIN_BAD = [
     ({"lightning.num_nodes": 0}, "train.lightning.num_nodes"),
     ({"lightning.precision": "bf61"}, "train.lightning.precision"),
     ({"encoder": "no such encoder"}, "train.encoder"),
+    ({"encoder": ""}, "train.encoder"),  # Path("") is ".", which exists
+    ({"encoder": "  "}, "train.encoder"),
 ]
 
 

@@ -189,6 +189,30 @@ def test_blend_settings_and_lexical_meta_are_checked(toy_models):
             Scorer.from_pretrained(dst)
 
 
+def test_a_source_whose_pars_json_is_not_what_blend_reads_is_refused(toy_models, monkeypatch):
+    from pipeline.serving.scorer import Scorer
+
+    monkeypatch.setattr(Scorer, "score", lambda *a, **k: pytest.fail("scored a checkpoint it should refuse"))
+    meta_file = toy_models / "models/toy/pairwise" / META
+    meta = json.loads(meta_file.read_text())
+    for bad, match in (
+        ([], "pars.json holds a JSON list, not an object"),
+        ({**meta, "trained_on": ["toy"]}, r"pars.json trained_on \['toy'\]: expected a mapping"),
+        ({**meta, "trained_on": {"members": "toy"}}, "pars.json trained_on.members 'toy': expected a list"),
+    ):
+        meta_file.write_text(json.dumps(bad))
+        with pytest.raises(CheckpointError, match=match):
+            _blend(toy_models)
+    assert not (toy_models / "models/toy/pairwise+tfidf").exists()
+
+
+def test_a_decoder_head_that_is_not_a_name_is_named():
+    from pipeline.blend import decoder_settings
+
+    with pytest.raises(ValueError, match=r"blend.decoder.head \['pairwise'\]: expected one of"):
+        decoder_settings(_decoder_settings("models/base/x", head=["pairwise"]), machine=False)
+
+
 def test_evaluate_names_blended_predictors_as_model_and_method():
     from pipeline.errors import PARSError
     from pipeline.ranking.predictors import evaluated_predictors

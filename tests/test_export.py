@@ -109,6 +109,23 @@ def test_export_refuses_corrupt_source_and_missing_metrics(trained):
         _export(trained)
 
 
+@pytest.mark.parametrize(
+    "change, match",
+    [
+        (lambda meta: [], "pars.json holds a JSON list, not an object"),
+        (lambda meta: {**meta, "trained_on": ["m"]}, r"pars.json trained_on \['m'\]: expected a mapping"),
+        (lambda meta: {**meta, "trained_on": {"members": "m"}}, "pars.json trained_on.members 'm': expected a list"),
+        (lambda meta: {**meta, "trained_on": {"model": 5}}, "pars.json trained_on.model 5: expected a model name"),
+    ],
+)
+def test_export_refuses_a_source_pars_json_of_the_wrong_shape(trained, change, match):
+    meta_file = trained / "models/m/pairwise" / META
+    meta_file.write_text(json.dumps(change(json.loads(meta_file.read_text()))))
+    with pytest.raises(CheckpointError, match=match):
+        _export(trained)
+    assert not (trained / "models/export").exists()
+
+
 def test_an_export_that_fails_its_acceptance_test_leaves_the_previous_one(trained, tiny_ranker, tokenizer):
     import torch
 

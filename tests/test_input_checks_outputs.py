@@ -162,6 +162,30 @@ def test_report_refuses_a_bool_number_and_a_zero_latency(capsys, report_dir):
     assert run_cli(capsys, "report", "--ranking", "ranking.json", "--out", page)[0] == 0
 
 
+@pytest.mark.parametrize(
+    "name, edit, named",
+    [
+        ("engine_bench", lambda d: d["pars"].update(overhead_fraction=-1), "pars.overhead_fraction -1"),
+        ("engine_bench", lambda d: d["pars"].pop("overhead_fraction"), "pars.overhead_fraction: missing"),
+        ("engine_bench", lambda d: d["oracle"].update(scoring_fraction=1.5), "oracle.scoring_fraction 1.5"),
+        ("scheduler_overhead", lambda d: d.update(max_pars_s_per_schedule="0.01"), "max_pars_s_per_schedule '0.01'"),
+        ("scheduler_overhead", lambda d: d["modes"]["inline"].update(mean_pars_s_per_schedule=-0.5), "inline.mean"),
+        ("capacity", lambda d: d.clear(), "setting.M: missing"),
+        ("capacity", lambda d: d["workloads"]["1:1"].update(mu_measured=math.inf), "workloads.1:1.mu_measured inf"),
+    ],
+)
+def test_report_refuses_a_damaged_share_time_or_capacity_naming_file_and_key(capsys, report_dir, name, edit, named):
+    """A share of -100 % listed as a target met, `M = None`, or a failure naming no file: each one line."""
+    data = json.loads((METRICS / f"{name}.json").read_text())
+    edit(data)
+    (report_dir / f"metrics/{name}.json").write_text(json.dumps(data))
+    rc, _, err = run_cli(capsys, "report", "--ranking", "ranking.json", "--out", "page.md")
+    assert named in one_line_error(rc, err, "report", f"metrics/{name}.json")
+    assert not (report_dir / "page.md").exists()
+    shutil.copy(METRICS / f"{name}.json", report_dir / f"metrics/{name}.json")
+    assert run_cli(capsys, "report", "--ranking", "ranking.json", "--out", "page.md")[0] == 0
+
+
 def test_report_refuses_a_tau_b_outside_its_range(capsys, report_dir):
     """A damaged ranking file would print `| chatgpt | 7.500 |`: refused naming the key."""
     ranking = json.loads((report_dir / "ranking.json").read_text())

@@ -66,6 +66,25 @@ def _damage_generations(root: Path) -> None:
     (root / "data/generations/m/generations.parquet").write_bytes(b"not parquet")
 
 
+def _second_score(root: Path) -> None:
+    """p000 scored twice by m/pairwise, the second time the other way round: once the first row won."""
+    import pandas as pd
+
+    path = root / "data/scores/scores.parquet"
+    table = pd.read_parquet(path)
+    again = table[(table.prompt_id == "p000") & (table.method == "pairwise")].assign(score=-99.0)
+    pd.concat([table, again]).to_parquet(path, index=False)
+
+
+def _nan_score(root: Path) -> None:
+    import pandas as pd
+
+    path = root / "data/scores/scores.parquet"
+    table = pd.read_parquet(path)
+    table.loc[(table.prompt_id == "p002") & (table.method == "pairwise"), "score"] = float("nan")
+    table.to_parquet(path, index=False)
+
+
 def _negative_length(root: Path) -> None:
     import pyarrow.parquet as pq
 
@@ -88,6 +107,14 @@ def _negative_length(root: Path) -> None:
         ({"policies": None}, None, "simulate.policies None: expected a list"),
         ({"engine__first_token_at_prefill": "false"}, None, "simulate.engine.first_token_at_prefill 'false'"),
         ({"quality_curve": {"workload": "w"}}, None, "simulate.quality_curve.noise_sigma None"),
+        ({"quality_curve": {"workload": ["w"], "noise_sigma": [0.0]}}, None, "simulate.quality_curve.workload ['w']"),
+        ({"policies": []}, None, "simulate.policies []: expected a list of policies to compare"),
+        ({}, _second_score, "scores.parquet: train_model=m method=pairwise scores prompt_id 'p000' more than once"),
+        (
+            {},
+            _nan_score,
+            "scores.parquet: train_model=m method=pairwise has a non-finite score (nan) for prompt_id 'p002'",
+        ),
     ],
 )
 def test_simulate_refuses_bad_input_and_keeps_the_last_outputs(capsys, project, changes, damage, named):
@@ -108,6 +135,15 @@ def test_simulate_replaces_its_plots_and_removes_only_stale_ones(capsys, project
     assert plots["w_latency_cdf.png"].startswith(b"\x89PNG") and "v_speedup_vs_load.png" in plots
     saved = json.loads((project / "metrics/simulation.json").read_text())
     assert set(saved["workloads"]) == {"w", "v"}
+
+
+def test_the_table_marks_the_oracle_gap_missing_without_an_oracle(capsys, project):
+    rc, out, err = run_cli(
+        capsys, "simulate", "--params", _sim_params(project, policies=["fcfs", "pars"]), "--data-root", "data"
+    )
+    assert rc == 0, err
+    rows = [line for line in out.splitlines() if line.startswith(("fcfs ", "pars "))]
+    assert rows and all(line.split()[-1] == "–" for line in rows) and "nan" not in out
 
 
 def test_a_partial_run_does_not_clobber_the_stage_outputs(capsys, project):

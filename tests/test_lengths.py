@@ -97,3 +97,30 @@ def test_lengths_still_refuses_a_partly_stale_folder_and_a_named_stale_one(tmp_p
     rc, _, err = _lengths(capsys, tmp_path)
     line = one_line_error(rc, err, "lengths", tmp_path / "gens" / "llama-3-1-8b" / "generations.parquet")
     assert "1 prompt_id(s) are not in the prompts table" in line and not (tmp_path / "lengths.json").exists()
+
+
+def test_lengths_plot_without_a_suffix_is_refused_before_the_metrics_are_replaced(tmp_path, capsys):
+    _switched(tmp_path)
+    metrics = tmp_path / "lengths.json"
+    metrics.write_text("{}\n")
+    rc, _, err = _lengths(capsys, tmp_path, "--plot", tmp_path / "lplot")
+    line = one_line_error(rc, err, "lengths", f"--plot {tmp_path / 'lplot'}")
+    assert "no suffix" in line and "png" in line
+    assert metrics.read_text() == "{}\n" and not (tmp_path / "lplot").exists()
+
+
+def test_write_figure_names_the_format_rather_than_guessing_it_from_the_temp_name(tmp_path):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from pipeline.contracts import write_figure
+
+    fig, _ = plt.subplots()
+    write_figure(fig, tmp_path / "plain")  # no suffix: matplotlib's default format, as savefig would
+    write_figure(fig, tmp_path / "f.svg")
+    plt.close(fig)
+    assert (tmp_path / "plain").read_bytes().startswith(b"\x89PNG")
+    assert b"<svg" in (tmp_path / "f.svg").read_bytes()[:1000]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["f.svg", "plain"]  # no temp file left

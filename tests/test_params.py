@@ -49,3 +49,65 @@ def test_pars_params_under_dvc_must_be_the_tracked_file(tmp_path, monkeypatch):
     assert load_params("train", "other.yaml")["epochs"] == 9  # an explicit --params is the user's choice
     monkeypatch.setenv("PARS_PARAMS", str(tmp_path / "params.yaml"))  # the tracked file itself
     assert load_params("train")["epochs"] == 2
+
+
+def test_a_number_yaml_reads_as_text_is_refused_saying_why(tmp_path, capsys):
+    """PyYAML reads `3e-4` (no dot) as a string: still refused (DVC's params would see a string too),
+    but the line says why and how to write it."""
+    from helpers import one_line_error, run_cli, write_params
+
+    from pipeline.errors import PARSError
+
+    path = tmp_path / "params.yaml"
+    path.write_text("train:\n  lr: 3e-4\n  warmup: '0.5'\n  lrs: [1.0e-4, 2e-1]\n  name: fast\n")
+    p = load_params("train", path)
+    with pytest.raises(
+        PARSError, match=r"train\.lr '3e-4': must be a number \(YAML reads 3e-4 as text: write 3\.0e-4\)$"
+    ):
+        p.number("lr")
+    with pytest.raises(PARSError, match=r"train\.warmup '0\.5': must be a number \(a quoted string"):
+        p.number("warmup")
+    with pytest.raises(ValueError, match=r"train\.lrs\[1\] '2e-1': .*\(YAML reads 2e-1 as text: write 2\.0e-1\)$"):
+        p.numbers("lrs")
+    with pytest.raises(PARSError, match=r"train\.name 'fast': must be a number$"):  # no note: not a number
+        p.number("name")
+
+    params = write_params(tmp_path / "pairs.yaml")
+    params.write_text(params.read_text().replace("delta: 0.2", "delta: 1e-1"))
+    rc, _, err = run_cli(capsys, "pairs", "--model", "toy", "--params", params, "--data", tmp_path / "no-data")
+    one_line_error(rc, err, "pairs", "pairs.delta '1e-1': must be a number (YAML reads 1e-1 as text: write 1.0e-1)")
+
+
+def test_a_key_written_twice_is_refused_naming_the_file_and_line(tmp_path, capsys):
+    """PyYAML keeps the last of two equal keys silently (ruamel, DVC's reader, refuses the file)."""
+    from helpers import one_line_error, run_cli, write_params
+
+    from pipeline.errors import PARSError
+    from pipeline.params import read_yaml
+
+    params = write_params(tmp_path / "params.yaml")
+    text = params.read_text()
+    params.write_text(text.replace("  delta: 0.2\n", "  delta: 0.2\n  delta: 0.3\n"))
+    line = text.splitlines().index("  delta: 0.2") + 2
+    rc, _, err = run_cli(capsys, "pairs", "--model", "toy", "--params", params, "--data", tmp_path / "no-data")
+    one_line_error(
+        rc, err, "pairs", f"{params}:{line}:3: not valid YAML (key 'delta' written twice, first on line {line - 1})"
+    )
+
+    flow = tmp_path / "flow.yaml"
+    flow.write_text("train: {lr: 0.1, lr: 0.2}\n")
+    with pytest.raises(PARSError, match=rf"{flow}:1:\d+: not valid YAML \(key 'lr' written twice"):
+        read_yaml(flow)
+    # equal keys in different mappings, and a key overriding one merged in with `<<`, are fine
+    ok = tmp_path / "ok.yaml"
+    ok.write_text("a: &base {x: 1, y: 2}\nb:\n  <<: *base\n  x: 3\nc: {x: 1}\n")
+    assert read_yaml(ok) == {"a": {"x": 1, "y": 2}, "b": {"x": 3, "y": 2}, "c": {"x": 1}}
+
+
+def test_a_stale_pars_params_is_named(tmp_path, monkeypatch):
+    monkeypatch.delenv("DVC_STAGE", raising=False)
+    monkeypatch.setenv("PARS_PARAMS", str(tmp_path / "nope.yaml"))
+    with pytest.raises(FileNotFoundError, match=r"params file not found: .*nope\.yaml \(\$PARS_PARAMS\)$"):
+        load_params("train")
+    with pytest.raises(FileNotFoundError, match=r"params file not found: .*other\.yaml$"):  # --params: no mention
+        load_params("train", tmp_path / "other.yaml")

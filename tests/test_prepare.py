@@ -222,6 +222,11 @@ def test_a_prompt_file_of_ones_own_needs_only_its_path(tmp_path):
         (750, "prepare.sources.mine: expected a mapping of options"),
         ({"path": "x.jsonl", "splits": ["trian"]}, "prepare.sources.mine: splits ['trian'] is not a list of train"),
         ({"path": "x.jsonl", "splits": "train"}, "prepare.sources.mine: splits 'train' is not a list of train"),
+        # a YAML slip, `splits: [train, val: 0.1]`: once an unhashable-type crash
+        (
+            {"path": "x.jsonl", "splits": ["train", {"val": 0.1}]},
+            "prepare.sources.mine: splits ['train', {'val': 0.1}] is not a list of train",
+        ),
         ({"path": "x.jsonl", "dataset": ""}, "prepare.sources.mine.dataset '': must be a non-empty string"),
         ({"path": "x.jsonl", "dataset": 5}, "prepare.sources.mine.dataset 5: must be a non-empty string"),
         ({"path": "x.jsonl", "dataset": None}, "prepare.sources.mine.dataset None: must be a non-empty string"),

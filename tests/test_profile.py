@@ -237,3 +237,49 @@ def test_cli_switches_the_params_file_the_other_commands_read(capsys, tmp_path, 
     assert run_cli(capsys, "profile", "profile.yaml", "--params", flag_params)[0] == 0
     assert yaml.safe_load(flag_params.read_text())["export"]["name"] == "pars-y"
     assert yaml.safe_load(env_params.read_text())["export"]["name"] == "pars-x"
+
+
+@pytest.mark.parametrize(
+    "profile, named",
+    [
+        # prepare checks its sources only as it reads them: each entry is checked here as it checks it first
+        ("prepare: {sources: {sharegpt: {cap: lots}}}\n", "prepare.sources.sharegpt: cap 'lots' is not a number"),
+        ("prepare: {sources: {sharegpt: {capp: 5}}}\n", "prepare.sources.sharegpt: unknown option 'capp'"),
+        ('train: {encoder: ""}\n', "train.encoder '': blank"),
+        ("train: {epochs: 1}\ntrain: {epochs: 2}\n", "p.yaml:2:1: not valid YAML (key 'train' written twice"),
+    ],
+)
+def test_profile_refuses_what_prepare_or_train_would_refuse(capsys, tmp_path, profile, named):
+    from helpers import one_line_error, run_cli
+
+    params = _copy_params(tmp_path)
+    (tmp_path / "p.yaml").write_text(profile)
+    rc, _, err = run_cli(capsys, "profile", tmp_path / "p.yaml", "--params", params)
+    one_line_error(rc, err, "profile", named)
+    assert params.read_bytes() == (ROOT / "params.yaml").read_bytes()
+
+
+def test_profile_names_a_stale_pars_params(capsys, tmp_path, monkeypatch):
+    from helpers import one_line_error, run_cli
+
+    (tmp_path / "p.yaml").write_text("export: {name: pars-x}\n")
+    monkeypatch.delenv("DVC_STAGE", raising=False)
+    monkeypatch.setenv("PARS_PARAMS", str(tmp_path / "nope.yaml"))
+    rc, _, err = run_cli(capsys, "profile", tmp_path / "p.yaml")
+    one_line_error(rc, err, "profile", f"{tmp_path / 'nope.yaml'} ($PARS_PARAMS) does not exist")
+
+
+def test_profile_takes_a_prompt_file_this_machine_lacks_and_prepare_still_checks_it(capsys, tmp_path):
+    """A profile is often written where the pipeline does not run: its jsonl source's file need not
+    exist here, though a misspelt option of that source is still refused."""
+    from helpers import one_line_error, run_cli
+
+    params = _copy_params(tmp_path)
+    (tmp_path / "p.yaml").write_text("prepare:\n  sources:\n    mine: {path: /cluster/prompts.jsonl}\n")
+    rc, _, err = run_cli(capsys, "profile", tmp_path / "p.yaml", "--params", params)
+    assert rc == 0, err
+    rc, _, err = run_cli(capsys, "prepare", "--params", params, "--out", tmp_path / "prompts")
+    one_line_error(rc, err, "prepare", "/cluster/prompts.jsonl: does not exist")
+    (tmp_path / "q.yaml").write_text("prepare:\n  sources:\n    mine: {path: /cluster/prompts.jsonl, capp: 5}\n")
+    rc, _, err = run_cli(capsys, "profile", tmp_path / "q.yaml", "--params", _copy_params(tmp_path / "q"))
+    one_line_error(rc, err, "profile", "capp")

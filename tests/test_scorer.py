@@ -39,6 +39,22 @@ def test_scores_independent_of_batching_and_order(tiny_checkpoint):
         scorer.score(["ok", None])
 
 
+@pytest.mark.parametrize("bad", [0, -1, 2.5, True])
+def test_a_batch_size_override_below_one_is_refused_never_the_default(tiny_checkpoint, bad):
+    """score(..., batch_size=0) used to fall back to the scorer's own 32 (0 is falsy) and score."""
+    from pipeline.serving.scorer import score_together
+
+    scorer = Scorer.from_pretrained(tiny_checkpoint)
+    with pytest.raises(ValueError, match="batch_size"):
+        scorer.score(TEXTS, batch_size=bad)
+    with pytest.raises(ValueError, match="batch_size"):
+        list(scorer.score_parts(TEXTS, batch_size=bad))
+    # one scorer alone, and two that share their layers (scored in one pass)
+    for scorers in ([scorer], [scorer, Scorer.from_pretrained(tiny_checkpoint)]):
+        with pytest.raises(ValueError, match="batch_size"):
+            score_together(scorers, TEXTS, batch_size=bad)
+
+
 def test_long_prompts_are_truncated_to_max_length(tiny_checkpoint):
     scorer = Scorer.from_pretrained(tiny_checkpoint)
     assert scorer.max_length == 64

@@ -116,6 +116,10 @@ def read_meta(path: str | Path, verify_hash: bool = True) -> dict[str, Any]:
         meta = json.loads((path / META).read_text(encoding="utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise CheckpointError(f"checkpoint {path}: {META} is not valid JSON ({exc})") from exc
+    except RecursionError:
+        raise CheckpointError(f"checkpoint {path}: {META} is not valid JSON (nested too deeply)") from None
+    if not isinstance(meta, dict):
+        raise CheckpointError(f"checkpoint {path}: {META} holds a JSON {type(meta).__name__}, not an object")
     version = meta.get("format_version")
     if version != FORMAT_VERSION:
         raise CheckpointError(
@@ -129,6 +133,22 @@ def read_meta(path: str | Path, verify_hash: bool = True) -> dict[str, Any]:
                 f"({str(meta.get('weights_sha256'))[:12]}…); the weights are corrupt or were replaced"
             )
     return meta
+
+
+def read_trained_on(path: str | Path, meta: dict[str, Any]) -> dict[str, Any]:
+    """pars.json's `trained_on` ({} when absent), or CheckpointError when it, its `model` or its
+    `members` (what export and blend read) has the wrong type."""
+    trained_on = meta.get("trained_on") or {}
+    if not isinstance(trained_on, dict):
+        raise CheckpointError(f"checkpoint {path}: {META} trained_on {trained_on!r}: expected a mapping")
+    model, members = trained_on.get("model"), trained_on.get("members")
+    if model is not None and (not isinstance(model, str) or not model):
+        raise CheckpointError(f"checkpoint {path}: {META} trained_on.model {model!r}: expected a model name")
+    if members is not None and (not isinstance(members, list) or not all(isinstance(m, str) and m for m in members)):
+        raise CheckpointError(
+            f"checkpoint {path}: {META} trained_on.members {members!r}: expected a list of model names"
+        )
+    return trained_on
 
 
 def check_destination(src: Path, dst: Path) -> None:

@@ -265,7 +265,8 @@ def load_tokenizer(name_or_path: str | os.PathLike):
     vocab.txt loads as an empty vocabulary) is a PARSError naming the directory, before any prompt."""
     from transformers import AutoTokenizer
 
-    path = resolve_encoder(str(name_or_path)) if not Path(name_or_path).exists() else str(name_or_path)
+    name = str(name_or_path)
+    path = name if name.strip() and Path(name).exists() else resolve_encoder(name)  # Path("") is the cwd
     try:
         tokenizer = AutoTokenizer.from_pretrained(path)
     except (OSError, ValueError) as exc:  # a cut JSON file: the message names no file

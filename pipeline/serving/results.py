@@ -29,6 +29,22 @@ def is_finite_number(x: Any) -> bool:
     return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
 
 
+def checked_number(data: Any, *keys: str, low: float = 0.0, high: float = math.inf, optional: bool = False) -> Any:
+    """The figure at `keys` of a metrics file's `data`: a finite number from `low` to `high`, or None
+    where it is absent and `optional`. Else ValueError naming the key (`pars report` names the file):
+    a damaged figure is refused, never shown as a result."""
+    value = nested_value(data, *keys)
+    if value is None and optional:
+        return None
+    where = ".".join(keys)
+    bounds = f"from {low:g} to {high:g}" if high < math.inf else f">= {low:g}"
+    if value is None:
+        raise ValueError(f"{where}: missing (must be a finite number {bounds})")
+    if not is_finite_number(value) or not low <= value <= high:
+        raise ValueError(f"{where} {value!r}: must be a finite number {bounds}")
+    return value
+
+
 def fmt_ms(seconds: Any) -> str:
     """Seconds as milliseconds, with as many decimals as the size needs."""
     if not is_finite_number(seconds):
@@ -307,8 +323,11 @@ def engine_section(bench: dict, label: str) -> list[str]:
             if isinstance(r[key], bool) or not isinstance(r[key], (int, float)) or not 0 < r[key] < math.inf:
                 raise ValueError(f"{policy}.{key} {r[key]!r}: must be a finite number of seconds > 0")
         ratio = fcfs / r["mean_per_token_latency"] if fcfs else None
-        over = fmt_num(100 * r["overhead_fraction"], ".3f") + " %" if "overhead_fraction" in r else "–"
-        scoring = fmt_num(100 * r["scoring_fraction"], ".1f") + " %" if "scoring_fraction" in r else "–"
+        # shares of the wall time, written for the policies PARS's scheduler runs (PARS's own: a target)
+        over = checked_number(bench, policy, "overhead_fraction", high=1, optional=policy != "pars")
+        scoring = checked_number(bench, policy, "scoring_fraction", high=1, optional=True)
+        over = fmt_num(100 * over, ".3f") + " %" if over is not None else "–"
+        scoring = fmt_num(100 * scoring, ".1f") + " %" if scoring is not None else "–"
         lines.append(
             f"| {policy} | {fmt_num(r['mean_per_token_latency'], '.4f')} "
             f"| {fmt_num(r['p90_per_token_latency'], '.4f')} | {fmt_num(r['mean_ttft'], '.2f')} "
@@ -372,6 +391,11 @@ def _step(model: dict) -> str:
 def overhead_section(over: dict, label: str, target_s: float) -> list[str]:
     """The scheduler stall by scoring mode; `target_s`: the most PARS time one schedule() call may take."""
     modes = over.get("modes", {})
+    checked_number(over, "max_pars_s_per_schedule")  # the measured mode's longest call: the summary's figure
+    for mode in modes:  # every time in seconds (inline scoring writes no p99)
+        for key in ("max_pars_s_per_schedule", "mean_pars_s_per_schedule", "seconds_until_all_scored"):
+            checked_number(over, "modes", mode, key)
+        checked_number(over, "modes", mode, "p99_pars_s_per_schedule", optional=True)
     lines = [
         "## Scheduler stall: arrivals at once at vLLM's `Scheduler` (`metrics/scheduler_overhead.json`, "
         "`python benchmarks/scheduler_overhead.py`)",
@@ -452,6 +476,15 @@ def capacity_section(cap: dict[str, Any], labels: dict[str, str], serving: dict[
     """μ against the simulator and the engine, the queue above μ, the replica plans; which engine
     each row ran (`labels`, from engine_labels of the `serving` metrics)."""
     setting = cap.get("setting", {})
+    # the figures the stage writes, each a number in its range: a missing or damaged one is refused, never
+    # shown as "None" (the engine row's optional ones are absent from the simulator rows)
+    for key in ("M", "chunk", "step_time", "requests_per_point"):
+        checked_number(cap, "setting", key)
+    for name in cap.get("workloads", {}):
+        for key in ("mu_theory", "mu_measured", "gap"):
+            checked_number(cap, "workloads", name, key)
+        for key in ("stable_below", "mu_simulated", "mu_theory_vllm_accounting", "gap_vllm_accounting"):
+            checked_number(cap, "workloads", name, key, optional=True)
     reported = cap.get("document_reported_gap") or {}
     sim_engine = nested_value(serving.get("simulation"), "engine") or {}
     same = all(sim_engine.get(k) == setting.get(k) for k in ("M", "chunk", "max_num_seqs")) and sim_engine
@@ -487,12 +520,12 @@ def capacity_section(cap: dict[str, Any], labels: dict[str, str], serving: dict[
     ]
     for name, w in cap.get("workloads", {}).items():
         # a row measured at other settings (the engine's) carries its own M and step time
-        M = w.get("M", setting.get("M"))
-        b = w["step_time"]["mean_s"] if "step_time" in w else setting.get("step_time")
+        M = checked_number(cap, "workloads", name, "M") if "M" in w else setting["M"]
+        b = checked_number(cap, "workloads", name, "step_time", "mean_s") if "step_time" in w else setting["step_time"]
         lines.append(
             f"| {name}: {w.get('workload')} | {fmt_num(M, ',')} | {fmt_num(b, '.3g')} | "
-            f"{fmt_num(w.get('mu_theory'))} | {fmt_num(w.get('stable_below'))} | {fmt_num(w.get('mu_measured'))} | "
-            f"{fmt_num(100 * w['gap'], '.2f') + ' %' if 'gap' in w else '–'} | {w.get('measured_by', '')} |"
+            f"{fmt_num(w['mu_theory'])} | {fmt_num(w.get('stable_below'))} | {fmt_num(w['mu_measured'])} | "
+            f"{fmt_num(100 * w['gap'], '.2f')} % | {w.get('measured_by', '')} |"
         )
     engine = cap.get("workloads", {}).get("engine") or {}
     if engine.get("mu_simulated") is not None:

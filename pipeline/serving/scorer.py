@@ -341,7 +341,7 @@ class Scorer:
 
         ids = self.encode(texts)
         for rows, input_ids, attention_mask in _length_sorted_batches(
-            ids, self.pad_id, int(batch_size or self.batch_size), progress
+            ids, self.pad_id, self.batch_size if batch_size is None else batch_size, progress
         ):
             with torch.inference_mode(), self.autocast():
                 scores = self.model(input_ids=input_ids.to(self.device), attention_mask=attention_mask.to(self.device))
@@ -499,7 +499,7 @@ def score_together(
             continue
         lead = scorers[members[0]]
         for rows, input_ids, attention_mask in _length_sorted_batches(
-            ids[members[0]], lead.pad_id, int(batch_size or lead.batch_size), progress
+            ids[members[0]], lead.pad_id, lead.batch_size if batch_size is None else batch_size, progress
         ):
             input_ids, attention_mask = input_ids.to(lead.device), attention_mask.to(lead.device)
             with torch.inference_mode(), lead.autocast():
