@@ -47,6 +47,16 @@ def test_engine_bench_refuses_a_request_short_of_its_tokens(bench):
         eb.check_token_counts("pars", {"0": 5, "1": 3}, {"0": 5, "1": 7})
 
 
+@pytest.mark.parametrize("n", ["0", "-1"])
+def test_engine_bench_refuses_fewer_than_one_prompt_naming_the_flag(bench, capsys, n):
+    eb = bench("engine_bench")
+    assert eb.parse_args(["--num-prompts", "1"]).num_prompts == 1
+    with pytest.raises(SystemExit) as exc:  # not the whole split (hours of vLLM)
+        eb.parse_args(["--num-prompts", n])
+    assert exc.value.code == 2
+    assert f"argument --num-prompts: must be at least 1, got {n}" in capsys.readouterr().err
+
+
 # -- engine_draws ----------------------------------------------------------------------------------
 def test_engine_draws_unscored_requests_wait_at_the_typical_score(bench, monkeypatch, tmp_path):
     import transformers
@@ -294,21 +304,56 @@ def test_decoder_head_settings_come_from_params_and_a_missing_section_is_one_lin
 
 
 @pytest.mark.parametrize(
-    "name, flag", [("decoder_features", "--alphas"), ("serving_key", "--gammas"), ("distill_labels", "--layers")]
+    "name, flag",
+    [
+        ("decoder_features", "--alphas"),
+        ("serving_key", "--gammas"),
+        ("distill_labels", "--layers"),
+        ("decoder_prior", "--layers"),
+    ],
 )
 def test_decoder_benchmarks_read_number_lists_and_a_bad_one_is_an_error_naming_its_flag(bench, name, flag, capsys):
-    df = bench("decoder_features")
-    assert df.comma_numbers(int)("8,12, 16,") == [8, 12, 16]
-    assert df.comma_numbers(float)("3e3,1") == [3000.0, 1.0]
+    from pipeline.cli import comma_numbers
+
+    assert comma_numbers(int)("8,12, 16,") == [8, 12, 16]
+    assert comma_numbers(float)("3e3,1") == [3000.0, 1.0]
     argv = ["--out", "unused"] if name == "distill_labels" else []
     with pytest.raises(SystemExit) as exc:  # before anything is read or computed
         bench(name).main([*argv, flag, "8,x"])
     assert exc.value.code == 2
     err = capsys.readouterr().err
     assert f"argument {flag}" in err and "'8,x'" in err and "Traceback" not in err
-    with pytest.raises(SystemExit):  # a layer below 1 is refused by each of the three alike
+    with pytest.raises(SystemExit):  # a layer below 1 is refused by each of them alike
         bench(name).main([*argv, "--layers", "0,8"])
     assert "argument --layers: '0,8': expected comma-separated int values >= 1" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("name, flag", [("decoder_features", "--head-losses"), ("decoder_prior", "--priors")])
+def test_decoder_benchmarks_read_name_lists_and_a_bad_name_is_an_error_naming_its_flag(bench, name, flag, capsys):
+    from pipeline.cli import comma_names
+
+    assert comma_names(("a", "b"))(" b,a,") == ["b", "a"]
+    for bad in ("pairwise,bogus", ","):
+        with pytest.raises(SystemExit) as exc:  # before anything is read or computed
+            bench(name).main([flag, bad])
+        assert exc.value.code == 2
+        err = capsys.readouterr().err
+        assert f"argument {flag}: {bad!r}: expected comma-separated names from" in err and "Traceback" not in err
+
+
+def test_decoder_prior_is_calibrated_to_log_length_on_train_and_applied_to_val(bench):
+    dp = bench("decoder_prior")
+    rng = np.random.default_rng(0)
+    lengths = np.expm1(rng.uniform(1, 6, size=300))
+    score = 2.0 * np.log1p(lengths) - 3.0  # a head whose scale and offset are not log length's
+    train_prior, val_prior, coef = dp.calibrated_prior([score], [np.array([-3.0, 1.0])], lengths)
+    np.testing.assert_allclose(train_prior, np.log1p(lengths), atol=1e-9)
+    np.testing.assert_allclose(coef, [0.5, 1.5], atol=1e-9)
+    np.testing.assert_allclose(val_prior, [0.0, 2.0], atol=1e-9)
+    # a second part that carries nothing new gets no weight beside an exact one
+    noise = rng.normal(size=300)
+    _, _, coef = dp.calibrated_prior([score, noise], [score[:2], noise[:2]], lengths)
+    assert coef[1] == pytest.approx(0.0, abs=1e-9)
 
 
 # -- serving_key -----------------------------------------------------------------------------------
@@ -350,3 +395,60 @@ def test_reader_prefix_cache_agreement_is_one_for_equal_features_and_names_the_l
     moved = mod.agreement(a, np.array([[1.0, 1.0], [0.0, 2.0]]))  # one row turned by 45 degrees
     assert moved["cosine_min"] == round(float(np.sqrt(0.5)), 6) and moved["max_abs_diff_over_max_abs"] == 0.5
     assert mod.main(["--n", "0"]) == 2
+
+
+# -- entry points (pipeline.cli.run_script) --------------------------------------------------------
+@pytest.mark.parametrize(
+    "name, argv, named",
+    [
+        ("val_by_member", ["ck", "--params", "missing.yaml"], "missing.yaml"),
+        ("score_throughput", ["--prompts", "missing.parquet"], "missing.parquet"),
+        ("score_throughput", ["--prompts", "prompts.parquet", "--checkpoint", "broken"], "broken"),
+        ("scorer_int8", ["--prompts-file", "prompts.parquet", "--models", "m", "--checkpoint", "broken"], "broken"),
+        ("scheduler_overhead", ["--prompts", "missing.parquet"], "missing.parquet"),
+        ("scheduler_overhead", ["--prompts", "prompts.parquet", "--served-model", "missing"], "--served-model missing"),
+    ],
+)
+def test_a_benchmark_run_as_a_script_reports_a_missing_file_or_broken_checkpoint_in_one_line(
+    name, argv, named, tmp_path, monkeypatch, capsys
+):
+    import runpy
+    import sys
+
+    import pandas as pd
+
+    monkeypatch.chdir(tmp_path)
+    pd.DataFrame({"prompt_id": ["a"], "prompt": ["hi"], "split": ["test"]}).to_parquet("prompts.parquet")
+    (tmp_path / "broken").mkdir()  # a checkpoint without its pars.json
+    (tmp_path / "broken" / "config.json").write_text("{}")
+    (tmp_path / "data" / "generations" / "m").mkdir(parents=True)
+    (tmp_path / "data" / "generations" / "m" / "generations.parquet").touch()
+    monkeypatch.delenv("PARS_DEBUG", raising=False)
+    monkeypatch.syspath_prepend(str(BENCHMARKS))  # sys.path comes back as it was, the scripts' inserts undone
+    monkeypatch.setattr(sys, "argv", [f"{name}.py", *argv])
+    with pytest.raises(SystemExit) as exc:  # its `if __name__ == "__main__":`
+        runpy.run_path(str(BENCHMARKS / f"{name}.py"), run_name="__main__")
+    assert exc.value.code == 1
+    err = capsys.readouterr().err
+    assert err.startswith(f"{name}: error: ") and named in err
+    assert len(err.splitlines()) == 1 and "Traceback" not in err
+
+
+@pytest.mark.parametrize(
+    "name, flag, bad",
+    [
+        ("score_throughput", "--batch-sizes", ""),
+        ("answer_caps", "--caps", "256,x"),
+        ("reply_targets", "--weights", ","),
+    ],
+)
+def test_benchmark_number_lists_are_argparse_errors_naming_their_flag(bench, name, flag, bad, monkeypatch, capsys):
+    import sys
+
+    module = bench(name)
+    monkeypatch.setattr(sys, "argv", [f"{name}.py", flag, bad])  # answer_caps reads sys.argv
+    with pytest.raises(SystemExit) as exc:  # before anything is read or loaded
+        module.main() if name == "answer_caps" else module.main([flag, bad])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert f"argument {flag}: {bad!r}: expected comma-separated" in err and "Traceback" not in err
