@@ -29,12 +29,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from pipeline.contracts import write_json  # noqa: E402
-from pipeline.params import load_params  # noqa: E402
+from pipeline.params import load_params, read_yaml  # noqa: E402
 from pipeline.profile import deep_merge  # noqa: E402
 
 GPU_LIGHTNING = {"accelerator": "gpu", "devices": 1, "num_nodes": 1, "precision": "32-true", "strategy": "auto"}
@@ -86,7 +84,7 @@ def main(argv: list[str] | None = None) -> int:
     grid_path = Path(args.grid)
     if not grid_path.is_file():
         raise SystemExit(f"train_sweep: grid file {grid_path} not found")
-    grid = yaml.safe_load(grid_path.read_text(encoding="utf-8")) or {}
+    grid = read_yaml(grid_path) or {}  # a syntax error or a key written twice: one line naming file and line
     train = load_params("train", args.params)
     if args.encoder:
         if not Path(args.encoder).is_dir():

@@ -282,3 +282,27 @@ def test_score_models_name_a_method_qualified_checkpoint_as_itself():
         "listwise ranks with the cross-model predictor `recorded/pairwise` (trained on chatgpt and gpt-4-turbo" in text
     )
     assert "the exported serving default" in text and "pairwise+decoder's answers" not in text
+
+
+def test_simulation_section_refuses_a_damaged_burst_or_curve_figure_naming_its_key():
+    """A negative speedup or a τ_b above 1 would be shown as a result (and read by the summary's
+    targets): the key named, the page not rendered."""
+    from pipeline.serving.results import simulation_section
+
+    row = _row(0.1, 0.3, speedup_mean_over_fcfs=4.0, speedup_p90_over_fcfs=3.0, kendall_tau_b=0.42)
+    point = {"kendall_tau_b": 0.5, "speedup_mean_over_fcfs": 2.0, "speedup_p90_over_fcfs": 1.5}
+
+    def sim(pars=row, curve=point):
+        burst = {"pars": pars, "oracle": {**row, "gap_mean_to_oracle": 0.0}}
+        return {"workloads": {"w": {"requests": 2, "scenarios": {"burst_2": burst}, "quality_curve": [curve]}}}
+
+    assert "| pars | 0.420 |" in "\n".join(simulation_section(sim(), "l", {}, None, {}))
+    for damaged, named in (
+        (sim(pars={**row, "speedup_mean_over_fcfs": -1.0}), "scenarios.burst_2.pars.speedup_mean_over_fcfs -1.0"),
+        (sim(pars={**row, "p90_per_token_latency": "0.3"}), "pars.p90_per_token_latency '0.3'"),
+        (sim(pars={**row, "kendall_tau_b": 1.5}), "pars.kendall_tau_b 1.5: must be a finite number from -1 to 1"),
+        (sim(pars={**row, "gap_mean_to_oracle": -2.0}), "pars.gap_mean_to_oracle -2.0"),
+        (sim(curve={**point, "speedup_p90_over_fcfs": None}), "workloads.w.quality_curve[0].speedup_p90_over_fcfs"),
+    ):
+        with pytest.raises(ValueError, match=re.escape(named)):
+            simulation_section(damaged, "l", {}, None, {})

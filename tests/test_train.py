@@ -4,6 +4,7 @@ answer length; the written checkpoint must load in the serving Scorer."""
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import numpy as np
@@ -1086,6 +1087,13 @@ def test_train_sweep_runs_each_setting_once_and_rejects_typos(toy_root, tiny_enc
 
     grid.write_text(yaml.safe_dump({"runs": {"typo": {"overrides": {"learning_rate": 1e-3}}}}))
     with pytest.raises(SystemExit, match="'learning_rate' is not a train param"):
+        sweep.main(argv)
+    from pipeline.errors import PARSError
+
+    grid.write_text("runs:\n  a: {}\n  a: {overrides: {epochs: 1}}\n")  # PyYAML alone would keep the last
+    with pytest.raises(
+        PARSError, match=re.escape(f"{grid}:3:3: not valid YAML (key 'a' written twice, first on line 2)")
+    ):
         sweep.main(argv)
 
 

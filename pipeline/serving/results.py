@@ -273,6 +273,14 @@ def simulation_section(
         for policy in POLICIES:
             if policy in rows:
                 r = rows[policy]
+                # what the summary's targets read: a damaged figure is refused, never shown as a result
+                at = ("workloads", name, "scenarios", burst, policy)
+                for key in ("mean_per_token_latency", "p90_per_token_latency"):
+                    checked_number(sim, *at, key)
+                for key in ("speedup_mean_over_fcfs", "speedup_p90_over_fcfs"):
+                    checked_number(sim, *at, key)
+                checked_number(sim, *at, "kendall_tau_b", low=-1, high=1, optional=True)
+                checked_number(sim, *at, "gap_mean_to_oracle", low=-1, optional=True)  # latency / oracle's - 1
                 lines.append(
                     f"| {policy} | {fmt_num(r.get('kendall_tau_b'), '.3f')} | "
                     f"{fmt_num(r['mean_per_token_latency'], '.4f')} | {fmt_num(r['p90_per_token_latency'], '.4f')} | "
@@ -288,7 +296,11 @@ def simulation_section(
                 "| τ_b of the scores | mean speedup over FCFS | p90 speedup |",
                 "|---|---|---|",
             ]
-            for c in w["quality_curve"]:
+            for i, c in enumerate(w["quality_curve"]):
+                point = f"workloads.{name}.quality_curve[{i}]"  # named as a key: nested_value reads no lists
+                checked_number({point: c}, point, "kendall_tau_b", low=-1, high=1)
+                for key in ("speedup_mean_over_fcfs", "speedup_p90_over_fcfs"):
+                    checked_number({point: c}, point, key)
                 lines.append(
                     f"| {fmt_num(c['kendall_tau_b'], '.2f')} | {fmt_num(c['speedup_mean_over_fcfs'], '.2f')}× | "
                     f"{fmt_num(c['speedup_p90_over_fcfs'], '.2f')}× |"
