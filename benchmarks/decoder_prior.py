@@ -63,8 +63,6 @@ def train_with_prior(variant: str, decoder_score: dict[str, float], data_root: s
     from pipeline.train import train_one
 
     cfg = load_params("train")
-    if not cfg.get("lexical_prior"):
-        sys.exit("decoder_prior: params train.lexical_prior is off; the prior replaces its fit")
     lexical_fit, facts = RankingDataModule.fit_lexical_prior, {}
 
     def fit_prior(self, **kwargs):
@@ -139,7 +137,12 @@ def main(argv: list[str] | None = None) -> int:
         if not Path(path).exists():
             sys.exit(f"decoder_prior: {path} is missing (dvc repro pairs@chatgpt)")
 
-    settings = head_settings()  # read before the slow part
+    from pipeline.params import load_params
+
+    settings = head_settings()  # read before the slow part, as are the two below
+    if not load_params("train").get("lexical_prior"):
+        sys.exit("decoder_prior: params train.lexical_prior is off; the prior replaces its fit")
+    head_datasets = load_params("blend")["decoder"].get("datasets")  # the blend head's prompts (null: all)
     labels = pd.read_parquet(labels_path("chatgpt", args.data))
     prompts = pd.read_parquet(prompts_path(args.data))
     rows = labels[labels["split"].isin(["train", "val"])].merge(
@@ -156,7 +159,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     y = rows["length"].to_numpy(float)
     cut = rows["truncated"].to_numpy(bool)
-    first = ((rows["split"] == "train") & (rows["dataset"] == "sharegpt")).to_numpy()
+    first = ((rows["split"] == "train") & (rows["dataset"].isin(head_datasets) if head_datasets else True)).to_numpy()
 
     from pipeline.ranking.decoder import DecoderMLPHead
 

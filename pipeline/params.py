@@ -30,7 +30,7 @@ def text_number(value: Any) -> str:
     if not isinstance(value, str):
         return ""
     exponent = _EXPONENT.fullmatch(value.strip())
-    if exponent:
+    if exponent and (exponent.group(2) is None or not exponent.group(3)):  # else a float YAML reads: quoted
         whole, fraction, sign, power = exponent.groups()
         return f" (YAML reads {value} as text: write {whole}.{fraction or '0'}e{sign or '+'}{power})"
     try:
@@ -206,23 +206,27 @@ class UniqueKeyLoader(yaml.SafeLoader):
     """yaml.SafeLoader refusing a key written twice in one mapping: PyYAML would keep the last one
     silently, while ruamel, which DVC reads params with, refuses the file."""
 
-    def construct_mapping(self, node, deep=False):
-        if isinstance(node, yaml.MappingNode):
+    def flatten_mapping(self, node):
+        # each mapping checked once, as written: before `<<: *base` merges its keys in (they may be
+        # overridden), which an outer mapping merging this one may do before this one is built
+        checked = self.__dict__.setdefault("_checked_mappings", set())
+        if id(node) not in checked:
+            checked.add(id(node))
             first: dict[Any, int] = {}  # key -> the line it is first on
             for key_node, _ in node.value:
-                if key_node.tag == "tag:yaml.org,2002:merge":  # `<<: *base`: its keys may be overridden
+                if key_node.tag == "tag:yaml.org,2002:merge":
                     continue
                 key = self.construct_object(key_node, deep=True)
                 try:
                     repeated = key in first
-                except TypeError:  # an unhashable key: the base class says so
+                except TypeError:  # an unhashable key: construct_mapping says so
                     continue
                 if repeated:
                     raise yaml.constructor.ConstructorError(
                         None, None, f"key {key!r} written twice, first on line {first[key]}", key_node.start_mark
                     )
                 first[key] = key_node.start_mark.line + 1
-        return super().construct_mapping(node, deep=deep)
+        super().flatten_mapping(node)
 
 
 def read_yaml(path: str | Path) -> Any:

@@ -245,7 +245,7 @@ def main(argv: list[str] | None = None) -> int:
     # the file the other commands read (pipeline.params.load_params): switch that one
     params = str(params_path(args.params))
     if not Path(params).is_file() and params_origin(args.params):  # a stale $PARS_PARAMS, named
-        raise FileNotFoundError(f"params file {params}{params_origin(args.params)} does not exist")
+        raise FileNotFoundError(f"params file not found: {params}{params_origin(args.params)}")
     merged = apply_profile(args.profile, params)
     dvc_yaml = Path(params).with_name("dvc.yaml")
     also = f"; evaluate's model deps in {dvc_yaml} follow it" if dvc_yaml.is_file() else ""

@@ -272,7 +272,9 @@ def check_params(p: dict[str, Any], where: str) -> None:
             f"simulate.workloads {sorted(p.get('workloads') or {})}"
         )
     if not p["policies"]:  # would run fcfs alone (always added) and compare nothing; [fcfs] says so on purpose
-        raise PARSError(f"{where}.policies []: expected a list of policies to compare (known: {', '.join(POLICIES)})")
+        raise PARSError(
+            f"{where}.policies {p['policies']!r}: expected a list of policies to compare (known: {', '.join(POLICIES)})"
+        )
     unknown = sorted(str(x) for x in set(map(str, p["policies"])) - set(POLICIES))
     if unknown:
         raise PARSError(f"{where}.policies: unknown policy {unknown[0]!r} (known: {', '.join(POLICIES)})")

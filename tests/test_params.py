@@ -59,7 +59,7 @@ def test_a_number_yaml_reads_as_text_is_refused_saying_why(tmp_path, capsys):
     from pipeline.errors import PARSError
 
     path = tmp_path / "params.yaml"
-    path.write_text("train:\n  lr: 3e-4\n  warmup: '0.5'\n  lrs: [1.0e-4, 2e-1]\n  name: fast\n")
+    path.write_text("train:\n  lr: 3e-4\n  warmup: '0.5'\n  lrs: [1.0e-4, 2e-1]\n  name: fast\n  wd: '3.5e-4'\n")
     p = load_params("train", path)
     with pytest.raises(
         PARSError, match=r"train\.lr '3e-4': must be a number \(YAML reads 3e-4 as text: write 3\.0e-4\)$"
@@ -71,6 +71,8 @@ def test_a_number_yaml_reads_as_text_is_refused_saying_why(tmp_path, capsys):
         p.numbers("lrs")
     with pytest.raises(PARSError, match=r"train\.name 'fast': must be a number$"):  # no note: not a number
         p.number("name")
+    with pytest.raises(PARSError, match=r"train\.wd '3\.5e-4': must be a number \(a quoted string"):  # YAML's float
+        p.number("wd")
 
     params = write_params(tmp_path / "pairs.yaml")
     params.write_text(params.read_text().replace("delta: 0.2", "delta: 1e-1"))
@@ -102,6 +104,10 @@ def test_a_key_written_twice_is_refused_naming_the_file_and_line(tmp_path, capsy
     ok = tmp_path / "ok.yaml"
     ok.write_text("a: &base {x: 1, y: 2}\nb:\n  <<: *base\n  x: 3\nc: {x: 1}\n")
     assert read_yaml(ok) == {"a": {"x": 1, "y": 2}, "b": {"x": 3, "y": 2}, "c": {"x": 1}}
+    # a mapping that merges one that merges another: the middle one's override is not a repeat
+    nested = tmp_path / "nested.yaml"
+    nested.write_text("s: &s {lr: 0}\ndefaults:\n  train: &t\n    <<: *s\n    lr: 1\nother:\n  <<: *t\n")
+    assert read_yaml(nested) == {"s": {"lr": 0}, "defaults": {"train": {"lr": 1}}, "other": {"lr": 1}}
 
 
 def test_a_stale_pars_params_is_named(tmp_path, monkeypatch):

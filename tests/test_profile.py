@@ -266,7 +266,7 @@ def test_profile_names_a_stale_pars_params(capsys, tmp_path, monkeypatch):
     monkeypatch.delenv("DVC_STAGE", raising=False)
     monkeypatch.setenv("PARS_PARAMS", str(tmp_path / "nope.yaml"))
     rc, _, err = run_cli(capsys, "profile", tmp_path / "p.yaml")
-    one_line_error(rc, err, "profile", f"{tmp_path / 'nope.yaml'} ($PARS_PARAMS) does not exist")
+    one_line_error(rc, err, "profile", f"params file not found: {tmp_path / 'nope.yaml'} ($PARS_PARAMS)")
 
 
 def test_profile_takes_a_prompt_file_this_machine_lacks_and_prepare_still_checks_it(capsys, tmp_path):

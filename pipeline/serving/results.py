@@ -404,7 +404,7 @@ def overhead_section(over: dict, label: str, target_s: float) -> list[str]:
     """The scheduler stall by scoring mode; `target_s`: the most PARS time one schedule() call may take."""
     modes = over.get("modes", {})
     checked_number(over, "max_pars_s_per_schedule")  # the measured mode's longest call: the summary's figure
-    for mode in modes:  # every time in seconds (inline scoring writes no p99)
+    for mode in modes:  # every time in seconds (p99 optional: files written before it was measured)
         for key in ("max_pars_s_per_schedule", "mean_pars_s_per_schedule", "seconds_until_all_scored"):
             checked_number(over, "modes", mode, key)
         checked_number(over, "modes", mode, "p99_pars_s_per_schedule", optional=True)
