@@ -55,6 +55,16 @@ from pipeline.ranking.losses import LOSSES  # noqa: E402
 from pipeline.ranking.metrics import kendall_tau_b  # noqa: E402
 
 
+def add_reader_flags(ap: argparse.ArgumentParser, layers: str, cache_required: bool = False) -> None:
+    """The flags of the benchmarks that read ChatGPT's prompts with the blend's decoder, or take its
+    features from this benchmark's cache: data root, decoder, layers (default `layers`), prompt tokens."""
+    ap.add_argument("--data", default="data")
+    ap.add_argument("--decoder", default="models/base/qwen2.5-coder-0.5b")
+    ap.add_argument("--layers", type=comma_numbers(int, minimum=1), default=layers)
+    ap.add_argument("--max-length", type=int, default=128)
+    ap.add_argument("--features-cache", required=cache_required, help="decoder_features.py's .npz (read, or written)")
+
+
 def zscore(x: np.ndarray) -> np.ndarray:
     return (x - x.mean()) / (x.std() or 1.0)
 

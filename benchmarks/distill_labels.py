@@ -34,7 +34,7 @@ import pandas as pd
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from decoder_features import features_of, head_settings  # noqa: E402
+from decoder_features import add_reader_flags, features_of, head_settings  # noqa: E402
 
 from pipeline.cli import comma_numbers  # noqa: E402
 from pipeline.contracts import labels_path, pairs_dir, prompts_path, write_json  # noqa: E402
@@ -61,11 +61,7 @@ def out_of_fold(x: np.ndarray, y: np.ndarray, cut: np.ndarray, folds: int, setti
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--data", default="data")
-    ap.add_argument("--decoder", default="models/base/qwen2.5-coder-0.5b")
-    ap.add_argument("--layers", type=comma_numbers(int, minimum=1), default="8,12,16")
-    ap.add_argument("--max-length", type=int, default=128)
-    ap.add_argument("--features-cache", default=None, help="decoder_features.py's .npz (read, or written)")
+    add_reader_flags(ap, layers="8,12,16")
     ap.add_argument(
         "--alphas",
         type=comma_numbers(float),

@@ -42,7 +42,7 @@ import pandas as pd
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from decoder_features import features_of  # noqa: E402
+from decoder_features import add_reader_flags, features_of  # noqa: E402
 
 from pipeline.cli import comma_numbers  # noqa: E402
 from pipeline.contracts import generations_path, labels_path, prompts_path, write_json  # noqa: E402
@@ -132,12 +132,8 @@ def table(served: dict, keys: dict, o, idx) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--data", default="data")
+    add_reader_flags(ap, layers="8,12,16", cache_required=True)
     ap.add_argument("--checkpoint", default="models/chatgpt/pairwise+decoder", help="the served predictor")
-    ap.add_argument("--decoder", default="models/base/qwen2.5-coder-0.5b")
-    ap.add_argument("--layers", type=comma_numbers(int, minimum=1), default="8,12,16")
-    ap.add_argument("--max-length", type=int, default=128)
-    ap.add_argument("--features-cache", required=True, help="decoder_features.py's .npz (read, or written)")
     ap.add_argument("--seeds", type=int, default=5)
     ap.add_argument("--gammas", type=comma_numbers(float), default="0,0.1,0.2,0.3,0.4,0.5,0.6,0.8,1")
     ap.add_argument("--json", default=None)
