@@ -115,6 +115,25 @@ def _debug_env() -> bool:
     return os.environ.get("PARS_DEBUG", "") not in ("", "0")
 
 
+def _reported(prefix: str, call, debug: bool) -> int:
+    """`call()`'s exit code; bad input (INPUT_ERRORS, a broken checkpoint) is one line `<prefix>: error:
+    ...` and exit 1, Ctrl-C exit 130; `debug` lets either raise. Shared by `pars` and run_script."""
+    from pipeline.ranking.checkpoint import CheckpointError
+
+    try:
+        return int(call() or 0)
+    except (*INPUT_ERRORS, CheckpointError) as exc:
+        if debug:
+            raise
+        print(f"{prefix}: error: {_one_line(exc)}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        if debug:
+            raise
+        print(f"{prefix}: interrupted", file=sys.stderr)
+        return 130
+
+
 def run_script(main, name: str | None = None) -> int:
     """Run a script's `main()` (a benchmark's) as `pars` runs a command: bad input (a flag, a file, a
     checkpoint) is one line `<script>: error: ...` on stderr and exit 1; PARS_DEBUG=1 shows the traceback.
@@ -124,21 +143,7 @@ def run_script(main, name: str | None = None) -> int:
 
             raise SystemExit(run_script(main))
     """
-    from pipeline.ranking.checkpoint import CheckpointError
-
-    name = name or Path(main.__code__.co_filename).stem
-    try:
-        return int(main() or 0)
-    except (*INPUT_ERRORS, CheckpointError) as exc:
-        if _debug_env():
-            raise
-        print(f"{name}: error: {_one_line(exc)}", file=sys.stderr)
-        return 1
-    except KeyboardInterrupt:
-        if _debug_env():
-            raise
-        print(f"{name}: interrupted", file=sys.stderr)
-        return 130
+    return _reported(name or Path(main.__code__.co_filename).stem, main, _debug_env())
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -156,27 +161,14 @@ def main(argv: list[str] | None = None) -> int:
             file=sys.stderr,
         )
         return 2
-    from pipeline.ranking.checkpoint import CheckpointError
-
     argparse.ArgumentParser.error = _usage_error
     try:
-        module = importlib.import_module(COMMANDS[name][0])
-        return int(module.main(rest) or 0)
+        return _reported(f"pars {name}", lambda: importlib.import_module(COMMANDS[name][0]).main(rest), debug)
     except SystemExit as exc:  # --help, or a module that exits on its own
         if isinstance(exc.code, str):
             print(f"pars {name}: error: {_one_line(exc)}", file=sys.stderr)
             return 1
         return exc.code or 0
-    except (*INPUT_ERRORS, CheckpointError) as exc:
-        if debug:
-            raise
-        print(f"pars {name}: error: {_one_line(exc)}", file=sys.stderr)
-        return 1
-    except KeyboardInterrupt:
-        if debug:
-            raise
-        print(f"pars {name}: interrupted", file=sys.stderr)
-        return 130
     except Exception as exc:
         if debug:
             raise

@@ -148,7 +148,8 @@ def test_report_refuses_a_bool_number_and_a_zero_latency(capsys, report_dir):
     burst["pars"]["speedup_mean_over_fcfs"] = True
     (report_dir / "metrics/simulation.json").write_text(json.dumps(sim))
     rc, _, err = run_cli(capsys, "report", "--ranking", "ranking.json", "--out", page)
-    assert "True where a number is expected" in one_line_error(rc, err, "report", "metrics/simulation.json")
+    line = one_line_error(rc, err, "report", "metrics/simulation.json")
+    assert "scenarios.burst_2000.pars.speedup_mean_over_fcfs True: must be a finite number >= 0" in line
     (report_dir / "metrics/simulation.json").unlink()
     bench = json.loads((METRICS / "engine_bench.json").read_text())
     for value in (0, -1.5, True):
