@@ -25,7 +25,6 @@ cores). Each variant then trains for about 4 minutes. Heavy: run it on idle core
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import tempfile
 import time
@@ -41,8 +40,9 @@ from decoder_features import add_reader_flags, features_of, head_settings  # noq
 from distill_labels import out_of_fold  # noqa: E402
 
 from pipeline.cli import comma_names  # noqa: E402
-from pipeline.contracts import labels_path, prompts_path, write_json  # noqa: E402
+from pipeline.contracts import labels_path, nested_value, prompts_path, read_json, write_json  # noqa: E402
 from pipeline.ranking.metrics import kendall_tau_b  # noqa: E402
+from pipeline.serving.results import is_finite_number  # noqa: E402
 
 PRIORS = ("decoder", "decoder+lexical")
 
@@ -105,13 +105,8 @@ def train_with_prior(variant: str, decoder_score: dict[str, float], data_root: s
 
 def committed_val(path: Path, *keys: str) -> float | None:
     """A committed val figure (the predictor's train metrics, the blend's checkpoint), None if absent."""
-    try:
-        value = json.loads(path.read_text(encoding="utf-8"))
-        for key in keys:
-            value = value[key]
-        return round(float(value), 4)
-    except (OSError, ValueError, KeyError, TypeError):
-        return None
+    value = nested_value(read_json(path), *keys) if path.is_file() else None
+    return round(float(value), 4) if is_finite_number(value) else None
 
 
 def main(argv: list[str] | None = None) -> int:

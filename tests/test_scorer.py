@@ -107,6 +107,10 @@ def test_refuses_missing_files_unknown_version_and_bad_hash(tiny_checkpoint):
     _refuses(tiny_checkpoint, "format_version 99 is not supported")
     (tiny_checkpoint / META).write_text(json.dumps({**meta, "score_direction": "lower_is_longer"}))
     _refuses(tiny_checkpoint, "score_direction")
+    (tiny_checkpoint / META).write_text("[]")  # read_meta refuses what is not an object, for every reader
+    _refuses(tiny_checkpoint, "pars.json holds a JSON list, not an object")
+    (tiny_checkpoint / META).write_text("[" * 100_000 + "]" * 100_000)
+    _refuses(tiny_checkpoint, "pars.json is not valid JSON \\(nested too deeply\\)")
     (tiny_checkpoint / META).write_text(json.dumps(meta))
 
     weights = tiny_checkpoint / WEIGHTS

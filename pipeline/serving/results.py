@@ -275,9 +275,12 @@ def simulation_section(
                 r = rows[policy]
                 # what the summary's targets read: a damaged figure is refused, never shown as a result
                 at = ("workloads", name, "scenarios", burst, policy)
-                for key in ("mean_per_token_latency", "p90_per_token_latency"):
-                    checked_number(sim, *at, key)
-                for key in ("speedup_mean_over_fcfs", "speedup_p90_over_fcfs"):
+                for key in (
+                    "mean_per_token_latency",
+                    "p90_per_token_latency",
+                    "speedup_mean_over_fcfs",
+                    "speedup_p90_over_fcfs",
+                ):
                     checked_number(sim, *at, key)
                 checked_number(sim, *at, "kendall_tau_b", low=-1, high=1, optional=True)
                 checked_number(sim, *at, "gap_mean_to_oracle", low=-1, optional=True)  # latency / oracle's - 1

@@ -31,18 +31,7 @@ PRECISIONS = ("32-true", "bf16-mixed", "auto")
 
 
 def load_meta(path: Path) -> dict:
-    """read_meta (files, format version, weights hash), refusing a pars.json that is valid JSON
-    but not an object (read_meta expects a mapping), then the hash of every file export listed."""
-    meta_file = path / META
-    if meta_file.is_file():
-        try:
-            raw = json.loads(meta_file.read_bytes())
-        except ValueError:  # not UTF-8 / not JSON: read_meta names it
-            raw = {}
-        except RecursionError:
-            raise CheckpointError(f"checkpoint {path}: {META} is not valid JSON (nested too deeply)") from None
-        if not isinstance(raw, dict):
-            raise CheckpointError(f"checkpoint {path}: {META} holds a JSON {type(raw).__name__}, not an object")
+    """read_meta (files, format version, weights hash), then the hash of every file export listed."""
     meta = read_meta(path)
     verify_files(path, meta)
     return meta
