@@ -55,14 +55,23 @@ from pipeline.ranking.losses import LOSSES  # noqa: E402
 from pipeline.ranking.metrics import kendall_tau_b  # noqa: E402
 
 
-def add_reader_flags(ap: argparse.ArgumentParser, layers: str, cache_required: bool = False) -> None:
-    """The flags of the benchmarks that read ChatGPT's prompts with the blend's decoder, or take its
-    features from this benchmark's cache: data root, decoder, layers (default `layers`), prompt tokens."""
+def add_reader_flags(
+    ap: argparse.ArgumentParser,
+    layers: str,
+    decoder: str = "models/base/qwen2.5-coder-0.5b",
+    cache_required: bool = False,
+) -> None:
+    """The flags of the benchmarks that read ChatGPT's prompts with a decoder (the blend's by default),
+    or take its features from this benchmark's cache: data root, decoder, layers, prompt tokens."""
     ap.add_argument("--data", default="data")
-    ap.add_argument("--decoder", default="models/base/qwen2.5-coder-0.5b")
-    ap.add_argument("--layers", type=comma_numbers(int, minimum=1), default=layers)
-    ap.add_argument("--max-length", type=int, default=128)
-    ap.add_argument("--features-cache", required=cache_required, help="decoder_features.py's .npz (read, or written)")
+    ap.add_argument("--decoder", default=decoder, help="a Hugging Face causal LM directory")
+    ap.add_argument("--layers", type=comma_numbers(int, minimum=1), default=layers, help="comma-separated layers read")
+    ap.add_argument("--max-length", type=int, default=128, help="prompt tokens read, head + tail")
+    ap.add_argument(
+        "--features-cache",
+        required=cache_required,
+        help="an .npz of computed features, read when it matches, else written",
+    )
 
 
 def zscore(x: np.ndarray) -> np.ndarray:
@@ -162,8 +171,7 @@ def features_of(decoder, layers, max_length, batch_size, ids, texts, cache) -> t
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--data", default="data")
-    ap.add_argument("--decoder", default="models/base/smollm2", help="a Hugging Face causal LM directory")
+    add_reader_flags(ap, layers="15,20,25", decoder="models/base/smollm2")
     ap.add_argument("--checkpoint", default="models/export/pars-recorded", help="pars checkpoint to combine with")
     ap.add_argument("--n-train", type=int, default=None, help="seeded subset of train first turns (default: all)")
     ap.add_argument(
@@ -182,13 +190,6 @@ def main(argv: list[str] | None = None) -> int:
         type=comma_names(tuple(LOSSES)),
         default="pairwise",
         help="comma-separated losses to train an MLP head with, each on the same features (pairwise, pointwise, listwise)",
-    )
-    ap.add_argument(
-        "--features-cache", default=None, help="an .npz of computed features, read when it matches, else written"
-    )
-    ap.add_argument("--max-length", type=int, default=128)
-    ap.add_argument(
-        "--layers", type=comma_numbers(int, minimum=1), default="15,20,25", help="comma-separated decoder layers read"
     )
     ap.add_argument("--batch-size", type=int, default=16)
     ap.add_argument("--alphas", type=comma_numbers(float), default="1000,3000,10000,30000")
