@@ -1,4 +1,5 @@
-"""Does teaching the encoder what the answer will be about help it rank answer lengths? Val only.
+"""Does teaching the encoder what the answer will be about, or how a bigger reader reads the prompt,
+help it rank answer lengths? Val only.
 
 A ranker sees only the prompt, but its training prompts come with the recorded answer. Here the
 pairwise predictor is trained as `pars train` trains it, plus an auxiliary loss: from the pooled
@@ -9,7 +10,15 @@ one-line acknowledgement, which its length alone does not; serving is unchanged 
 dropped). Nothing of the pipeline changes: the experiment swaps pipeline.train's LightningModule
 for a subclass that adds the term.
 
+With `--target decoder` the target is instead the prompt's own features under the blend's frozen
+decoder reader (Qwen2.5-Coder-0.5B: `benchmarks/decoder_features.py`'s, standardised and reduced to
+their top `--target-dim` principal components on train): representation distillation, which asks
+whether the MiniLM can learn to read a prompt as the reader that ranks better (val 0.449 against
+0.410) does, where distilling its length estimate (`benchmarks/distill_labels.py`) did not help.
+
     python benchmarks/reply_targets.py --weights 0.5,2 --out metrics/choices/reply_targets-chatgpt-pairwise.json
+    python benchmarks/reply_targets.py --target decoder --features-cache <npz> --weights 0.5,2 \
+        --out metrics/choices/reader_targets-chatgpt-pairwise.json
 
 Writes the val tau_b per weight (and per epoch) beside the pipeline's committed predictor's.
 """
@@ -29,11 +38,19 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from decoder_features import add_reader_flags, features_of  # noqa: E402
+
 from pipeline.cli import comma_numbers  # noqa: E402
 from pipeline.contracts import generations_path, prompts_path, write_json  # noqa: E402
 from pipeline.params import PARAMS_HELP, load_params  # noqa: E402
 from pipeline.ranking import lightning as ranking_lightning  # noqa: E402
 
+QUESTIONS = {
+    "answer": "Does an auxiliary loss that predicts the answer's sentence embedding from the prompt's "
+    "pooled vector help the pairwise predictor rank answer lengths?",
+    "decoder": "Does an auxiliary loss that predicts the prompt's features under the blend's frozen Qwen reader "
+    "(top principal components) from the MiniLM's pooled vector teach it to read, and rank, as that reader does?",
+}
 RANKER = ranking_lightning.RankerModule  # the pipeline's own; train_one imports the name at call time
 
 
@@ -64,6 +81,22 @@ def answer_embeddings(texts: list[str], encoder: str, max_length: int, batch_siz
                     flush=True,
                 )
     return out
+
+
+def reader_target_vectors(features: np.ndarray, dim: int) -> np.ndarray:
+    """Decoder features, standardised, projected on their top `dim` principal components (fitted on
+    these prompts) and L2-normalised for the cosine term."""
+    from sklearn.decomposition import PCA
+
+    if not 1 <= dim <= min(features.shape):
+        raise ValueError(f"--target-dim {dim}: expected 1..{min(features.shape)} (prompts and features held)")
+    x = (features - features.mean(0)) / (features.std(0) + 1e-6)
+    pca = PCA(n_components=dim, svd_solver="randomized", random_state=0).fit(x)
+    z = pca.transform(x).astype(np.float32)
+    print(
+        f"reader targets: {dim} components keep {pca.explained_variance_ratio_.sum():.0%} of the variance", flush=True
+    )
+    return z / np.linalg.norm(z, axis=1, keepdims=True).clip(min=1e-6)
 
 
 def aux_module(targets: dict[str, np.ndarray], weight: float):
@@ -118,6 +151,14 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default="chatgpt")
     ap.add_argument(
+        "--target",
+        choices=("answer", "decoder"),
+        default="answer",
+        help="what the pooled vector predicts: the answer's sentence embedding, or the prompt's decoder features",
+    )
+    add_reader_flags(ap, layers="8,10,12,14,16")
+    ap.add_argument("--target-dim", type=int, default=256, help="principal components kept of the decoder features")
+    ap.add_argument(
         "--weights", type=comma_numbers(float), default="0.5,2", help="comma-separated weights of the auxiliary term"
     )
     ap.add_argument("--params", default=None, help=PARAMS_HELP)
@@ -130,16 +171,25 @@ def main(argv: list[str] | None = None) -> int:
     import pipeline.train as train_stage
 
     params = load_params("train", args.params)
-    prompts = pd.read_parquet(prompts_path()).drop_duplicates("prompt_id").set_index("prompt_id")
-    gens = pd.read_parquet(generations_path(args.model))
+    if args.target_dim < 1:
+        ap.error("--target-dim must be >= 1")
+    prompts = pd.read_parquet(prompts_path(args.data)).drop_duplicates("prompt_id").set_index("prompt_id")
+    gens = pd.read_parquet(generations_path(args.model, args.data))
     train_ids = set(prompts.index[prompts.split == "train"])
     answers = gens[gens.prompt_id.isin(train_ids)].drop_duplicates("prompt_id")  # one answer per prompt
     answers = answers.head(args.max_answers) if args.max_answers else answers
     t0 = time.perf_counter()
-    emb = answer_embeddings(answers.text.fillna("").tolist(), params["encoder"], int(params["max_length"]))
+    if args.target == "answer":
+        emb = answer_embeddings(answers.text.fillna("").tolist(), params["encoder"], int(params["max_length"]))
+    else:
+        ids = answers.prompt_id.tolist()
+        layers, texts = sorted(set(args.layers)), prompts.loc[ids, "prompt"].tolist()
+        x, _, _, where = features_of(args.decoder, layers, args.max_length, 16, ids, texts, args.features_cache)
+        print(f"reader targets: features from {where}", flush=True)
+        emb = reader_target_vectors(x, args.target_dim)
     embed_s = time.perf_counter() - t0
     targets = dict(zip(answers.prompt_id, emb))
-    print(f"reply_targets: {len(targets)} train answers embedded in {embed_s:.0f} s", flush=True)
+    print(f"reply_targets: {len(targets)} train {args.target} targets in {embed_s:.0f} s", flush=True)
 
     committed = json.loads(Path(f"metrics/train/{args.model}-pairwise.json").read_text())
     runs = {}
@@ -151,6 +201,7 @@ def main(argv: list[str] | None = None) -> int:
             args.model,
             ["pairwise"],
             params,
+            data_root=args.data,
             models_root=work / "models",
             metrics_dir=work / "metrics",
             plots_dir=work / "plots",
@@ -165,13 +216,25 @@ def main(argv: list[str] | None = None) -> int:
         print(f"reply_targets: weight {weight:g}: val tau_b {res['val_tau_b']:.4f}", flush=True)
     out = write_json(
         {
-            "question": "Does an auxiliary loss that predicts the answer's sentence embedding from the prompt's "
-            "pooled vector help the pairwise predictor rank answer lengths?",
+            "question": QUESTIONS[args.target],
+            "target": args.target,
+            **(
+                {
+                    "reader": {
+                        "decoder": args.decoder,
+                        "layers": sorted(set(args.layers)),
+                        "max_length": args.max_length,
+                        "components": args.target_dim,
+                    }
+                }
+                if args.target == "decoder"
+                else {}
+            ),
             "model": args.model,
             "method": "pairwise",
             "split": "val",
             "command": "python benchmarks/reply_targets.py " + " ".join(argv if argv is not None else sys.argv[1:]),
-            "answers_embedded": len(targets),
+            "train_prompts_with_a_target": len(targets),
             "embed_seconds": round(embed_s, 1),
             "committed_predictor": {
                 "val_tau_b": round(committed["val_tau_b"], 4),
@@ -180,7 +243,8 @@ def main(argv: list[str] | None = None) -> int:
             },
             "runs": runs,
         },
-        args.out or f"metrics/choices/reply_targets-{args.model}-pairwise.json",
+        args.out
+        or f"metrics/choices/{'reply' if args.target == 'answer' else 'reader'}_targets-{args.model}-pairwise.json",
     )
     print(f"-> {out}")
     return 0

@@ -18,6 +18,11 @@ score, and the rest are preempted (recompute) back into score order.
     python benchmarks/val_serving.py --predictors recorded/pairwise,/tmp/exp/x/models/chatgpt/pairwise
     python benchmarks/val_serving.py --predictors recorded/pairwise --noise-twins --out /tmp/twins.json
     python benchmarks/val_serving.py --predictors chatgpt/pairwise --probe-tokens 4,8,16,32
+    python benchmarks/val_serving.py --predictors chatgpt/pairwise+decoder --blend-weights 0,0.1,0.2,0.3,0.5,1
+
+With --blend-weights W each decoder blend is also served as W * z(its encoder's score) + (1 - W) *
+z(its decoder head's), z-scored on these prompts: the blend weight by the serving objective, where
+the blend stage chose it by val tau_b.
 
 A predictor is <train model>/<method> under models/, or a path to a checkpoint directory.
 Writes --out (default metrics/choices/val_serving-<model>.json).
@@ -35,6 +40,9 @@ from scipy.stats import rankdata
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from decoder_features import zscore  # noqa: E402
+
+from pipeline.cli import comma_numbers  # noqa: E402
 from pipeline.contracts import generations_path, prompts_path, write_json  # noqa: E402
 from pipeline.params import load_params  # noqa: E402
 from pipeline.queueing.policies import on_pars_scheduler  # noqa: E402
@@ -134,17 +142,21 @@ def main(argv: list[str] | None = None) -> int:
         help="list each predictor's N requests with the largest excess over oracle (0: none)",
     )
     ap.add_argument(
+        "--blend-weights",
+        type=comma_numbers(float, minimum=0.0),
+        default=[],
+        help="comma-separated encoder weights W in [0, 1]: also serve each decoder blend re-weighted (see above)",
+    )
+    ap.add_argument(
         "--probe-tokens",
-        default="",
+        type=comma_numbers(int, minimum=1),
+        default=[],
         help="comma-separated K: also serve each predictor after a probe phase of K tokens per request",
     )
     args = ap.parse_args(argv)
-    try:
-        probes = [int(x) for x in args.probe_tokens.split(",") if x.strip()]
-        if any(k < 1 for k in probes):
-            raise ValueError
-    except ValueError:
-        ap.error(f"--probe-tokens {args.probe_tokens!r}: need comma-separated positive integers")
+    probes = args.probe_tokens
+    if any(w > 1 for w in args.blend_weights):
+        ap.error(f"--blend-weights {args.blend_weights}: each weight must be in [0, 1]")
 
     from pipeline.queueing.simulator import EngineConfig, burst, simulate
     from pipeline.serving.scorer import Scorer, score_together
@@ -155,6 +167,8 @@ def main(argv: list[str] | None = None) -> int:
     for path in [prompts_path(), generations_path(args.model)] + [d / "pars.json" for d in dirs]:
         if not path.is_file():
             sys.exit(f"val_serving: {path} not found (run `dvc repro`, or check --model / --predictors)")
+    if args.blend_weights and not any((d / "decoder").is_dir() for d in dirs):
+        ap.error("--blend-weights: none of --predictors is a decoder blend (a checkpoint with decoder/)")
     prompts = pd.read_parquet(prompts_path()).drop_duplicates("prompt_id").set_index("prompt_id")
     gens = pd.read_parquet(generations_path(args.model))
     val_ids = prompts.index[prompts.split == "val"]
@@ -168,6 +182,17 @@ def main(argv: list[str] | None = None) -> int:
     scorers = [Scorer.from_pretrained(d) for d in dirs]
     keys = {"fcfs": None, "oracle": o.astype(np.float64)}
     keys.update(zip(names, (np.asarray(x, dtype=np.float64) for x in score_together(scorers, texts, progress=True))))
+
+    for name, scorer in zip(names, scorers):
+        if args.blend_weights and scorer.decoder is not None:
+            encoder_score = np.empty(len(texts))
+            for rows, part in scorer.score_parts(texts, with_decoder=False):
+                encoder_score[rows] = part
+            # the blend is score_weight * encoder + decoder_weight * head: the head's part without a second read
+            _, score_weight, decoder_weight = scorer.decoder
+            head_score = (keys[name] - score_weight * encoder_score) / decoder_weight
+            for w in args.blend_weights:
+                keys[f"{name} (w {w:g})"] = w * zscore(encoder_score) + (1 - w) * zscore(head_score)
 
     if args.noise_twins:
         for name in names:

@@ -237,6 +237,21 @@ def test_reply_targets_embeds_answers_and_adds_the_weighted_term(bench, tiny_enc
     assert losses[3.0] - losses[0.0] == pytest.approx(3.0 * float(aux), rel=1e-4, abs=1e-6)
 
 
+def test_reply_targets_reader_targets_are_unit_principal_components(bench):
+    """--target decoder: each prompt's decoder features become a unit vector of `dim` principal
+    components; the same features the same vector; a dim beyond the data held is refused."""
+    rt = bench("reply_targets")
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(60, 12)).astype(np.float32)
+    x[:, 0] *= 1.0 + 9.0 * (np.arange(60) % 2)  # even rows small, odd rows large on feature 0
+    x[7] = x[3]
+    z = rt.reader_target_vectors(x, 4)
+    assert z.shape == (60, 4) and np.allclose(np.linalg.norm(z, axis=1), 1.0, atol=1e-5)
+    assert np.allclose(z[7], z[3]) and not np.allclose(z[3], z[4])
+    with pytest.raises(ValueError, match="--target-dim 13"):
+        rt.reader_target_vectors(x, 13)
+
+
 # -- decoder_features ------------------------------------------------------------------------------
 def test_decoder_features_cache_gives_the_rows_and_layers_asked_and_the_cross_fit_never_picks_on_its_scored_half(
     bench, tmp_path

@@ -4,6 +4,7 @@ model's files; the Scorer applying the blend (alone and beside other scorers).""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -504,7 +505,7 @@ def test_the_pairwise_head_ranks_by_the_signal_and_loads_as_it_was_saved(tmp_pat
         DecoderMLPHead.fit(x[:100], lengths[:100], loss="hinge", seeds=1, **settings)
 
 
-def test_decoder_blend_with_a_pairwise_head_serves_what_it_chose(toy_models, tiny_decoder):
+def test_decoder_blend_with_a_pairwise_head_serves_what_it_chose(toy_models, tiny_decoder, monkeypatch):
     import pandas as pd
 
     from pipeline.ranking.decoder import PAIRWISE_HEAD_FILE, SUBDIR
@@ -528,6 +529,29 @@ def test_decoder_blend_with_a_pairwise_head_serves_what_it_chose(toy_models, tin
     assert prior.head_kind == "pairwise"
     expected = score_weight * source.score(test) + decoder_weight * prior.predict(test)
     np.testing.assert_allclose(blended.score(test), expected, rtol=1e-3, atol=1e-3)
+
+    # benchmarks/val_serving.py --blend-weights serves the blend re-weighted: W 1 is its encoder's order
+    # (the source predictor's), W 0 its head's, and the chosen weight ranks as the checkpoint does
+    import importlib.util
+
+    import yaml
+
+    benchmarks = Path(__file__).resolve().parents[1] / "benchmarks"
+    monkeypatch.syspath_prepend(str(benchmarks))
+    spec = importlib.util.spec_from_file_location("val_serving", benchmarks / "val_serving.py")
+    val_serving = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(val_serving)
+    monkeypatch.chdir(toy_models)
+    engine = dict(M=2000, chunk=64, token_budget=256, max_num_seqs=4, step_c0=0.01, starvation_s=None)
+    (toy_models / "params.yaml").write_text(yaml.safe_dump({"simulate": {"engine": engine}}))
+    w = meta["decoder"]["w"]
+    argv = ["--model", "toy", "--predictors", "toy/pairwise,toy/pairwise+decoder", "--out", "vs.json"]
+    assert val_serving.main(argv + ["--blend-weights", f"0,1,{w}", "--costliest", "0"]) == 0
+    rows = json.loads((toy_models / "vs.json").read_text())["policies"]
+    tau = {name: row["kendall_tau_b"] for name, row in rows.items()}
+    assert tau["toy/pairwise+decoder (w 1)"] == pytest.approx(tau["toy/pairwise"], abs=1e-9)
+    assert tau[f"toy/pairwise+decoder (w {w:g})"] == pytest.approx(tau["toy/pairwise+decoder"], abs=0.02)
+    assert tau["toy/pairwise+decoder (w 0)"] != pytest.approx(tau["toy/pairwise"], abs=1e-9)
 
     # a bad head setting names its key before anything is embedded
     with pytest.raises(ValueError, match=r"decoder.head 'mlp'"):

@@ -499,6 +499,7 @@ def test_val_serving_benchmark_serves_the_val_split(tmp_path, monkeypatch, tiny_
     from helpers import write_dataset
 
     repo = Path(__file__).resolve().parents[1]
+    monkeypatch.syspath_prepend(str(repo / "benchmarks"))  # it imports a helper of another benchmark
     spec = importlib.util.spec_from_file_location("val_serving", repo / "benchmarks" / "val_serving.py")
     bench = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(bench)
@@ -554,9 +555,11 @@ def test_val_serving_benchmark_serves_the_val_split(tmp_path, monkeypatch, tiny_
     assert probed["requests"] == 20 and probed["continuations_admitted_before_their_probe_ended"] == 0
     with pytest.raises(SystemExit):
         bench.main(["--model", "toy", "--predictors", str(tiny_checkpoint), "--probe-tokens", "0"])
+    with pytest.raises(SystemExit):  # re-weighting needs a decoder blend
+        bench.main(["--model", "toy", "--predictors", str(tiny_checkpoint), "--blend-weights", "0.5"])
 
 
-def test_probe_phase_serves_short_answers_first_and_recomputes_the_rest():
+def test_probe_phase_serves_short_answers_first_and_recomputes_the_rest(monkeypatch):
     """benchmarks/val_serving.py's probe_then_rank: two short answers scored as the longest wait behind
     every long one in score order, but finish within the probe phase with one; each longer answer is
     preempted once (recompute) and finishes with exactly its tokens; a probe as long as every answer is
@@ -565,6 +568,7 @@ def test_probe_phase_serves_short_answers_first_and_recomputes_the_rest():
     from pathlib import Path
 
     repo = Path(__file__).resolve().parents[1]
+    monkeypatch.syspath_prepend(str(repo / "benchmarks"))  # it imports a helper of another benchmark
     spec = importlib.util.spec_from_file_location("val_serving", repo / "benchmarks" / "val_serving.py")
     bench = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(bench)
