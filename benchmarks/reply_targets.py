@@ -83,9 +83,9 @@ def answer_embeddings(texts: list[str], encoder: str, max_length: int, batch_siz
     return out
 
 
-def reader_target_vectors(features: np.ndarray, dim: int) -> np.ndarray:
-    """Decoder features, standardised, projected on their top `dim` principal components (fitted on
-    these prompts) and L2-normalised for the cosine term."""
+def reader_target_vectors(features: np.ndarray, dim: int) -> tuple[np.ndarray, float]:
+    """(decoder features standardised, projected on their top `dim` principal components (fitted on
+    these prompts) and L2-normalised for the cosine term; the share of the variance those keep)."""
     from sklearn.decomposition import PCA
 
     if not 1 <= dim <= min(features.shape):
@@ -93,16 +93,17 @@ def reader_target_vectors(features: np.ndarray, dim: int) -> np.ndarray:
     x = (features - features.mean(0)) / (features.std(0) + 1e-6)
     pca = PCA(n_components=dim, svd_solver="randomized", random_state=0).fit(x)
     z = pca.transform(x).astype(np.float32)
-    print(
-        f"reader targets: {dim} components keep {pca.explained_variance_ratio_.sum():.0%} of the variance", flush=True
-    )
-    return z / np.linalg.norm(z, axis=1, keepdims=True).clip(min=1e-6)
+    share = float(pca.explained_variance_ratio_.sum())
+    print(f"reader targets: {dim} components keep {share:.0%} of the variance", flush=True)
+    return z / np.linalg.norm(z, axis=1, keepdims=True).clip(min=1e-6), share
 
 
 def aux_module(targets: dict[str, np.ndarray], weight: float):
-    """pipeline.ranking.lightning.RankerModule plus the answer-embedding term."""
+    """pipeline.ranking.lightning.RankerModule plus the auxiliary term: weight x the cosine distance of
+    the mapped pooled vector to each prompt's target vector (the answer's embedding or the reader's
+    features)."""
 
-    class ReplyAwareRanker(RANKER):
+    class AuxTargetRanker(RANKER):
         def __init__(self, model, method, **kwargs):
             super().__init__(model, method, **kwargs)
             dim = len(next(iter(targets.values())))
@@ -140,11 +141,11 @@ def aux_module(targets: dict[str, np.ndarray], weight: float):
             if has.any():
                 pred = self.aux_head(pooled[has.to(pooled.device)])
                 aux = (1 - F.cosine_similarity(pred.float(), self._target[index[has]].to(pred.device), dim=-1)).mean()
-                self.log("train/reply_aux", aux, on_step=True, on_epoch=True, batch_size=int(has.sum()))
+                self.log("train/aux_target", aux, on_step=True, on_epoch=True, batch_size=int(has.sum()))
                 loss = loss + weight * aux
             return loss
 
-    return ReplyAwareRanker
+    return AuxTargetRanker
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -154,7 +155,8 @@ def main(argv: list[str] | None = None) -> int:
         "--target",
         choices=("answer", "decoder"),
         default="answer",
-        help="what the pooled vector predicts: the answer's sentence embedding, or the prompt's decoder features",
+        help="what the pooled vector predicts: the answer's sentence embedding, or the prompt's decoder features "
+        "(the reader flags --decoder, --layers, --max-length, --features-cache and --target-dim apply to decoder only)",
     )
     add_reader_flags(ap, layers="8,10,12,14,16")
     ap.add_argument("--target-dim", type=int, default=256, help="principal components kept of the decoder features")
@@ -162,9 +164,15 @@ def main(argv: list[str] | None = None) -> int:
         "--weights", type=comma_numbers(float), default="0.5,2", help="comma-separated weights of the auxiliary term"
     )
     ap.add_argument("--params", default=None, help=PARAMS_HELP)
-    ap.add_argument("--max-answers", type=int, default=None, help="embed only this many answers (a quick check)")
+    ap.add_argument(
+        "--max-answers", type=int, default=None, help="use only this many train prompts' targets (a quick check)"
+    )
     ap.add_argument("--work", default="/tmp/reply_targets", help="scratch root for the runs' models and metrics")
-    ap.add_argument("--out", default=None, help="default metrics/choices/reply_targets-<model>-pairwise.json")
+    ap.add_argument(
+        "--out",
+        default=None,
+        help="default metrics/choices/{reply,reader}_targets-<model>-pairwise.json (--target answer, decoder)",
+    )
     args = ap.parse_args(argv)
     weights = args.weights
 
@@ -179,6 +187,7 @@ def main(argv: list[str] | None = None) -> int:
     answers = gens[gens.prompt_id.isin(train_ids)].drop_duplicates("prompt_id")  # one answer per prompt
     answers = answers.head(args.max_answers) if args.max_answers else answers
     t0 = time.perf_counter()
+    variance_kept = None
     if args.target == "answer":
         emb = answer_embeddings(answers.text.fillna("").tolist(), params["encoder"], int(params["max_length"]))
     else:
@@ -186,7 +195,7 @@ def main(argv: list[str] | None = None) -> int:
         layers, texts = sorted(set(args.layers)), prompts.loc[ids, "prompt"].tolist()
         x, _, _, where = features_of(args.decoder, layers, args.max_length, 16, ids, texts, args.features_cache)
         print(f"reader targets: features from {where}", flush=True)
-        emb = reader_target_vectors(x, args.target_dim)
+        emb, variance_kept = reader_target_vectors(x, args.target_dim)
     embed_s = time.perf_counter() - t0
     targets = dict(zip(answers.prompt_id, emb))
     print(f"reply_targets: {len(targets)} train {args.target} targets in {embed_s:.0f} s", flush=True)
@@ -225,6 +234,7 @@ def main(argv: list[str] | None = None) -> int:
                         "layers": sorted(set(args.layers)),
                         "max_length": args.max_length,
                         "components": args.target_dim,
+                        "variance_kept": round(variance_kept, 4),
                     }
                 }
                 if args.target == "decoder"

@@ -42,7 +42,7 @@ import pandas as pd
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from decoder_features import add_reader_flags, features_of  # noqa: E402
+from decoder_features import add_reader_flags, features_of, zscore  # noqa: E402
 
 from pipeline.cli import comma_numbers  # noqa: E402
 from pipeline.contracts import generations_path, labels_path, prompts_path, write_json  # noqa: E402
@@ -51,10 +51,6 @@ from pipeline.ranking.metrics import kendall_tau_b  # noqa: E402
 
 # answer-length bins, tokens, (lo, hi]: fine where a late answer costs most per token
 EDGES = (0, 2, 5, 10, 20, 40, 70, 100, 150, 200, 275, 350, 450, 600, 800, 1100, np.inf)
-
-
-def zscore(x: np.ndarray) -> np.ndarray:
-    return (x - x.mean()) / (x.std() or 1.0)
 
 
 def fit_bins(x_train, o_train, x_val, *, seeds=5, epochs=3, hidden=256, lr=3e-4, batch_size=64) -> np.ndarray:

@@ -20,9 +20,10 @@ score, and the rest are preempted (recompute) back into score order.
     python benchmarks/val_serving.py --predictors chatgpt/pairwise --probe-tokens 4,8,16,32
     python benchmarks/val_serving.py --predictors chatgpt/pairwise+decoder --blend-weights 0,0.1,0.2,0.3,0.5,1
 
-With --blend-weights W each decoder blend is also served as W * z(its encoder's score) + (1 - W) *
-z(its decoder head's), z-scored on these prompts: the blend weight by the serving objective, where
-the blend stage chose it by val tau_b.
+With --blend-weights W each decoder blend is also served as W * z(its score without the decoder
+prior: the fine-tuned predictor's, lexical prior included) + (1 - W) * z(its decoder head's),
+z-scored on these prompts: the blend weight by the serving objective, where the blend stage chose it
+by val tau_b.
 
 A predictor is <train model>/<method> under models/, or a path to a checkpoint directory.
 Writes --out (default metrics/choices/val_serving-<model>.json).
@@ -145,7 +146,8 @@ def main(argv: list[str] | None = None) -> int:
         "--blend-weights",
         type=comma_numbers(float, minimum=0.0),
         default=[],
-        help="comma-separated encoder weights W in [0, 1]: also serve each decoder blend re-weighted (see above)",
+        help="comma-separated weights W in [0, 1] of the predictor's part: also serve each decoder blend "
+        "re-weighted (see above)",
     )
     ap.add_argument(
         "--probe-tokens",
@@ -183,16 +185,21 @@ def main(argv: list[str] | None = None) -> int:
     keys = {"fcfs": None, "oracle": o.astype(np.float64)}
     keys.update(zip(names, (np.asarray(x, dtype=np.float64) for x in score_together(scorers, texts, progress=True))))
 
+    blends = {}
     for name, scorer in zip(names, scorers):
         if args.blend_weights and scorer.decoder is not None:
-            encoder_score = np.empty(len(texts))
+            base_score = np.empty(len(texts))  # the fine-tuned predictor's score: what the decoder prior is added to
             for rows, part in scorer.score_parts(texts, with_decoder=False):
-                encoder_score[rows] = part
-            # the blend is score_weight * encoder + decoder_weight * head: the head's part without a second read
+                base_score[rows] = part
+            # the blend is score_weight * base + decoder_weight * head: the head's part without a second read
             _, score_weight, decoder_weight = scorer.decoder
-            head_score = (keys[name] - score_weight * encoder_score) / decoder_weight
+            if decoder_weight == 0:
+                sys.exit(f"val_serving: {name}: its decoder weight is 0 (the blend chose the predictor alone)")
+            head_score = (keys[name] - score_weight * base_score) / decoder_weight
+            blends[name] = {"w": scorer.meta["decoder"].get("w"), "score_weight": score_weight}
+            blends[name]["decoder_weight"] = decoder_weight
             for w in args.blend_weights:
-                keys[f"{name} (w {w:g})"] = w * zscore(encoder_score) + (1 - w) * zscore(head_score)
+                keys[f"{name} (w {w:g})"] = w * zscore(base_score) + (1 - w) * zscore(head_score)
 
     if args.noise_twins:
         for name in names:
@@ -259,6 +266,7 @@ def main(argv: list[str] | None = None) -> int:
             "scenario": "burst of every val prompt at t = 0, simulate.engine settings",
             "command": "python benchmarks/val_serving.py " + " ".join(argv if argv is not None else sys.argv[1:]),
             "policies": rows,
+            **({"blends": blends} if blends else {}),
         },
         args.out or f"metrics/choices/val_serving-{args.model}.json",
     )

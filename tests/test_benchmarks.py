@@ -245,8 +245,8 @@ def test_reply_targets_reader_targets_are_unit_principal_components(bench):
     x = rng.normal(size=(60, 12)).astype(np.float32)
     x[:, 0] *= 1.0 + 9.0 * (np.arange(60) % 2)  # even rows small, odd rows large on feature 0
     x[7] = x[3]
-    z = rt.reader_target_vectors(x, 4)
-    assert z.shape == (60, 4) and np.allclose(np.linalg.norm(z, axis=1), 1.0, atol=1e-5)
+    z, kept = rt.reader_target_vectors(x, 4)
+    assert 4 / 12 < kept < 1 and z.shape == (60, 4) and np.allclose(np.linalg.norm(z, axis=1), 1.0, atol=1e-5)
     assert np.allclose(z[7], z[3]) and not np.allclose(z[3], z[4])
     with pytest.raises(ValueError, match="--target-dim 13"):
         rt.reader_target_vectors(x, 13)

@@ -555,8 +555,9 @@ def test_val_serving_benchmark_serves_the_val_split(tmp_path, monkeypatch, tiny_
     assert probed["requests"] == 20 and probed["continuations_admitted_before_their_probe_ended"] == 0
     with pytest.raises(SystemExit):
         bench.main(["--model", "toy", "--predictors", str(tiny_checkpoint), "--probe-tokens", "0"])
-    with pytest.raises(SystemExit):  # re-weighting needs a decoder blend
+    with pytest.raises(SystemExit) as exc:  # re-weighting needs a decoder blend: argparse's error
         bench.main(["--model", "toy", "--predictors", str(tiny_checkpoint), "--blend-weights", "0.5"])
+    assert exc.value.code == 2
 
 
 def test_probe_phase_serves_short_answers_first_and_recomputes_the_rest(monkeypatch):
