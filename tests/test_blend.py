@@ -530,8 +530,8 @@ def test_decoder_blend_with_a_pairwise_head_serves_what_it_chose(toy_models, tin
     expected = score_weight * source.score(test) + decoder_weight * prior.predict(test)
     np.testing.assert_allclose(blended.score(test), expected, rtol=1e-3, atol=1e-3)
 
-    # benchmarks/val_serving.py --blend-weights serves the blend re-weighted: W 1 is its encoder's order
-    # (the source predictor's), W 0 its head's, and the chosen weight ranks as the checkpoint does
+    # benchmarks/val_serving.py --blend-weights serves the blend re-weighted: W 1 is the order of its score
+    # without the decoder prior (the source predictor's), W 0 its head's, the chosen W the checkpoint's
     import importlib.util
 
     import yaml
