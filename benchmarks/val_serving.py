@@ -47,6 +47,7 @@ from pipeline.cli import comma_numbers  # noqa: E402
 from pipeline.contracts import generations_path, prompts_path, write_json  # noqa: E402
 from pipeline.params import load_params  # noqa: E402
 from pipeline.queueing.policies import on_pars_scheduler  # noqa: E402
+from pipeline.ranking.decoder import SUBDIR as DECODER_SUBDIR  # noqa: E402
 from pipeline.ranking.metrics import kendall_tau_b  # noqa: E402
 
 # answer-length buckets (tokens) of the excess-over-oracle breakdown: (lo, hi] each
@@ -156,7 +157,6 @@ def main(argv: list[str] | None = None) -> int:
         help="comma-separated K: also serve each predictor after a probe phase of K tokens per request",
     )
     args = ap.parse_args(argv)
-    probes = args.probe_tokens
     if any(w > 1 for w in args.blend_weights):
         ap.error(f"--blend-weights {args.blend_weights}: each weight must be in [0, 1]")
 
@@ -169,7 +169,7 @@ def main(argv: list[str] | None = None) -> int:
     for path in [prompts_path(), generations_path(args.model)] + [d / "pars.json" for d in dirs]:
         if not path.is_file():
             sys.exit(f"val_serving: {path} not found (run `dvc repro`, or check --model / --predictors)")
-    if args.blend_weights and not any((d / "decoder").is_dir() for d in dirs):
+    if args.blend_weights and not any((d / DECODER_SUBDIR).is_dir() for d in dirs):
         ap.error("--blend-weights: none of --predictors is a decoder blend (a checkpoint with decoder/)")
     prompts = pd.read_parquet(prompts_path()).drop_duplicates("prompt_id").set_index("prompt_id")
     gens = pd.read_parquet(generations_path(args.model))
@@ -215,7 +215,7 @@ def main(argv: list[str] | None = None) -> int:
     }
     probe_early = {}
     for name in names:
-        for k in probes:
+        for k in args.probe_tokens:
             label = f"{name} (probe {k})"
             results[label], probe_early[label] = probe_then_rank(arrival, s, o, keys[name], k, cfg)
             keys[label] = keys[name]  # the same order after the probe: tau_b is the predictor's

@@ -179,16 +179,19 @@ def params_path(path: str | Path | None = None) -> Path:
     return Path(env)
 
 
-def params_origin(path: str | Path | None) -> str:
-    """ " ($PARS_PARAMS)" when params_path(path) comes from that variable (a stale one is named), else ""."""
-    return " ($PARS_PARAMS)" if not path and os.environ.get("PARS_PARAMS") else ""
+def existing_params_path(path: str | Path | None = None) -> Path:
+    """params_path(path), or FileNotFoundError naming the file, and $PARS_PARAMS when it came from
+    there (a stale variable). Every command that reads the params file finds it here."""
+    found = params_path(path)
+    if not found.exists():
+        origin = " ($PARS_PARAMS)" if not path and os.environ.get("PARS_PARAMS") else ""
+        raise FileNotFoundError(f"params file not found: {found}{origin}")
+    return found
 
 
 def load_params(section: str, path: str | Path | None = None) -> Section:
     """Return the `section` of the params file (params_path: default `params.yaml`, or $PARS_PARAMS)."""
-    given, path = path, params_path(path)
-    if not path.exists():
-        raise FileNotFoundError(f"params file not found: {path}{params_origin(given)}")
+    path = existing_params_path(path)
     data = read_yaml(path)
     if not isinstance(data, dict):
         raise PARSError(
