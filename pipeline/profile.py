@@ -26,7 +26,7 @@ from typing import Any
 import yaml
 
 from pipeline.errors import PARSError
-from pipeline.params import Section, as_section, existing_params_path, read_yaml
+from pipeline.params import Section, as_section, existing_params_path, params_path, read_yaml
 from pipeline.ranking.predictors import evaluated_predictors, names
 
 
@@ -243,7 +243,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--params", default=None, help="params file to switch (default params.yaml, or $PARS_PARAMS)")
     args = parser.parse_args(argv)
     # the file the other commands read (pipeline.params.load_params): switch that one
-    params = str(existing_params_path(args.params))
+    # a --params given is apply_profile's to check (its line says what to give); the default or
+    # $PARS_PARAMS the shared check's, which names a stale variable
+    params = str(params_path(args.params) if args.params else existing_params_path())
     merged = apply_profile(args.profile, params)
     dvc_yaml = Path(params).with_name("dvc.yaml")
     also = f"; evaluate's model deps in {dvc_yaml} follow it" if dvc_yaml.is_file() else ""
