@@ -106,6 +106,22 @@ def test_a_truncated_lexical_file_with_a_matching_hash_is_a_checkpoint_error(
     one_line_error(rc, err, "score", str(weights))
 
 
+def test_a_lexical_weight_past_float32s_range_is_one_line_without_a_warning(
+    capsys, tmp_path, tiny_bert_config, tokenizer
+):
+    import warnings
+
+    ckpt = _lexical_checkpoint(tmp_path / "ckpt", tiny_bert_config, tokenizer)
+    meta = json.loads((ckpt / META).read_text())
+    meta["lexical"]["lexical_weight"] = 1e300  # finite as a float64, inf as the float32 score
+    (ckpt / META).write_text(json.dumps(meta))
+    (src := tmp_path / "in.jsonl").write_text('{"prompt": "hello"}\n{"prompt": "write an essay"}\n')
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # numpy's overflow warning would print before the error line
+        rc, _, err = run_cli(capsys, "score", "--checkpoint", ckpt, src)
+    assert "non-finite scores for 2 of 2 prompts" in one_line_error(rc, err, "score", f"--checkpoint {ckpt}")
+
+
 # ---------------------------------------------------------------- pars report
 
 

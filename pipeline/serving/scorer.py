@@ -361,7 +361,7 @@ class Scorer:
             if lexical_prediction is None:
                 lexical_prediction = model.predict(texts)
             blended = encoder_weight * encoder_scores.astype(np.float64) + lexical_weight * lexical_prediction
-            score = blended.astype(np.float32)
+            score = _scores_float32(blended)
         return self.add_decoder(score, texts) if with_decoder else score
 
     def add_decoder(self, scores: np.ndarray, texts: Sequence[str], progress: bool = False) -> np.ndarray:
@@ -371,7 +371,7 @@ class Scorer:
             return scores
         prior, score_weight, decoder_weight = self.decoder
         added = score_weight * scores.astype(np.float64) + decoder_weight * prior.predict(texts, progress)
-        return added.astype(np.float32)
+        return _scores_float32(added)
 
     def encode(self, texts: Sequence[str]) -> list[list[int]]:
         """Token ids as the model sees them: cut to max_length, head + tail, as in training."""
@@ -379,6 +379,13 @@ class Scorer:
 
         texts = _text_list(texts)
         return encode_prompts(self.tokenizer, texts, self.max_length, self.head_fraction) if texts else []
+
+
+def _scores_float32(scores: np.ndarray) -> np.ndarray:
+    """Scores as float32; one beyond float32's range (a hand-edited weight) becomes inf without
+    numpy's overflow warning, for the caller's non-finite check to refuse in one line."""
+    with np.errstate(over="ignore"):
+        return scores.astype(np.float32)
 
 
 def as_stored(texts: Sequence[str]) -> list[str]:
