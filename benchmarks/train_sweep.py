@@ -14,9 +14,13 @@ A grid file:
       default: {}
       lr 2e-4: {overrides: {lr: 2.0e-4}}
       later turns: {model: chatgpt_turns}                      # data/pairs/chatgpt_turns/
+      delta 0.35: {delta: 0.35}    # pairs rebuilt by the pairs stage with this pairs.delta
 
-Override keys must exist in the train section (a typo fails before anything trains). The output
-keeps finished runs: a rerun skips a run already there with the same settings.
+Override keys must exist in the train section (a typo fails before anything trains). A run (or base)
+with `delta` trains on pairs the pairs stage rebuilds in a scratch data root with that pairs.delta (the
+rest of the pairs section from --params; prompts and generations read from --data): train forms its
+in-batch pairs with the δ of pairs/<model>/meta.json. The output keeps finished runs: a rerun skips a
+run already there with the same settings.
 """
 
 from __future__ import annotations
@@ -67,7 +71,31 @@ def plan(grid: dict[str, Any], train: dict[str, Any], gpu: bool, grid_path: str)
             "method": run.get("method", base.get("method", "pairwise")),
             "train": cfg,
         }
+        delta = run.get("delta", base.get("delta"))
+        if delta is not None:  # only then a key: earlier records' settings still match theirs
+            if isinstance(delta, bool) or not isinstance(delta, (int, float)) or not 0 < delta < 1:
+                raise SystemExit(f"train_sweep: {grid_path}: runs.{name}: delta {delta!r} must be a number in (0, 1)")
+            runs[str(name)]["delta"] = float(delta)
     return runs
+
+
+def pairs_at_delta(data_root: str, scratch: Path, members: list[str], delta: float, params: str | None) -> str:
+    """A data root under `scratch` whose pairs/<member>/ the pairs stage rebuilt with pairs.delta =
+    `delta` (the rest of --params' pairs section), prompts and generations linked from `data_root`."""
+    import yaml
+
+    from pipeline.pairs import main as pairs_main
+
+    root = scratch / "data"
+    root.mkdir()
+    for sub in ("prompts", "generations"):
+        (root / sub).symlink_to(Path(data_root, sub).resolve(), target_is_directory=True)
+    pairs_params = scratch / "pairs-params.yaml"
+    pairs_params.write_text(yaml.safe_dump({"pairs": {**load_params("pairs", params), "delta": delta}}))
+    for member in members:
+        argv = ["--model", member, "--params", str(pairs_params), "--data", str(root)]
+        pairs_main([*argv, "--metrics", str(scratch / "pairs-metrics")])
+    return str(root)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -116,11 +144,15 @@ def main(argv: list[str] | None = None) -> int:
         t0 = time.perf_counter()
         with tempfile.TemporaryDirectory() as tmp:
             try:
+                data_root = args.data
+                if "delta" in run:
+                    members = run["train"].get("cross_models", {}).get(run["model"], [run["model"]])
+                    data_root = pairs_at_delta(args.data, Path(tmp), members, run["delta"], args.params)
                 res = train_one(
                     run["model"],
                     run["method"],
                     run["train"],
-                    data_root=args.data,
+                    data_root=data_root,
                     models_root=Path(tmp) / "models",
                     metrics_dir=Path(tmp) / "metrics",
                     plots_dir=Path(tmp) / "plots",
@@ -134,6 +166,7 @@ def main(argv: list[str] | None = None) -> int:
             "best_epoch": res["best_epoch"],
             "epochs_run": res["epochs_run"],
             "n_train_prompts": res["n_train_prompts"],
+            "pairs_seen": res["pairs_seen"],  # in-batch pairs kept by the δ filter, over every epoch
             "train_seconds": res["train_seconds"],
             "run_seconds": round(time.perf_counter() - t0, 1),
             "curve_csv": curve,

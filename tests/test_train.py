@@ -1059,14 +1059,19 @@ def test_train_sweep_runs_each_setting_once_and_rejects_typos(toy_root, tiny_enc
     monkeypatch.setenv("WANDB_MODE", "disabled")
     sweep = _benchmark_module("train_sweep")
     params = tmp_path / "params.yaml"
-    params.write_text(yaml.safe_dump({"train": dict(train_params(tiny_encoder_dir, epochs=2))}))
+    pairs = yaml.safe_load((toy_root / "params.yaml").read_text())["pairs"]  # delta 0.2
+    params.write_text(yaml.safe_dump({"train": dict(train_params(tiny_encoder_dir, epochs=2)), "pairs": pairs}))
     grid = tmp_path / "grid.yaml"
     grid.write_text(
         yaml.safe_dump(
             {
                 "question": "toy",
                 "base": {"model": "toy", "method": "pairwise"},
-                "runs": {"default": {}, "one epoch, pointwise": {"method": "pointwise", "overrides": {"epochs": 1}}},
+                "runs": {
+                    "default": {},
+                    "one epoch, pointwise": {"method": "pointwise", "overrides": {"epochs": 1}},
+                    "delta 0.6": {"delta": 0.6},
+                },
             }
         )
     )
@@ -1076,6 +1081,9 @@ def test_train_sweep_runs_each_setting_once_and_rejects_typos(toy_root, tiny_enc
     runs = json.loads(out.read_text())["runs"]
     assert runs["default"]["epochs_run"] == 2 and runs["one epoch, pointwise"]["epochs_run"] == 1
     assert runs["one epoch, pointwise"]["settings"]["method"] == "pointwise"
+    # the delta run trained on pairs rebuilt with delta 0.6: fewer in-batch pairs than at 0.2
+    assert runs["delta 0.6"]["settings"]["delta"] == 0.6 and "delta" not in runs["default"]["settings"]
+    assert 0 < runs["delta 0.6"]["pairs_seen"] < runs["default"]["pairs_seen"], runs
     assert all(r["val_tau_b"] > 0.2 for r in runs.values()), runs  # the toy task is learnable
     assert png.stat().st_size > 0
 
@@ -1087,6 +1095,9 @@ def test_train_sweep_runs_each_setting_once_and_rejects_typos(toy_root, tiny_enc
 
     grid.write_text(yaml.safe_dump({"runs": {"typo": {"overrides": {"learning_rate": 1e-3}}}}))
     with pytest.raises(SystemExit, match="'learning_rate' is not a train param"):
+        sweep.main(argv)
+    grid.write_text(yaml.safe_dump({"runs": {"all pairs": {"delta": 0}}}))
+    with pytest.raises(SystemExit, match=r"runs.all pairs: delta 0 must be a number in \(0, 1\)"):
         sweep.main(argv)
     from pipeline.errors import PARSError
 
