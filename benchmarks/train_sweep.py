@@ -102,8 +102,16 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("grid", help="grid file (YAML): base and runs")
     ap.add_argument("--out", required=True, help="JSON written after every run (finished runs are kept)")
-    ap.add_argument("--data", default="data", help="data root holding prompts/ and pairs/<model>/")
-    ap.add_argument("--params", default=None, help="params file whose train section is the base (params.yaml)")
+    ap.add_argument(
+        "--data",
+        default="data",
+        help="data root holding prompts/ and pairs/<model>/ (generations/ for a run with delta)",
+    )
+    ap.add_argument(
+        "--params",
+        default=None,
+        help="params file whose train section is the base, with the pairs section a delta run rebuilds from (params.yaml)",
+    )
     ap.add_argument("--gpu", action="store_true", help="train on one CUDA GPU (train.lightning overridden)")
     ap.add_argument("--encoder", default=None, help="a local encoder directory in place of train.encoder")
     ap.add_argument("--plot", default=None, help="also draw every run's val tau_b to this PNG")
