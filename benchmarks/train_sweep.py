@@ -20,7 +20,7 @@ Override keys must exist in the train section (a typo fails before anything trai
 with `delta` trains on pairs the pairs stage rebuilds in a scratch data root with that pairs.delta (the
 rest of the pairs section from --params; prompts and generations read from --data): train forms its
 in-batch pairs with the δ of pairs/<model>/meta.json. The output keeps finished runs: a rerun skips a
-run already there with the same settings.
+run already there with the same settings (for a delta run, its δ: not the rest of the pairs section).
 """
 
 from __future__ import annotations
@@ -39,6 +39,7 @@ from pipeline.contracts import write_json  # noqa: E402
 from pipeline.params import load_params, read_yaml  # noqa: E402
 from pipeline.profile import deep_merge  # noqa: E402
 
+RUN_KEYS = ("model", "method", "overrides", "delta")  # of base and of each run
 GPU_LIGHTNING = {"accelerator": "gpu", "devices": 1, "num_nodes": 1, "precision": "32-true", "strategy": "auto"}
 
 
@@ -60,6 +61,12 @@ def plan(grid: dict[str, Any], train: dict[str, Any], gpu: bool, grid_path: str)
     bad = [str(n) for n, r in grid["runs"].items() if r is not None and not isinstance(r, dict)]
     if not isinstance(base, dict) or bad:
         raise SystemExit(f"train_sweep: {grid_path}: base and each run must be a mapping ({', '.join(bad) or 'base'})")
+    for where, entry in [("base", base)] + [(f"runs.{n}", r or {}) for n, r in grid["runs"].items()]:
+        unknown = sorted(str(k) for k in entry if k not in RUN_KEYS)
+        if unknown:  # a misspelt `delta` would otherwise train at the data root's δ, recorded as asked
+            raise SystemExit(
+                f"train_sweep: {grid_path}: {where}: unknown key {unknown[0]!r} (keys: {', '.join(RUN_KEYS)})"
+            )
     base_cfg = merged(dict(train), {"lightning": GPU_LIGHTNING} if gpu else {}, f"{grid_path}: gpu")
     base_cfg = merged(base_cfg, base.get("overrides") or {}, f"{grid_path}: base.overrides")
     runs = {}
@@ -71,17 +78,44 @@ def plan(grid: dict[str, Any], train: dict[str, Any], gpu: bool, grid_path: str)
             "method": run.get("method", base.get("method", "pairwise")),
             "train": cfg,
         }
-        delta = run.get("delta", base.get("delta"))
+        delta, where = (run["delta"], f"runs.{name}") if "delta" in run else (base.get("delta"), "base")
         if delta is not None:  # only then a key: earlier records' settings still match theirs
             if isinstance(delta, bool) or not isinstance(delta, (int, float)) or not 0 < delta < 1:
-                raise SystemExit(f"train_sweep: {grid_path}: runs.{name}: delta {delta!r} must be a number in (0, 1)")
+                raise SystemExit(f"train_sweep: {grid_path}: {where}: delta {delta!r} must be a number in (0, 1)")
             runs[str(name)]["delta"] = float(delta)
+            members_of(runs[str(name)], f"{grid_path}: runs.{name}")
     return runs
 
 
-def pairs_at_delta(data_root: str, scratch: Path, members: list[str], delta: float, params: str | None) -> str:
-    """A data root under `scratch` whose pairs/<member>/ the pairs stage rebuilt with pairs.delta =
-    `delta` (the rest of --params' pairs section), prompts and generations linked from `data_root`."""
+def members_of(run: dict[str, Any], where: str) -> list[str]:
+    """The models whose pairs a run trains on: a cross-model set's members, else the model itself."""
+    members = (run["train"].get("cross_models") or {}).get(run["model"], [run["model"]])
+    if not isinstance(members, list) or not members or not all(isinstance(m, str) and m for m in members):
+        raise SystemExit(f"train_sweep: {where}: cross_models.{run['model']} {members!r} is not a list of model names")
+    return members
+
+
+def delta_pairs_section(params: str | None, data_root: str) -> dict[str, Any]:
+    """The pairs section a delta run rebuilds its pairs with (its own delta aside), checked by the
+    pairs stage's rules, and the --data folders it reads: before anything trains."""
+    from pipeline.pairs import check_params
+
+    try:
+        section = load_params("pairs", params)
+    except KeyError as exc:  # no pairs section
+        raise SystemExit(f"train_sweep: {exc.args[0]} (a run with delta rebuilds its pairs with it)") from None
+    check_params(section)  # a bad value: one line naming the params file and key
+    for sub in ("prompts", "generations"):
+        if not Path(data_root, sub).is_dir():
+            raise SystemExit(
+                f"train_sweep: --data {data_root} has no {sub}/ (a run with delta rebuilds its pairs from it)"
+            )
+    return dict(section)
+
+
+def pairs_at_delta(data_root: str, scratch: Path, members: list[str], delta: float, pairs: dict[str, Any]) -> str:
+    """A data root under `scratch` whose pairs/<member>/ the pairs stage rebuilt with `pairs`
+    (delta_pairs_section) at pairs.delta = `delta`, prompts and generations linked from `data_root`."""
     import yaml
 
     from pipeline.pairs import main as pairs_main
@@ -91,7 +125,7 @@ def pairs_at_delta(data_root: str, scratch: Path, members: list[str], delta: flo
     for sub in ("prompts", "generations"):
         (root / sub).symlink_to(Path(data_root, sub).resolve(), target_is_directory=True)
     pairs_params = scratch / "pairs-params.yaml"
-    pairs_params.write_text(yaml.safe_dump({"pairs": {**load_params("pairs", params), "delta": delta}}))
+    pairs_params.write_text(yaml.safe_dump({"pairs": {**pairs, "delta": delta}}))
     for member in members:
         argv = ["--model", member, "--params", str(pairs_params), "--data", str(root)]
         pairs_main([*argv, "--metrics", str(scratch / "pairs-metrics")])
@@ -127,6 +161,7 @@ def main(argv: list[str] | None = None) -> int:
             raise SystemExit(f"train_sweep: --encoder {args.encoder} is not a directory")
         train["encoder"] = args.encoder
     runs = plan(grid, train, args.gpu, str(grid_path))
+    pairs = delta_pairs_section(args.params, args.data) if any("delta" in r for r in runs.values()) else None
     if args.gpu:
         import torch
 
@@ -154,8 +189,8 @@ def main(argv: list[str] | None = None) -> int:
             try:
                 data_root = args.data
                 if "delta" in run:
-                    members = run["train"].get("cross_models", {}).get(run["model"], [run["model"]])
-                    data_root = pairs_at_delta(args.data, Path(tmp), members, run["delta"], args.params)
+                    members = members_of(run, name)
+                    data_root = pairs_at_delta(args.data, Path(tmp), members, run["delta"], pairs)
                 res = train_one(
                     run["model"],
                     run["method"],

@@ -106,18 +106,20 @@ def test_a_truncated_lexical_file_with_a_matching_hash_is_a_checkpoint_error(
     one_line_error(rc, err, "score", str(weights))
 
 
+@pytest.mark.parametrize("weight", [1e300, 1.7e308])  # inf as float32 only; inf already in float64
 def test_a_lexical_weight_past_float32s_range_is_one_line_without_a_warning(
-    capsys, tmp_path, tiny_bert_config, tokenizer
+    capsys, tmp_path, tiny_bert_config, tokenizer, weight
 ):
     import warnings
 
     ckpt = _lexical_checkpoint(tmp_path / "ckpt", tiny_bert_config, tokenizer)
     meta = json.loads((ckpt / META).read_text())
-    meta["lexical"]["lexical_weight"] = 1e300  # finite as a float64, inf as the float32 score
+    meta["lexical"]["lexical_weight"] = weight
     (ckpt / META).write_text(json.dumps(meta))
     (src := tmp_path / "in.jsonl").write_text('{"prompt": "hello"}\n{"prompt": "write an essay"}\n')
     with warnings.catch_warnings():
-        warnings.simplefilter("error")  # numpy's overflow warning would print before the error line
+        # numpy's overflow warning would print before the error line
+        warnings.filterwarnings("error", category=RuntimeWarning)
         rc, _, err = run_cli(capsys, "score", "--checkpoint", ckpt, src)
     assert "non-finite scores for 2 of 2 prompts" in one_line_error(rc, err, "score", f"--checkpoint {ckpt}")
 

@@ -1099,6 +1099,23 @@ def test_train_sweep_runs_each_setting_once_and_rejects_typos(toy_root, tiny_enc
     grid.write_text(yaml.safe_dump({"runs": {"all pairs": {"delta": 0}}}))
     with pytest.raises(SystemExit, match=r"runs.all pairs: delta 0 must be a number in \(0, 1\)"):
         sweep.main(argv)
+    grid.write_text(yaml.safe_dump({"runs": {"typo": {"detla": 0.35}}}))  # else trained at the root's δ
+    with pytest.raises(SystemExit, match="runs.typo: unknown key 'detla'"):
+        sweep.main(argv)
+    grid.write_text(yaml.safe_dump({"runs": {"delta 0.6": {"delta": 0.6}}}))
+    params.write_text(yaml.safe_dump({"train": dict(train_params(tiny_encoder_dir, epochs=2))}))
+    with pytest.raises(SystemExit, match=r"has no section 'pairs' \(a run with delta rebuilds its pairs with it\)"):
+        sweep.main(
+            [
+                str(grid),
+                "--out",
+                str(tmp_path / "other.json"),
+                "--params",
+                str(params),
+                "--data",
+                str(toy_root / "data"),
+            ]
+        )
     from pipeline.errors import PARSError
 
     grid.write_text("runs:\n  a: {}\n  a: {overrides: {epochs: 1}}\n")  # PyYAML alone would keep the last

@@ -360,8 +360,7 @@ class Scorer:
             model, encoder_weight, lexical_weight = self.lexical
             if lexical_prediction is None:
                 lexical_prediction = model.predict(texts)
-            blended = encoder_weight * encoder_scores.astype(np.float64) + lexical_weight * lexical_prediction
-            score = _scores_float32(blended)
+            score = _weighted_sum(encoder_weight, encoder_scores, lexical_weight, lexical_prediction)
         return self.add_decoder(score, texts) if with_decoder else score
 
     def add_decoder(self, scores: np.ndarray, texts: Sequence[str], progress: bool = False) -> np.ndarray:
@@ -370,8 +369,7 @@ class Scorer:
         if self.decoder is None or len(scores) == 0:
             return scores
         prior, score_weight, decoder_weight = self.decoder
-        added = score_weight * scores.astype(np.float64) + decoder_weight * prior.predict(texts, progress)
-        return _scores_float32(added)
+        return _weighted_sum(score_weight, scores, decoder_weight, prior.predict(texts, progress))
 
     def encode(self, texts: Sequence[str]) -> list[list[int]]:
         """Token ids as the model sees them: cut to max_length, head + tail, as in training."""
@@ -381,11 +379,12 @@ class Scorer:
         return encode_prompts(self.tokenizer, texts, self.max_length, self.head_fraction) if texts else []
 
 
-def _scores_float32(scores: np.ndarray) -> np.ndarray:
-    """Scores as float32; one beyond float32's range (a hand-edited weight) becomes inf without
-    numpy's overflow warning, for the caller's non-finite check to refuse in one line."""
-    with np.errstate(over="ignore"):
-        return scores.astype(np.float32)
+def _weighted_sum(weight_a: float, a: np.ndarray, weight_b: float, b: np.ndarray) -> np.ndarray:
+    """weight_a * a + weight_b * b, in float64, as float32 scores. Past float32's range (a hand-edited
+    weight) a score is inf or NaN without numpy's overflow warning, for the caller's non-finite check
+    to refuse in one line."""
+    with np.errstate(over="ignore", invalid="ignore"):
+        return (weight_a * np.asarray(a, np.float64) + weight_b * np.asarray(b, np.float64)).astype(np.float32)
 
 
 def as_stored(texts: Sequence[str]) -> list[str]:
