@@ -89,7 +89,10 @@ def plan(grid: dict[str, Any], train: dict[str, Any], gpu: bool, grid_path: str)
 
 def members_of(run: dict[str, Any], where: str) -> list[str]:
     """The models whose pairs a run trains on: a cross-model set's members, else the model itself."""
-    members = (run["train"].get("cross_models") or {}).get(run["model"], [run["model"]])
+    sets = run["train"].get("cross_models") or {}
+    if not isinstance(sets, dict):
+        raise SystemExit(f"train_sweep: {where}: cross_models {sets!r} is not a mapping of set name -> models")
+    members = sets.get(run["model"], [run["model"]])
     if not isinstance(members, list) or not members or not all(isinstance(m, str) and m for m in members):
         raise SystemExit(f"train_sweep: {where}: cross_models.{run['model']} {members!r} is not a list of model names")
     return members
