@@ -229,7 +229,7 @@ class Scorer:
         from safetensors.torch import load_file
         from transformers import AutoConfig, AutoTokenizer
 
-        from pipeline.ranking.model import LengthRanker
+        from pipeline.ranking.model import LengthRanker, encode_prompts
 
         check_batch_size(batch_size)  # before the checkpoint loads
         path = Path(path)
@@ -272,6 +272,10 @@ class Scorer:
                 f"checkpoint {path}: max_length {meta['max_length']} exceeds the encoder's "
                 f"max_position_embeddings {positions} (config.json)"
             )
+        try:  # a max_length the tokenizer's frame fills would fail at the first prompt, naming no checkpoint
+            encode_prompts(tokenizer, ["a"], meta["max_length"], head)
+        except ValueError as exc:
+            raise CheckpointError(f"checkpoint {path}: {exc}") from exc
         lexical = load_lexical(path, meta) if LEXICAL in meta else None
         decoder = load_decoder(path, meta, device) if DECODER in meta else None
         return cls(
