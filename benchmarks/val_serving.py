@@ -196,8 +196,8 @@ def main(argv: list[str] | None = None) -> int:
             if decoder_weight == 0:
                 sys.exit(f"val_serving: {name}: its decoder weight is 0 (the blend chose the predictor alone)")
             head_score = (keys[name] - score_weight * base_score) / decoder_weight
-            blends[name] = {"w": scorer.meta["decoder"].get("w"), "score_weight": score_weight}
-            blends[name]["decoder_weight"] = decoder_weight
+            w_chosen = scorer.meta["decoder"].get("w")
+            blends[name] = {"w": w_chosen, "score_weight": score_weight, "decoder_weight": decoder_weight}
             for w in args.blend_weights:
                 keys[f"{name} (w {w:g})"] = w * zscore(base_score) + (1 - w) * zscore(head_score)
 
