@@ -565,6 +565,31 @@ def test_scoring_worker_close_drops_the_backlog_and_joins():
         worker.submit(9)
 
 
+def test_scoring_worker_closed_again_after_a_timed_out_join_counts_no_stop_marker():
+    """close() whose join times out (a batch still scoring) leaves its stop marker queued; a second
+    close() must not count that marker as a dropped item, or the backlog goes negative."""
+    import threading
+
+    from pipeline.serving.scoring_worker import ScoringWorker
+
+    gate, started = threading.Event(), threading.Event()
+
+    def slow(items):
+        started.set()
+        gate.wait(5)
+        return [1.0] * len(items)
+
+    worker = ScoringWorker(slow, batch_size=1)
+    worker.submit(0)
+    assert started.wait(5)
+    worker.close(timeout=0.01)  # the batch in hand is still scoring: the join times out
+    assert worker._thread.is_alive()
+    worker.close(timeout=0.01)
+    gate.set()
+    worker._thread.join(5)
+    assert not worker._thread.is_alive() and worker.backlog == 0 and worker.wait_idle(1)
+
+
 def test_scoring_worker_delivers_parts_as_they_finish():
     """A scorer that yields (positions, scores) parts: each part reaches take() as soon as it is
     yielded; a failure mid-batch reports only the prompts not yet delivered; a repeated position or

@@ -104,10 +104,12 @@ class ScoringWorker:
         dropped = 0
         while True:
             try:
-                self._inbox.get_nowait()
-                dropped += 1  # not scored: wait_idle must not wait for it
+                item = self._inbox.get_nowait()
             except queue.Empty:
                 break
+            # not scored: wait_idle must not wait for it (a stop marker left by an earlier close whose
+            # join timed out is no submitted item)
+            dropped += item is not _STOP
         self._count_finished(dropped)
         if self._thread.is_alive():
             self._inbox.put(_STOP)
