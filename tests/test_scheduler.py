@@ -265,6 +265,36 @@ def test_starved_request_goes_first_oldest_first(make_scheduler, which):
     assert eng.order() == ["blocker", "old", "young", "short0", "short1", "short2", "short3"]
 
 
+@CLASSES
+def test_a_starved_request_skipped_by_vllm_keeps_its_turn(make_scheduler, which):
+    """vLLM skips a waiting request it cannot start yet (a grammar not compiled, a LoRA slot, a KV
+    load): popped, then prepended after the step. A starved request skipped so must still go first at
+    the next opening, not fall back to its score's place."""
+    cls, is_async = _pick(which)
+    sched = make_scheduler(cls, max_num_seqs=1, async_scheduling=is_async, pars={"starvation_s": 50})
+    blocked = {"old": 1}  # the first time "old" heads the queue it is not ready
+    ready = sched._handle_blocked_waiting_request
+
+    def not_ready_once(request):
+        if blocked.get(request.request_id, 0) > 0:
+            blocked[request.request_id] -= 1
+            return False
+        return ready(request)
+
+    sched._handle_blocked_waiting_request = not_ready_once
+    eng = FakeEngine(sched, is_async)
+    eng.add("blocker", 20, out_len=60, score=0.0)
+    eng.step()
+    eng.add("old", 20, out_len=2, score=200.0)  # the longest score; starved by the time the blocker ends
+    eng.t += 25
+    for i in range(3):
+        eng.add(f"short{i}", 20, out_len=2, score=float(i))
+    eng.run()
+    assert blocked["old"] == 0  # it was skipped once
+    # skipped, "old" lets short0 take the slot; at the next opening it is still starved and goes first
+    assert eng.order() == ["blocker", "short0", "old", "short1", "short2"]
+
+
 def test_starvation_promotes_within_a_priority_level_only(make_scheduler):
     """A starved request goes ahead of its own priority level, never ahead of a more urgent one."""
     from pipeline.serving.vllm_scheduler import PARSScheduler
