@@ -74,6 +74,16 @@ def add_reader_flags(
     )
 
 
+def reader_inputs_missing(args: argparse.Namespace, script: str) -> bool:
+    """True, after one line on stderr naming the path, when the data root's ChatGPT prompts and labels
+    or the decoder (`add_reader_flags`' --data and --decoder) are missing."""
+    for path in (prompts_path(args.data), labels_path("chatgpt", args.data), Path(args.decoder) / "config.json"):
+        if not Path(path).exists():
+            print(f"{script}: {path} is missing (dvc repro materialize pairs@chatgpt)", file=sys.stderr)
+            return True
+    return False
+
+
 def zscore(x: np.ndarray) -> np.ndarray:
     return (x - x.mean()) / (x.std() or 1.0)
 
@@ -213,10 +223,8 @@ def main(argv: list[str] | None = None) -> int:
             file=sys.stderr,
         )
         return 2
-    for path in (prompts_path(args.data), labels_path("chatgpt", args.data), Path(args.decoder) / "config.json"):
-        if not Path(path).exists():
-            print(f"decoder_features: {path} is missing (dvc repro materialize pairs@chatgpt)", file=sys.stderr)
-            return 2
+    if reader_inputs_missing(args, "decoder_features"):
+        return 2
 
     import torch
 

@@ -304,6 +304,63 @@ def test_decoder_features_cache_gives_the_rows_and_layers_asked_and_the_cross_fi
     assert combined["val_tau_b"] == pytest.approx(1.0)
 
 
+def test_decoder_pooling_keeps_each_prompts_own_token_states_and_the_pooled_heads_learn(bench, tiny_decoder):
+    import torch
+
+    from pipeline.ranking.decoder import DecoderFeatures
+
+    dp = bench("decoder_pooling")
+    reader = DecoderFeatures.load(tiny_decoder, [1, 3], max_length=16)
+    texts = ["say hi", "a much longer prompt " * 9, "explain rome in detail", "hi", "write a long essay about rome"]
+    feats, offsets, states = dp.read_token_states(reader, [1, 3], texts, batch_size=2)
+    np.testing.assert_allclose(feats, reader.embed(texts), atol=1e-3)  # the reader's own features (bf16 where native)
+    n_prefix = len(reader.shared_prefix())
+    width = 32  # the tiny decoder's hidden size
+    lasts = []
+    for i, e in enumerate(reader.encode(texts)):
+        own = states[offsets[i] : offsets[i + 1]].float().numpy()
+        assert len(own) == len(e) - n_prefix  # its tokens after the cached prefix, no padding
+        for part in range(2):  # per layer read: [last position, mean]; the states: the layers side by side
+            np.testing.assert_allclose(
+                own[-1, part * width : (part + 1) * width],
+                feats[i, 2 * part * width : (2 * part + 1) * width],
+                atol=2e-3,
+            )
+        lasts.append(own[-1])
+    assert min(np.abs(a - b).max() for a, b in zip(lasts, lasts[1:])) > 0.01  # the check tells prompts apart
+    stats = dp.pooled_statistics(states, offsets)
+    assert sorted(stats) == sorted(dp.STATISTICS) and all(v.shape == (len(texts), 2 * width) for v in stats.values())
+    first = states[offsets[0] : offsets[1]].float()
+    np.testing.assert_allclose(stats["max"][0], first.max(0).values.numpy())
+    np.testing.assert_allclose(stats["last-12 mean"][0], first[-12:].mean(0).numpy(), rtol=1e-5, atol=1e-7)
+
+    # the attention head learns a length that its tokens carry: a marker token's count
+    rng = np.random.default_rng(0)
+    n_prompts, d = 200, 4
+    lengths = rng.integers(1, 30, n_prompts)
+    toks = [
+        np.hstack([np.eye(2)[(np.arange(k) < m).astype(int)], rng.normal(size=(k, d - 2))])
+        for k, m in zip(rng.integers(12, 20, n_prompts), np.minimum(lengths // 3, 11))
+    ]
+    offs = np.cumsum([0] + [len(t) for t in toks])
+    y = np.expm1(lengths / 5.0)
+    cfg = dict(seeds=2, epochs=20, hidden=16, lr=3e-3, batch_size=32, delta=0.2, margin=0.0, margin_per_log_length=1.0)
+    train, val = np.arange(150), np.arange(150, n_prompts)
+    score = dp.fit_attention_heads(
+        torch.tensor(np.vstack(toks), dtype=torch.bfloat16),
+        offs,
+        rng.normal(size=(n_prompts, 3)).astype(np.float32),
+        y,
+        np.zeros(n_prompts, bool),
+        train,
+        val,
+        cfg,
+    )
+    from pipeline.ranking.metrics import kendall_tau_b
+
+    assert score.shape == (50,) and kendall_tau_b(score, y[val]) > 0.5
+
+
 def test_decoder_head_settings_come_from_params_and_a_missing_section_is_one_line(bench, tmp_path, monkeypatch, capsys):
     df = bench("decoder_features")
     cfg = df.head_settings()  # the repository's params.yaml: the blend's head, whole

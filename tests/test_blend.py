@@ -224,33 +224,6 @@ def test_evaluate_names_blended_predictors_as_model_and_method():
         evaluated_predictors({**params, "blends": ["r"]})
 
 
-@pytest.fixture
-def tiny_decoder(tmp_path, tokenizer):
-    """A random 4-layer Llama over the MiniLM vocabulary, with a chat template: a decoder directory
-    as `blend.decoder.path` expects (weights in float32, as the packaged SmolLM2's)."""
-    import copy
-
-    import torch
-    from conftest import tiny_llama_config
-    from transformers import LlamaForCausalLM
-
-    torch.manual_seed(0)
-    config = tiny_llama_config(
-        len(tokenizer),
-        tokenizer.pad_token_id,
-        num_hidden_layers=4,
-        num_attention_heads=2,
-        num_key_value_heads=1,
-        max_position_embeddings=256,
-    )
-    out = tmp_path / "decoder_base"
-    LlamaForCausalLM(config).save_pretrained(out, safe_serialization=True)
-    tok = copy.deepcopy(tokenizer)
-    tok.chat_template = "{% for m in messages %}user: {{ m['content'] }}\n{% endfor %}assistant:"
-    tok.save_pretrained(out)
-    return out
-
-
 def test_decoder_features_are_deterministic_and_batch_independent(tiny_decoder):
     from pipeline.ranking.decoder import DecoderFeatures, DecoderPrior, DecoderRidge, cut_ids
 
