@@ -88,14 +88,14 @@ def plan(grid: dict[str, Any], train: dict[str, Any], gpu: bool, grid_path: str)
 
 
 def members_of(run: dict[str, Any], where: str) -> list[str]:
-    """The models whose pairs a run trains on: a cross-model set's members, else the model itself."""
-    sets = run["train"].get("cross_models") or {}
-    if not isinstance(sets, dict):
-        raise SystemExit(f"train_sweep: {where}: cross_models {sets!r} is not a mapping of set name -> models")
-    members = sets.get(run["model"], [run["model"]])
-    if not isinstance(members, list) or not members or not all(isinstance(m, str) and m for m in members):
-        raise SystemExit(f"train_sweep: {where}: cross_models.{run['model']} {members!r} is not a list of model names")
-    return members
+    """The models whose pairs a run trains on: a cross-model set's members (checked by train's own
+    rule, one line naming the set), else the model itself."""
+    from pipeline.params import Section
+    from pipeline.train import check_cross_models
+
+    cfg = Section(run["train"], f"{where}: train")
+    check_cross_models(cfg)
+    return list(cfg.mapping("cross_models").get(run["model"], [run["model"]]))
 
 
 def delta_pairs_section(params: str | None, data_root: str) -> dict[str, Any]:
