@@ -29,7 +29,7 @@ Needs `dvc repro materialize pairs@chatgpt`.
 from __future__ import annotations
 
 import argparse
-import math
+import functools
 import sys
 import time
 from pathlib import Path
@@ -140,9 +140,10 @@ def attention_pooling_head(width_tokens: int, width_features: int, hidden: int, 
 
 def fit_attention_heads(states, offsets, feats, y, cut, train, val, cfg: dict) -> np.ndarray:
     """The mean over `cfg['seeds']` attention-pooling heads of their val scores, each trained as the
-    blend's MLP is (pairwise loss with its margins and δ, AdamW, one-cycle lr, batches drawn afresh)."""
+    blend's MLP is (pairwise loss with its margins and δ, `fit_one_cycle`)."""
     import torch
 
+    from pipeline.ranking.decoder import fit_one_cycle
     from pipeline.ranking.labels import in_batch_pairs
     from pipeline.ranking.losses import pairwise_loss
 
@@ -160,29 +161,29 @@ def fit_attention_heads(states, offsets, feats, y, cut, train, val, cfg: dict) -
             tokens[j, : len(h)], mask[j, : len(h)] = h, True
         return tokens, mask, z[rows]
 
+    def batch_loss(net, picked):
+        rows = train[picked.numpy()]
+        pairs = torch.from_numpy(in_batch_pairs(y[rows], cut[rows], cfg["delta"]))
+        return pairwise_loss(
+            net(*batch(rows)),
+            torch.from_numpy(y[rows]).float(),
+            pairs,
+            margin=cfg["margin"],
+            margin_per_log_length=cfg["margin_per_log_length"],
+        )
+
     scores = []
     for seed in range(cfg["seeds"]):
         torch.manual_seed(seed)
         net = attention_pooling_head(states.shape[1], z.shape[1], cfg["hidden"])
-        opt = torch.optim.AdamW(net.parameters(), lr=cfg["lr"], weight_decay=0.01)
-        steps = cfg["epochs"] * math.ceil(len(train) / cfg["batch_size"])
-        schedule = torch.optim.lr_scheduler.OneCycleLR(opt, cfg["lr"], total_steps=steps, pct_start=0.1)
-        net.train()
-        for _ in range(cfg["epochs"]):
-            for picked in torch.randperm(len(train)).split(cfg["batch_size"]):
-                rows = train[picked.numpy()]
-                pairs = torch.from_numpy(in_batch_pairs(y[rows], cut[rows], cfg["delta"]))
-                loss = pairwise_loss(
-                    net(*batch(rows)),
-                    torch.from_numpy(y[rows]).float(),
-                    pairs,
-                    margin=cfg["margin"],
-                    margin_per_log_length=cfg["margin_per_log_length"],
-                )
-                opt.zero_grad()
-                loss.backward()
-                opt.step()
-                schedule.step()
+        fit_one_cycle(
+            net,
+            len(train),
+            functools.partial(batch_loss, net),
+            epochs=cfg["epochs"],
+            lr=cfg["lr"],
+            batch_size=cfg["batch_size"],
+        )
         net.eval()
         with torch.no_grad():
             scores.append(np.concatenate([net(*batch(val[s : s + 256])).numpy() for s in range(0, len(val), 256)]))

@@ -273,11 +273,30 @@ class DecoderRidge:
         return model
 
 
+def fit_one_cycle(net, n_rows: int, batch_loss, *, epochs: int, lr: float, batch_size: int):
+    """Train `net` by AdamW (weight decay 0.01) under a one-cycle learning rate peaking at `lr`, over
+    `n_rows` rows in batches drawn afresh each epoch; `batch_loss(rows)` gives a batch's loss (rows: a
+    LongTensor of row numbers). Returns the net, in train mode."""
+    import torch
+
+    opt = torch.optim.AdamW(net.parameters(), lr=lr, weight_decay=0.01)
+    steps = epochs * math.ceil(n_rows / batch_size)
+    schedule = torch.optim.lr_scheduler.OneCycleLR(opt, lr, total_steps=steps, pct_start=0.1)
+    net.train()
+    for _ in range(epochs):
+        for rows in torch.randperm(n_rows).split(batch_size):
+            loss = batch_loss(rows)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            schedule.step()
+    return net
+
+
 def train_mlp(z, batch_loss, *, out_dim: int = 1, epochs: int, hidden: int, lr: float, batch_size: int, seed: int):
     """One MLP of a decoder head (dropout 0.2, Linear, GELU, dropout 0.5, Linear to `out_dim`) on the
-    standardised features `z` (a float32 tensor), trained by AdamW (weight decay 0.01) under a one-cycle
-    learning rate peaking at `lr`, batches drawn afresh each epoch; `batch_loss(outputs, rows)` gives a
-    batch's loss. Returns the net, in train mode."""
+    standardised features `z` (a float32 tensor), trained by `fit_one_cycle`; `batch_loss(outputs, rows)`
+    gives a batch's loss. Returns the net, in train mode."""
     import torch
 
     torch.manual_seed(seed)
@@ -288,18 +307,9 @@ def train_mlp(z, batch_loss, *, out_dim: int = 1, epochs: int, hidden: int, lr: 
         torch.nn.Dropout(0.5),
         torch.nn.Linear(hidden, out_dim),
     )
-    opt = torch.optim.AdamW(net.parameters(), lr=lr, weight_decay=0.01)
-    steps = epochs * math.ceil(len(z) / batch_size)
-    schedule = torch.optim.lr_scheduler.OneCycleLR(opt, lr, total_steps=steps, pct_start=0.1)
-    net.train()
-    for _ in range(epochs):
-        for rows in torch.randperm(len(z)).split(batch_size):
-            loss = batch_loss(net(z[rows]), rows)
-            opt.zero_grad()
-            loss.backward()
-            opt.step()
-            schedule.step()
-    return net
+    return fit_one_cycle(
+        net, len(z), lambda rows: batch_loss(net(z[rows]), rows), epochs=epochs, lr=lr, batch_size=batch_size
+    )
 
 
 class DecoderMLPHead:
